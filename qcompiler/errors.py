@@ -1,0 +1,45 @@
+"""Exception kinds of qcompiler.
+
+User-facing failures (bad model, bad data, unknown pass) derive from `QCompilerError`: the CLI prints their
+message as one line and exits with code 2. Anything else is a bug and keeps its traceback.
+"""
+
+
+class QCompilerError(Exception):
+    """A problem with the user's input or request; the message names the file, node, value or sample."""
+
+
+class ModelLoadError(QCompilerError):
+    """The file is not a readable ONNX model (missing, truncated, not protobuf, unsafe external data)."""
+
+
+class InvalidModelError(QCompilerError):
+    """The model parses but is not a valid graph (dangling input, cycle, duplicate output name)."""
+
+
+class UnknownPassError(QCompilerError):
+    """A pipeline names a pass that no registry knows."""
+
+
+class PatternError(QCompilerError):
+    """A pattern name or pattern definition is unknown or malformed."""
+
+
+class DataError(QCompilerError):
+    """Calibration or verification data does not fit the model (names the input and sample)."""
+
+
+class ConfigError(QCompilerError):
+    """A quantization config file is malformed (names the file and key)."""
+
+
+class InvariantError(AssertionError):
+    """The IR's structural invariants do not hold: a bug in a pass or in the IR itself."""
+
+
+class PassError(Exception):
+    """A pass failed or broke the graph; the message names the pass and the passes before it."""
+
+
+class VerificationError(PassError):
+    """A pass changed the model's numerical results although it claims to preserve semantics."""

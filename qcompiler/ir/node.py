@@ -1,0 +1,204 @@
+"""Nodes: an operator with ordered inputs (empty optional slots kept as None), ordered outputs and attributes.
+
+Attributes are decoded lazily: importing a 90k-node model keeps each node's AttributeProtos until a pass
+reads `node.attrs`, and export writes untouched protos back as they were. Subgraph attributes are always
+decoded, because bodies are first-class graphs.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Graph
+    from .value import Value
+
+AT = onnx.AttributeProto
+
+
+class Attr:
+    """One attribute: name, ONNX attribute type and a Python value (a Graph for GRAPH, a list for GRAPHS)."""
+
+    __slots__ = ("name", "type", "value", "ref_attr_name", "doc_string")
+
+    def __init__(self, name: str, type: int, value: Any, ref_attr_name: str = "", doc_string: str = ""):
+        self.name, self.type, self.value = name, type, value
+        self.ref_attr_name, self.doc_string = ref_attr_name, doc_string
+
+    def __repr__(self) -> str:
+        return f"Attr({self.name}={self.value!r})"
+
+
+def attr_from_python(name: str, value: Any) -> Attr:
+    """Build an Attr from a plain Python value, inferring the ONNX type as onnx.helper does."""
+    from .graph import Graph
+    if isinstance(value, Attr):
+        return value
+    if isinstance(value, Graph):
+        return Attr(name, AT.GRAPH, value)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Graph) for v in value):
+        return Attr(name, AT.GRAPHS, list(value))
+    if isinstance(value, np.ndarray):
+        return Attr(name, AT.TENSOR, numpy_helper.from_array(value, name))
+    p = helper.make_attribute(name, value)
+    return Attr(name, p.type, helper.get_attribute_value(p))
+
+
+class Node:
+    """An operator instance. Mutate inputs/outputs only through the Graph's API, which keeps the index."""
+
+    __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "_attrs", "_attr_protos", "doc_string",
+                 "overload", "metadata_props", "graph", "meta")
+
+    def __init__(self, op_type: str, domain: str = "", name: str = ""):
+        self.op_type, self.domain, self.name = op_type, domain, name
+        self.inputs: list[Optional["Value"]] = []
+        self.outputs: list[Optional["Value"]] = []
+        self._attrs: Optional[dict] = {}
+        self._attr_protos: Optional[list] = None
+        self.doc_string = ""
+        self.overload = ""
+        self.metadata_props = None
+        self.graph: Optional["Graph"] = None
+        self.meta: Optional[dict] = None
+
+    def __repr__(self) -> str:
+        return f"Node({self.op_type} {self.name!r})"
+
+    @property
+    def attrs(self) -> dict:
+        """Ordered name -> Attr; decoded from the original protos on first access."""
+        if self._attrs is None:
+            d = {}
+            for p in self._attr_protos:
+                d[p.name] = _decode_attr(p)
+            self._attrs = d
+            self._attr_protos = None
+        return self._attrs
+
+    def attr(self, name: str, default: Any = None) -> Any:
+        """The Python value of attribute `name`, or `default`."""
+        a = self.attrs.get(name)
+        return default if a is None else a.value
+
+    def set_attr(self, name: str, value: Any) -> None:
+        self.attrs[name] = attr_from_python(name, value)
+
+    def subgraphs(self) -> list:
+        """Graphs held in this node's attributes (If branches, Loop/Scan bodies), in attribute order."""
+        out = []
+        attrs = self._attrs if self._attrs is not None else {}
+        for a in attrs.values():
+            if a.type == AT.GRAPH:
+                out.append(a.value)
+            elif a.type == AT.GRAPHS:
+                out.extend(a.value)
+        return out
+
+    def attr_protos(self) -> list:
+        """AttributeProtos for export (original protos when never decoded)."""
+        if self._attrs is None:
+            return self._attr_protos
+        return [_encode_attr(a) for a in self._attrs.values()]
+
+    def input_names(self) -> list:
+        return ["" if v is None else v.name for v in self.inputs]
+
+    def output_names(self) -> list:
+        return ["" if v is None else v.name for v in self.outputs]
+
+
+def _decode_attr(p: onnx.AttributeProto) -> Attr:
+    if p.ref_attr_name:
+        return Attr(p.name, p.type, None, p.ref_attr_name, p.doc_string)
+    t = p.type
+    if t == AT.FLOAT:
+        v = p.f
+    elif t == AT.INT:
+        v = p.i
+    elif t == AT.STRING:
+        v = p.s
+    elif t == AT.INTS:
+        v = list(p.ints)
+    elif t == AT.FLOATS:
+        v = list(p.floats)
+    elif t == AT.STRINGS:
+        v = list(p.strings)
+    elif t in (AT.TENSOR, AT.SPARSE_TENSOR, AT.TYPE_PROTO, AT.TENSORS, AT.SPARSE_TENSORS, AT.TYPE_PROTOS):
+        v = helper.get_attribute_value(p)
+    else:  # GRAPH/GRAPHS must be decoded by the importer
+        raise ValueError(f"attribute {p.name!r} of type {t} must be imported as a subgraph")
+    return Attr(p.name, t, v, "", p.doc_string)
+
+
+def _encode_attr(a: Attr) -> onnx.AttributeProto:
+    p = onnx.AttributeProto()
+    p.name, p.type = a.name, a.type
+    if a.doc_string:
+        p.doc_string = a.doc_string
+    if a.ref_attr_name:
+        p.ref_attr_name = a.ref_attr_name
+        return p
+    t, v = a.type, a.value
+    if t == AT.FLOAT:
+        p.f = v
+    elif t == AT.INT:
+        p.i = v
+    elif t == AT.STRING:
+        p.s = v if isinstance(v, bytes) else str(v).encode()
+    elif t == AT.INTS:
+        p.ints.extend(v)
+    elif t == AT.FLOATS:
+        p.floats.extend(v)
+    elif t == AT.STRINGS:
+        p.strings.extend(s if isinstance(s, bytes) else str(s).encode() for s in v)
+    elif t == AT.TENSOR:
+        p.t.CopyFrom(v)
+    elif t == AT.SPARSE_TENSOR:
+        p.sparse_tensor.CopyFrom(v)
+    elif t == AT.TYPE_PROTO:
+        p.tp.CopyFrom(v)
+    elif t == AT.TENSORS:
+        p.tensors.extend(v)
+    elif t == AT.SPARSE_TENSORS:
+        p.sparse_tensors.extend(v)
+    elif t == AT.TYPE_PROTOS:
+        p.type_protos.extend(v)
+    elif t == AT.GRAPH:
+        from ..onnx_io.exporter import graph_to_proto
+        p.g.CopyFrom(graph_to_proto(v))
+    elif t == AT.GRAPHS:
+        from ..onnx_io.exporter import graph_to_proto
+        p.graphs.extend(graph_to_proto(g) for g in v)
+    return p
+
+
+def constant_node_value(node: Node) -> Optional[np.ndarray]:
+    """The tensor a Constant node produces, as numpy (None for sparse or unsupported forms)."""
+    if node.meta is not None and "_const_cache" in node.meta:
+        return node.meta["_const_cache"]
+    attrs = node.attrs
+    v = None
+    if "value" in attrs:
+        v = numpy_helper.to_array(attrs["value"].value)
+    elif "value_float" in attrs:
+        v = np.array(attrs["value_float"].value, dtype=np.float32)
+    elif "value_floats" in attrs:
+        v = np.array(attrs["value_floats"].value, dtype=np.float32)
+    elif "value_int" in attrs:
+        v = np.array(attrs["value_int"].value, dtype=np.int64)
+    elif "value_ints" in attrs:
+        v = np.array(attrs["value_ints"].value, dtype=np.int64)
+    elif "value_string" in attrs:
+        v = np.array(attrs["value_string"].value, dtype=object)
+    elif "value_strings" in attrs:
+        v = np.array(attrs["value_strings"].value, dtype=object)
+    if v is not None:
+        v.setflags(write=False)
+        if node.meta is None:
+            node.meta = {}
+        node.meta["_const_cache"] = v
+    return v

@@ -1,0 +1,119 @@
+"""Reading and writing model files safely: one-line errors, no input overwritten, atomic writes.
+
+Models above 2 GB (protobuf's limit) are written with their tensors in one external-data file beside the model.
+External data is read lazily and only from inside the model's own folder.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import onnx
+from google.protobuf.message import DecodeError
+
+from ..errors import InvalidModelError, ModelLoadError, QCompilerError
+from ..ir.model import Model
+from .exporter import model_to_proto
+from .importer import model_from_proto
+
+TWO_GB = 2 ** 31 - 1
+
+
+def load_proto(path: str) -> onnx.ModelProto:
+    """Parse an ONNX file without loading external data; raise ModelLoadError with a one-line reason."""
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file")
+    if os.path.isdir(path):
+        raise ModelLoadError(f"{path}: is a folder, not an ONNX file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
+    if not data:
+        raise ModelLoadError(f"{path}: empty file, not an ONNX model")
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        raise ModelLoadError(f"{path}: not an ONNX model or truncated (protobuf parse failed: {str(e).splitlines()[0] if str(e) else 'decode error'})") from None
+    if proto.ir_version <= 0 or not proto.HasField("graph"):
+        raise ModelLoadError(f"{path}: not an ONNX model (no IR version or no graph)")
+    return proto
+
+
+def load_model(path: str) -> Model:
+    """Load an ONNX file into the IR (external data resolved lazily against the file's folder)."""
+    proto = load_proto(path)
+    return model_from_proto(proto, os.path.dirname(os.path.abspath(path)))
+
+
+def _total_tensor_bytes(model: Model) -> int:
+    return sum(v.tensor.nbytes for g in model.graphs() for v in g.initializers.values())
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+
+
+def save_model(model: Model, path: str, external_data: "bool | None" = None, protect: tuple = ()) -> None:
+    """Write `model` to `path` atomically; tensors go to `<file>.data` when over 2 GB or when asked.
+
+    `protect` lists input files that must never be overwritten (the CLI passes the model it read).
+    """
+    for p in protect:
+        if p and _same_file(p, path):
+            raise QCompilerError(f"{path}: refusing to overwrite the input model; choose another output path")
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
+    use_external = external_data if external_data is not None else _total_tensor_bytes(model) > TWO_GB // 2
+    proto = model_to_proto(model)
+    base = os.path.basename(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
+    os.close(fd)
+    try:
+        if use_external:
+            location = base + ".data"
+            tmpdir = tempfile.mkdtemp(prefix=f".{base}.", dir=folder)
+            try:
+                tmp_model = os.path.join(tmpdir, base)
+                onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                                location=location, size_threshold=1024)
+                data_src = os.path.join(tmpdir, location)
+                if os.path.exists(data_src):
+                    os.replace(data_src, os.path.join(folder, location))
+                os.replace(tmp_model, path)
+            finally:
+                for f in os.listdir(tmpdir):
+                    os.unlink(os.path.join(tmpdir, f))
+                os.rmdir(tmpdir)
+        else:
+            with open(tmp, "wb") as f:
+                f.write(proto.SerializeToString())
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_atomic(path: str, data: "bytes | str", protect: tuple = ()) -> None:
+    """Write a small output file (JSON, report) atomically, never over an input file."""
+    for p in protect:
+        if p and _same_file(p, path):
+            raise QCompilerError(f"{path}: refusing to overwrite an input file; choose another output path")
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+__all__ = ["load_model", "load_proto", "save_model", "write_atomic", "model_from_proto", "model_to_proto",
+           "InvalidModelError"]

@@ -1,0 +1,216 @@
+"""ONNX ModelProto -> IR, losing nothing: opsets, metadata, value_info, functions, names, attribute types.
+
+Nodes are created in two sweeps per graph (outputs first, then inputs), so a graph whose node list is not
+topologically sorted still imports; a name that nothing defines is reported with the node and slot.
+Bodies of If/Loop/Scan become nested Graphs that resolve outer names through their parent.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import onnx
+
+from ..errors import InvalidModelError, ModelLoadError
+from ..ir.graph import Graph
+from ..ir.model import Model
+from ..ir.names import NameScope
+from ..ir.node import AT, Attr, Node
+from ..ir.tensor import Tensor, resolve_external
+from ..ir.value import Usage
+
+EXTERNAL = onnx.TensorProto.EXTERNAL
+
+
+def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> Model:
+    """Build a Model from a ModelProto; external tensors are resolved (lazily) against `base_dir`."""
+    names, node_names = NameScope(), NameScope()
+    graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
+    ctx = _Ctx(base_dir)
+    _fill_graph(graph, proto.graph, ctx, [])
+    opsets = {}
+    for o in proto.opset_import:
+        opsets[o.domain] = o.version
+    model = Model(graph, opsets, proto.ir_version)
+    model.producer_name = proto.producer_name
+    model.producer_version = proto.producer_version
+    model.domain = proto.domain
+    model.model_version = proto.model_version
+    model.doc_string = proto.doc_string
+    model.metadata_props = {p.key: p.value for p in proto.metadata_props}
+    model.functions = list(proto.functions)
+    model.training_info = list(proto.training_info)
+    if hasattr(proto, "configuration"):
+        model.configuration = list(proto.configuration)
+    model.base_dir = base_dir
+    return model
+
+
+class _Ctx:
+    __slots__ = ("base_dir",)
+
+    def __init__(self, base_dir):
+        self.base_dir = base_dir
+
+
+def _tensor(p: onnx.TensorProto, ctx: _Ctx) -> Tensor:
+    if p.data_location == EXTERNAL:
+        if ctx.base_dir is None:
+            raise ModelLoadError(f"tensor '{p.name}' uses external data but the model has no folder to read it from")
+        return Tensor(proto=p, external=resolve_external(p, ctx.base_dir))
+    return Tensor(proto=p)
+
+
+def _define(g: Graph, local: dict, name: str):
+    """Register a value defined in this graph under its file name; a body name that shadows an outer one
+    (allowed by ONNX) gets a fresh unique name, since names are model-wide exact keys here."""
+    if name in local:
+        return None
+    actual = name if name not in g.names else g.names.fresh(name)
+    if actual == name:
+        g.names.reserve(name)
+    v = g._new_value(actual)
+    local[name] = v
+    return v
+
+
+def _lookup(name: str, local: dict, scope: list):
+    v = local.get(name)
+    if v is not None:
+        return v
+    for d in reversed(scope):
+        v = d.get(name)
+        if v is not None:
+            return v
+    return None
+
+
+def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
+    g.doc_string = gp.doc_string
+    names = g.names
+    local: dict = {}
+    # graph inputs (old-style models also list initializers here)
+    for vi in gp.input:
+        v = _define(g, local, vi.name)
+        if v is None:
+            raise InvalidModelError(f"graph '{g.name}': input name '{vi.name}' is listed twice")
+        v.type = vi.type if vi.HasField("type") else None
+        v.is_input = True
+        v.doc_string = vi.doc_string
+        g.inputs.append(v)
+    for tp in gp.initializer:
+        v = local.get(tp.name)
+        if v is None:
+            v = _define(g, local, tp.name)
+        elif v.tensor is not None:
+            raise InvalidModelError(f"graph '{g.name}': initializer '{tp.name}' is listed twice")
+        v.tensor = _tensor(tp, ctx)
+        g.initializers[v.name] = v
+    g.sparse_initializers = list(gp.sparse_initializer)
+    # sweep 1: nodes and their outputs
+    nodes = []
+    index_add = g.index.add_node
+    by_op = g._by_op
+    for np_ in gp.node:
+        n = Node(np_.op_type, np_.domain, np_.name)
+        n.graph = g
+        if np_.name:
+            if np_.name in g.node_names:
+                n.name = g.node_names.fresh(np_.name)
+            else:
+                g.node_names.reserve(np_.name)
+        if np_.doc_string:
+            n.doc_string = np_.doc_string
+        if getattr(np_, "overload", ""):
+            n.overload = np_.overload
+        if len(np_.metadata_props) if hasattr(np_, "metadata_props") else 0:
+            n.metadata_props = list(np_.metadata_props)
+        has_graph = False
+        for a in np_.attribute:
+            if a.type in (AT.GRAPH, AT.GRAPHS):
+                has_graph = True
+                break
+        n._attrs = None
+        n._attr_protos = list(np_.attribute)
+        if has_graph:
+            n._attrs = {}
+        for i, oname in enumerate(np_.output):
+            if not oname:
+                n.outputs.append(None)
+                continue
+            v = _define(g, local, oname)
+            if v is None:
+                raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) output '{oname}' "
+                                        f"is already defined (duplicate name)")
+            v.producer, v.index = n, i
+            n.outputs.append(v)
+        g._nodes[n] = None
+        by_op.setdefault(n.op_type, {})[n] = None
+        index_add(n)
+        nodes.append((n, np_, has_graph))
+    # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
+    # sweep 2: subgraphs, then inputs
+    for n, np_, has_graph in nodes:
+        if has_graph:
+            attrs = {}
+            for a in np_.attribute:
+                if a.type == AT.GRAPH:
+                    attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
+                elif a.type == AT.GRAPHS:
+                    attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
+                                         a.ref_attr_name, a.doc_string)
+                else:
+                    from ..ir.node import _decode_attr
+                    attrs[a.name] = _decode_attr(a)
+            n._attrs = attrs
+            n._attr_protos = None
+    for n, np_, _ in nodes:
+        inputs = n.inputs
+        for i, iname in enumerate(np_.input):
+            if not iname:
+                inputs.append(None)
+                continue
+            v = _lookup(iname, local, scope)
+            if v is None:
+                raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) input {i} '{iname}' "
+                                        f"is not produced by any node, graph input or initializer")
+            inputs.append(v)
+            g._add_use(v, Usage(n, i))
+    for n, np_, has_graph in nodes:
+        if has_graph:
+            for sg in n.subgraphs():
+                _link_subgraph(sg, n, ctx, scope + [local])
+    for vi in gp.output:
+        v = _lookup(vi.name, local, scope)
+        if v is None:
+            raise InvalidModelError(f"graph '{g.name}': output '{vi.name}' is not produced by any node, input or initializer")
+        if vi.HasField("type") and (v.type is None or v.graph is g):
+            if v.type is None or not v.is_input:
+                v.type = vi.type
+        if vi.doc_string:
+            v.doc_string = vi.doc_string
+        g.add_output(v)
+    for vi in gp.value_info:
+        v = local.get(vi.name)
+        if v is not None and vi.HasField("type"):
+            if v.type is None:
+                v.type = vi.type
+            g.value_info_order.append(v.name)
+    g.quantization_annotation = list(gp.quantization_annotation)
+    if hasattr(gp, "metadata_props"):
+        g.metadata_props = list(gp.metadata_props)
+
+
+_PENDING_BODIES: dict = {}
+
+
+def _subgraph(gp: onnx.GraphProto, parent: Node, outer: Graph, ctx: _Ctx) -> Graph:
+    """Create a body graph now (so its values exist) and link its inputs once the outer graph is complete."""
+    sg = Graph(gp.name or f"{parent.name}_body", parent, outer.names, outer.node_names)
+    _PENDING_BODIES[id(sg)] = gp
+    return sg
+
+
+def _link_subgraph(sg: Graph, parent: Node, ctx: _Ctx, scope: list) -> None:
+    gp = _PENDING_BODIES.pop(id(sg))
+    _fill_graph(sg, gp, ctx, scope)
