@@ -1,0 +1,1 @@
+from .encoding import Encoding, compute_encoding, quantize_dequantize
