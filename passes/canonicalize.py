@@ -1,0 +1,89 @@
+"""canonicalize: unique node names, Identity removal that keeps graph output names, dead-code elimination.
+
+Identity removal: `y = Identity(x)` is bypassed by pointing y's readers at x. When y is a graph output the
+output's name must not change, so x takes y's name instead (only when x is a plain node output of the same graph
+that is not itself a graph input, initializer or another graph output); otherwise the Identity stays.
+"""
+from __future__ import annotations
+
+from qcompiler.ir.graph import Graph
+from qcompiler.passmanager import Pass, PassResult, register_pass
+
+
+def remove_identities(g: Graph) -> int:
+    removed = 0
+    for node in g.nodes_by_op("Identity"):
+        if node.domain not in ("", "ai.onnx") or len(node.inputs) != 1 or node.inputs[0] is None:
+            continue
+        x, y = node.inputs[0], node.outputs[0]
+        if y is None:
+            continue
+        if y.is_output_of_any_graph():
+            # NOTE: the output keeps its name, so x must be free to take it over.
+            if not y.is_graph_output() or any(u.is_graph_output and u.user is not g for u in y.uses()):
+                continue
+            if x.graph is not g or x.producer is None or x.is_output_of_any_graph():
+                continue
+            g.replace_all_uses(y, x, include_graph_outputs=True)
+            name, typ = y.name, y.type
+            g.remove_node(node)
+            g.rename_value(x, name)
+            if typ is not None:
+                x.type = typ
+        else:
+            g.replace_all_uses(y, x)
+            g.remove_node(node)
+        removed += 1
+    return removed
+
+
+def eliminate_dead_code(g: Graph) -> tuple:
+    """Remove nodes none of whose outputs reach a graph output (or a body output), and unused initializers."""
+    removed_nodes = 0
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(g.nodes):
+            if any(v is not None and v.uses() for v in node.outputs):
+                continue
+            if node.op_type in _SIDE_EFFECT_OPS:
+                continue
+            g.remove_node(node)
+            removed_nodes += 1
+            changed = True
+    removed_inits = 0
+    for name, v in list(g.initializers.items()):
+        if not v.uses() and not v.is_input:
+            g.remove_initializer(v)
+            removed_inits += 1
+    return removed_nodes, removed_inits
+
+
+_SIDE_EFFECT_OPS = frozenset()
+
+
+def unique_node_names(g: Graph) -> int:
+    """Give every unnamed node a fresh name (names are already unique model-wide by construction)."""
+    n = 0
+    for node in g.nodes:
+        if not node.name:
+            node.name = g.node_names.fresh(node.op_type.lower())
+            n += 1
+    return n
+
+
+@register_pass
+class Canonicalize(Pass):
+    name = "canonicalize"
+    description = "unique node names, Identity removal (graph output names kept), dead-code elimination"
+    preserves_semantics = True
+
+    def run(self, model) -> PassResult:
+        stats = {"named": 0, "identities_removed": 0, "dead_nodes_removed": 0, "dead_initializers_removed": 0}
+        for g in reversed(model.graphs()):  # bodies first, so their captures are released before outer DCE
+            stats["named"] += unique_node_names(g)
+            stats["identities_removed"] += remove_identities(g)
+            dn, di = eliminate_dead_code(g)
+            stats["dead_nodes_removed"] += dn
+            stats["dead_initializers_removed"] += di
+        return PassResult(any(stats.values()), stats)

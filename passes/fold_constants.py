@@ -1,0 +1,78 @@
+"""fold-constants: evaluate nodes whose inputs are all constants and replace them by initializers.
+
+Evaluated with onnx's reference evaluator, one node at a time. Skipped: nodes with subgraphs, random ops,
+non-default domains, and results above `max_elements` (folding must not blow up the model, e.g. a
+ConstantOfShape of 1e9 elements). Constants that belong to a recognised structure are left alone by later passes,
+not here: folding a node whose inputs are all constant is always exact.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from qcompiler.passmanager import Pass, PassResult, register_pass
+
+_NEVER = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
+          "Constant", "If", "Loop", "Scan", "SequenceConstruct", "SequenceEmpty", "Optional", "QuantizeLinear",
+          "DequantizeLinear", "DynamicQuantizeLinear"}
+
+
+def _evaluate(node, arrays, opset: int):
+    from onnx.reference import ReferenceEvaluator
+    in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(arrays)]
+    out_names = [f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs)]
+    p = helper.make_node(node.op_type, in_names, out_names, domain=node.domain)
+    p.attribute.extend(node.attr_protos())
+    ev = ReferenceEvaluator(p, opsets={"": opset})
+    feeds = {n: a for n, a in zip(in_names, arrays) if n}
+    return ev.run(None, feeds)
+
+
+@register_pass
+class FoldConstants(Pass):
+    name = "fold-constants"
+    description = "evaluate nodes whose inputs are all constant and store the results as initializers"
+    preserves_semantics = True
+    max_elements = 1 << 20
+
+    def run(self, model) -> PassResult:
+        folded, skipped = 0, 0
+        for g in model.graphs():
+            for node in g.nodes:
+                if node.op_type in _NEVER or node.domain not in ("", "ai.onnx") or node.subgraphs():
+                    continue
+                if not node.inputs or any(v is not None and not v.is_constant() for v in node.inputs):
+                    continue
+                if any(v is not None and v.is_output_of_any_graph() for v in node.outputs):
+                    continue
+                arrays = [None if v is None else v.const_value() for v in node.inputs]
+                if any(a is not None and (a.dtype == object or a.size > self.max_elements) for a in arrays):
+                    skipped += 1
+                    continue
+                try:
+                    results = _evaluate(node, arrays, model.opset)
+                except Exception:
+                    skipped += 1
+                    continue
+                if any(np.asarray(r).size > self.max_elements for r in results):
+                    skipped += 1
+                    continue
+                for v, r in zip(node.outputs, results):
+                    if v is None:
+                        continue
+                    r = np.asarray(r)
+                    c = g.add_constant(r, v.name + "_folded")
+                    g.replace_all_uses(v, c)
+                g.remove_node(node)
+                for v in set(x for x in node.inputs if x is not None):
+                    pass
+                folded += 1
+            # drop constants that only the folded nodes read
+            for v in list(g.initializers.values()):
+                if not v.uses() and not v.is_input:
+                    g.remove_initializer(v)
+            for n in g.nodes_by_op("Constant"):
+                if not any(o is not None and o.uses() for o in n.outputs):
+                    g.remove_node(n)
+        return PassResult(folded > 0, {"folded": folded, "skipped": skipped})
