@@ -1,0 +1,197 @@
+"""Instrumentations, as in MLIR/LLVM: IR printing, ONNX dumps, timing, statistics and verification are
+objects hooked around each pass, never code inside a pass."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import onnx
+
+from ..errors import PassError, VerificationError
+from ..ir.invariants import problems
+from ..ir.printer import format_graph
+from ..onnx_io import model_to_proto
+from .manager import Instrumentation
+
+
+class PrintIR(Instrumentation):
+    """Print the IR after the named passes (or all, or only those that changed the graph)."""
+
+    def __init__(self, after: Sequence[str] = ("all",), stream=None, only_changed: bool = False):
+        self.after = set(after)
+        self.stream = stream or sys.stdout
+        self.only_changed = only_changed
+
+    def after_pass(self, p, model, result):
+        if ("all" in self.after or p.name in self.after) and (result.modified or not self.only_changed):
+            print(f"// ----- IR after {p.name} ({'changed' if result.modified else 'unchanged'}) -----",
+                  file=self.stream)
+            print(format_graph(model.graph), file=self.stream)
+
+
+class DumpONNX(Instrumentation):
+    """Write the model as ONNX after each pass into a folder: 00_input.onnx, 01_<pass>.onnx, ..."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.n = 0
+        os.makedirs(folder, exist_ok=True)
+
+    def _write(self, model, label):
+        from ..onnx_io import save_model
+        save_model(model, os.path.join(self.folder, f"{self.n:02d}_{label}.onnx"))
+        self.n += 1
+
+    def before_pipeline(self, passes, model):
+        self._write(model, "input")
+
+    def after_pass(self, p, model, result):
+        self._write(model, p.name.replace("/", "_"))
+
+
+class Timing(Instrumentation):
+    """Wall time of each pass (and of verification, as MLIR's timing has a Verifier row)."""
+
+    def __init__(self):
+        self.rows: list = []
+        self._t0 = 0.0
+
+    def before_pass(self, p, model):
+        self._t0 = time.perf_counter()
+
+    def after_pass(self, p, model, result):
+        self.rows.append((p.name, time.perf_counter() - self._t0))
+
+    def after_pass_failed(self, p, model, error):
+        self.rows.append((p.name + " (failed)", time.perf_counter() - self._t0))
+
+    def report(self) -> str:
+        total = sum(t for _, t in self.rows) or 1e-12
+        lines = ["===- Pass execution timing report -===", f"  Total: {total:.4f} s", "   Wall(s)   %    Name"]
+        for name, t in self.rows:
+            lines.append(f"  {t:8.4f} {100 * t / total:5.1f}%  {name}")
+        return "\n".join(lines)
+
+
+class Statistics(Instrumentation):
+    """Counters each pass reports in PassResult.stats, keyed by pass (in pipeline order)."""
+
+    def __init__(self):
+        self.rows: list = []
+
+    def after_pass(self, p, model, result):
+        self.rows.append((p.name, result.modified, dict(result.stats)))
+
+    def report(self) -> str:
+        lines = ["===- Pass statistics -==="]
+        for name, modified, stats in self.rows:
+            lines.append(f"{name} ({'changed' if modified else 'unchanged'})")
+            for k, v in stats.items():
+                lines.append(f"  {k}: {v}")
+        return "\n".join(lines)
+
+
+def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = None) -> dict:
+    """Random inputs of the right dtype/shape for every graph input that is not an initializer."""
+    rng = np.random.default_rng(seed)
+    inits = {t.name for t in proto.graph.initializer}
+    feeds = {}
+    for vi in proto.graph.input:
+        if vi.name in inits:
+            continue
+        tt = vi.type.tensor_type
+        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (dims or {}).get(d.dim_param, 1)
+                 for d in tt.shape.dim]
+        if np.issubdtype(dt, np.floating):
+            a = rng.standard_normal(shape).astype(dt)
+        elif dt == np.bool_:
+            a = rng.integers(0, 2, shape).astype(bool)
+        elif np.issubdtype(dt, np.integer):
+            a = rng.integers(0, 4, shape).astype(dt)
+        else:
+            a = np.zeros(shape, dt)
+        feeds[vi.name] = a
+    return feeds
+
+
+def run_onnxruntime(proto: onnx.ModelProto, feeds: dict) -> list:
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+class Verifier(Instrumentation):
+    """After each pass: IR invariants, onnx.checker, and (for semantics-preserving passes) a numerical check with
+    onnxruntime against the outputs before the pass, naming the first output that differs and by how much."""
+
+    def __init__(self, numeric: bool = True, feeds: Optional[dict] = None, rtol: float = 1e-3, atol: float = 1e-4,
+                 checker: bool = True):
+        self.numeric, self.feeds, self.rtol, self.atol, self.checker = numeric, feeds, rtol, atol, checker
+        self._before = None
+        self._last = None   # outputs after the previous pass: the next pass's "before", computed once
+        self.log: list = []
+
+    def before_pipeline(self, passes, model):
+        self._check_structure(None, model)
+
+    def before_pass(self, p, model):
+        self._before = None
+        if self.numeric and p.preserves_semantics:
+            self._before = self._last if self._last is not None else self._outputs(model)
+
+    def _outputs(self, model):
+        proto = model_to_proto(model)
+        if self.feeds is None:
+            self.feeds = random_feeds(proto)
+        try:
+            return run_onnxruntime(proto, self.feeds)
+        except Exception as e:
+            self.log.append(f"numerical check skipped: onnxruntime cannot run the model ({str(e).splitlines()[0][:120]})")
+            return None
+
+    def _check_structure(self, p, model):
+        where = f"after pass '{p.name}'" if p is not None else "on the input model"
+        found = problems(model.graph)
+        if found:
+            raise PassError(f"IR invariants violated {where}: " + "; ".join(found[:5]))
+        if self.checker:
+            try:
+                onnx.checker.check_model(model_to_proto(model))
+            except onnx.checker.ValidationError as e:
+                if p is not None:
+                    raise PassError(f"onnx.checker fails {where}: {str(e).splitlines()[0]}") from None
+                self.log.append(f"onnx.checker fails on the input model: {str(e).splitlines()[0]}")
+
+    def after_pass(self, p, model, result):
+        self._check_structure(p, model)
+        if not result.modified:
+            return
+        self._last = None
+        if self._before is None:
+            return
+        after = self._outputs(model)
+        self._last = after
+        if after is None:
+            raise VerificationError(f"after pass '{p.name}': onnxruntime can no longer run the model")
+        names = [v.name for v in model.graph.outputs]
+        for name, a, b in zip(names, self._before, after):
+            a, b = np.asarray(a), np.asarray(b)
+            if a.shape != b.shape:
+                raise VerificationError(f"after pass '{p.name}': output '{name}' changed shape {a.shape} -> {b.shape}")
+            if a.dtype.kind in "fc":
+                diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+                tol = self.atol + self.rtol * np.abs(a.astype(np.float64))
+                bad = ~(diff <= tol) & ~(np.isnan(a) & np.isnan(b))
+                if bad.any():
+                    raise VerificationError(f"after pass '{p.name}': output '{name}' differs: max abs diff "
+                                            f"{float(np.nanmax(diff)):.3g} at {np.unravel_index(int(np.argmax(np.where(bad, diff, -1))), a.shape)} "
+                                            f"(rtol {self.rtol}, atol {self.atol})")
+            elif not np.array_equal(a, b):
+                raise VerificationError(f"after pass '{p.name}': output '{name}' differs ({int((a != b).sum())} elements)")
+        self.log.append(f"{p.name}: outputs match ({len(names)} outputs)")

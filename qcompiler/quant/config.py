@@ -1,0 +1,532 @@
+"""Quantization config: AIMET quantsim JSON or our readable YAML/JSON, resolved per node into `NodeSettings`.
+
+Resolution order for `config.settings_for(node)`: global defaults, then the AIMET `op_type.<Op>` entry for the
+node's op type, then our `rules` in file order; a later rule overrides what an earlier one set (so put broad
+rules first and exceptions after). A rule's `match` ANDs its selectors: `op_type` (str or list), `name` (exact
+node name, str or list), `regex` (re.search on the node name).
+
+Our format (unknown keys are errors: a typo must not be silently ignored):
+    target: ort_cpu
+    scheme: tf_enhanced                       # min_max (= AIMET post_training_tf), tf_enhanced, percentile, ...
+    weights: {bits: 8, symmetric: true, per_channel: true, per_block: null, quantized: true}
+    activations: {bits: 8, symmetric: false}
+    bias: {bits: 32, quantized: true}
+    model_input: {quantized: true}
+    model_output: {quantized: true}
+    rules:
+      - match: {op_type: [Softmax]}
+        activations: {bits: 16}
+      - match: {regex: "^/encoder/layer\\.0/"}
+        keep_float: true                      # or precision: float16
+    supergroups: true | [layernorm, gelu, ...]
+AIMET's format (anchors.md A; `aimet_common/quantsim_config/quantsim_config_schema.py`) is detected by its six
+required keys; booleans there are the strings "True"/"False". Its unknown keys become `config.warnings`.
+Duplicate keys are rejected in both JSON and YAML; YAML is read with a safe loader only.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Optional, Union
+
+import yaml
+
+from ..errors import ConfigError
+
+AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
+SCHEME_ALIASES = {"post_training_tf": "min_max", "tf": "min_max", "minmax": "min_max",
+                  "post_training_tf_enhanced": "tf_enhanced", "post_training_percentile": "percentile"}
+SCHEMES = ("min_max", "tf_enhanced", "percentile", "entropy", "mse")
+PRECISIONS = ("int", "float16", "float32")
+
+
+@dataclass
+class NodeSettings:
+    """How one node is quantized (the result of resolving defaults, AIMET op_type entries and rules)."""
+
+    weight_bits: int = 8
+    weight_symmetric: bool = True
+    weight_per_channel: bool = True
+    weight_block: Optional[int] = None
+    weight_quantized: bool = True
+    bias_bits: int = 32
+    bias_quantized: bool = True
+    act_bits: int = 8
+    act_symmetric: bool = False
+    precision: str = "int"           # "int" (QDQ), "float16" or "float32" (kept float, no quantizers)
+    input_quantized: bool = False
+    output_quantized: bool = True
+    encoding_min: Optional[float] = None   # AIMET encoding_constraints: fixed output range
+    encoding_max: Optional[float] = None
+    matched_rules: tuple = ()        # indices of our rules that matched, for the report
+
+    @property
+    def keep_float(self) -> bool:
+        return self.precision != "int"
+
+
+@dataclass
+class Rule:
+    """One `rules:` entry: selectors ANDed, then a partial NodeSettings update (field name -> value)."""
+
+    index: int
+    op_types: Optional[tuple] = None
+    names: Optional[tuple] = None
+    regex: Optional[re.Pattern] = None
+    updates: dict = field(default_factory=dict)
+
+    def matches(self, node) -> bool:
+        if self.op_types is not None and node.op_type not in self.op_types:
+            return False
+        name = getattr(node, "name", "") or ""
+        if self.names is not None and name not in self.names:
+            return False
+        if self.regex is not None and not self.regex.search(name):
+            return False
+        return True
+
+
+@dataclass
+class QuantConfig:
+    """A parsed config: defaults, per-op-type overrides (AIMET) and ordered rules (ours)."""
+
+    source: str = "<defaults>"
+    format: str = "qcompiler"        # or "aimet"
+    target: Optional[str] = None
+    scheme: str = "tf_enhanced"
+    defaults: NodeSettings = field(default_factory=NodeSettings)
+    op_type: dict = field(default_factory=dict)      # op type -> partial NodeSettings updates
+    rules: list = field(default_factory=list)
+    supergroups: Union[bool, list] = True            # True/False, or names (ours), or op lists (AIMET)
+    model_input_quantized: bool = True
+    model_output_quantized: bool = True
+    strict_symmetric: bool = False
+    unsigned_symmetric: bool = False
+    hw_version: Optional[str] = None
+    supported_kernels: Optional[list] = None
+    warnings: list = field(default_factory=list)
+
+    def settings_for(self, node) -> NodeSettings:
+        """Settings for `node` (anything with `op_type` and `name`): defaults, op_type entry, then rules."""
+        s = replace(self.defaults)
+        upd = self.op_type.get(node.op_type)
+        if upd:
+            s = replace(s, **upd)
+        matched = []
+        for rule in self.rules:
+            if rule.matches(node):
+                s = replace(s, **rule.updates)
+                matched.append(rule.index)
+        return replace(s, matched_rules=tuple(matched))
+
+
+# --- file reading ---------------------------------------------------------------------------------------
+class _DuplicateKey(Exception):
+    pass
+
+
+def _no_duplicates(pairs):
+    out = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def load_json_strict(path: str, what: str = "config"):
+    """Parse JSON rejecting duplicate keys (json keeps the last one silently); errors name the file."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: {what} is not UTF-8 text") from None
+    return parse_json_strict(text, path)
+
+
+def parse_json_strict(text: str, path: str):
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise ConfigError(f"{path}: duplicate key '{e.args[0]}'") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply") from None
+
+
+class _StrictSafeLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                dup = key in seen
+            except TypeError:
+                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}",
+                                                        key_node.start_mark) from None
+            if dup:
+                raise ConfigError(f"duplicate key '{key}' (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _parse_yaml(text: str, path: str):
+    try:
+        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+
+
+def load_config(path: str) -> QuantConfig:
+    """Read a config file (JSON or YAML), detect its format (AIMET has the six required keys) and parse it."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: config is not UTF-8 text") from None
+    if path.lower().endswith(".json") or text.lstrip().startswith("{"):
+        data = parse_json_strict(text, path)
+    else:
+        data = _parse_yaml(text, path)
+    return parse_config(data, source=path)
+
+
+def parse_config(data, source: str = "<dict>") -> QuantConfig:
+    """A QuantConfig from already-parsed data (AIMET if it has `defaults`, `params` or `op_type`)."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: config must be a mapping, got {type(data).__name__}")
+    if any(k in data for k in ("defaults", "params", "op_type")):
+        missing = [k for k in AIMET_REQUIRED if k not in data]
+        if missing:
+            raise ConfigError(f"{source}: AIMET quantsim config lacks required key '{missing[0]}'")
+        return _parse_aimet(data, source)
+    return _parse_ours(data, source)
+
+
+# --- our format ------------------------------------------------------------------------------------------
+_OURS_TOP = ("target", "scheme", "weights", "activations", "bias", "rules", "supergroups", "model_input",
+             "model_output")
+_SECTION_FIELDS = {
+    "weights": {"bits": "weight_bits", "symmetric": "weight_symmetric", "per_channel": "weight_per_channel",
+                "per_block": "weight_block", "quantized": "weight_quantized"},
+    "activations": {"bits": "act_bits", "symmetric": "act_symmetric"},
+    "bias": {"bits": "bias_bits", "quantized": "bias_quantized"},
+}
+_RULE_KEYS = ("match", "weights", "activations", "bias", "keep_float", "precision", "input_quantized",
+              "output_quantized", "encoding_constraints")
+
+
+class _Ctx:
+    def __init__(self, source):
+        self.source = source
+
+    def err(self, where: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {where}: {msg}")
+
+    def mapping(self, v, where):
+        if not isinstance(v, dict):
+            raise self.err(where, f"expected a mapping, got {type(v).__name__}")
+        return v
+
+    def known(self, d: dict, allowed, where):
+        for k in d:
+            if k not in allowed:
+                raise self.err(f"{where}.{k}" if where else str(k),
+                               f"unknown key '{k}' (allowed: {', '.join(allowed)})")
+
+    def boolean(self, v, where):
+        if isinstance(v, bool):
+            return v
+        if v in ("True", "False"):  # AIMET writes booleans as strings
+            return v == "True"
+        raise self.err(where, f"expected true/false, got {v!r}")
+
+    def bits(self, v, where):
+        if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= 32:
+            raise self.err(where, f"bits must be an integer in 2..32, got {v!r}")
+        return v
+
+    def number(self, v, where):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise self.err(where, f"expected a number, got {v!r}")
+        return float(v)
+
+
+def _section(ctx: _Ctx, name: str, value, where: str) -> dict:
+    d = ctx.mapping(value, where)
+    names = _SECTION_FIELDS[name]
+    ctx.known(d, tuple(names), where)
+    out = {}
+    for k, v in d.items():
+        w = f"{where}.{k}"
+        if k == "bits":
+            out[names[k]] = ctx.bits(v, w)
+        elif k == "per_block":
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise ctx.err(w, f"per_block must be a positive block size or null, got {v!r}")
+            out[names[k]] = v
+        else:
+            out[names[k]] = ctx.boolean(v, w)
+    return out
+
+
+def _str_list(ctx, v, where) -> tuple:
+    if isinstance(v, str):
+        return (v,)
+    if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
+        return tuple(v)
+    raise ctx.err(where, f"expected a string or a non-empty list of strings, got {v!r}")
+
+
+def _constraints(ctx, v, where) -> dict:
+    d = ctx.mapping(v, where)
+    ctx.known(d, ("min", "max"), where)
+    out = {}
+    if "min" in d:
+        out["encoding_min"] = ctx.number(d["min"], f"{where}.min")
+    if "max" in d:
+        out["encoding_max"] = ctx.number(d["max"], f"{where}.max")
+    if "encoding_min" in out and "encoding_max" in out and out["encoding_min"] >= out["encoding_max"]:
+        raise ctx.err(where, "min must be below max")
+    return out
+
+
+def _scheme(ctx, v, where) -> str:
+    if not isinstance(v, str):
+        raise ctx.err(where, f"expected a scheme name, got {v!r}")
+    s = SCHEME_ALIASES.get(v.lower(), v.lower())
+    if s not in SCHEMES:
+        raise ctx.err(where, f"unknown scheme '{v}' (known: {', '.join(SCHEMES)}, or AIMET's post_training_tf*)")
+    return s
+
+
+def _parse_rule(ctx: _Ctx, i: int, r) -> Rule:
+    where = f"rules[{i}]"
+    r = ctx.mapping(r, where)
+    ctx.known(r, _RULE_KEYS, where)
+    if "match" not in r:
+        raise ctx.err(where, "a rule needs 'match'")
+    m = ctx.mapping(r["match"], f"{where}.match")
+    ctx.known(m, ("op_type", "name", "regex"), f"{where}.match")
+    if not m:
+        raise ctx.err(f"{where}.match", "needs at least one of op_type, name, regex")
+    rule = Rule(index=i)
+    if "op_type" in m:
+        rule.op_types = _str_list(ctx, m["op_type"], f"{where}.match.op_type")
+    if "name" in m:
+        rule.names = _str_list(ctx, m["name"], f"{where}.match.name")
+    if "regex" in m:
+        if not isinstance(m["regex"], str):
+            raise ctx.err(f"{where}.match.regex", f"expected a string, got {m['regex']!r}")
+        try:
+            rule.regex = re.compile(m["regex"])
+        except re.error as e:
+            raise ctx.err(f"{where}.match.regex", f"invalid regular expression: {e}") from None
+    upd = {}
+    for sec in ("weights", "activations", "bias"):
+        if sec in r:
+            upd.update(_section(ctx, sec, r[sec], f"{where}.{sec}"))
+    if "keep_float" in r:
+        upd["precision"] = "float32" if ctx.boolean(r["keep_float"], f"{where}.keep_float") else "int"
+    if "precision" in r:
+        p = r["precision"]
+        if p not in PRECISIONS:
+            raise ctx.err(f"{where}.precision", f"unknown precision {p!r} (allowed: {', '.join(PRECISIONS)})")
+        if r.get("keep_float") is True and p == "int":
+            raise ctx.err(where, "keep_float: true contradicts precision: int")
+        upd["precision"] = p
+    for k in ("input_quantized", "output_quantized"):
+        if k in r:
+            upd[k] = ctx.boolean(r[k], f"{where}.{k}")
+    if "encoding_constraints" in r:
+        upd.update(_constraints(ctx, r["encoding_constraints"], f"{where}.encoding_constraints"))
+    rule.updates = upd
+    return rule
+
+
+def _parse_ours(data: dict, source: str) -> QuantConfig:
+    ctx = _Ctx(source)
+    ctx.known(data, _OURS_TOP, "")
+    cfg = QuantConfig(source=source, format="qcompiler")
+    if "target" in data:
+        if data["target"] is not None and not isinstance(data["target"], str):
+            raise ctx.err("target", f"expected a target name, got {data['target']!r}")
+        cfg.target = data["target"]
+    if "scheme" in data:
+        cfg.scheme = _scheme(ctx, data["scheme"], "scheme")
+    upd = {}
+    for sec in ("weights", "activations", "bias"):
+        if sec in data:
+            upd.update(_section(ctx, sec, data[sec], sec))
+    cfg.defaults = replace(cfg.defaults, **upd)
+    for key, attr in (("model_input", "model_input_quantized"), ("model_output", "model_output_quantized")):
+        if key in data:
+            d = ctx.mapping(data[key], key)
+            ctx.known(d, ("quantized",), key)
+            if "quantized" in d:
+                setattr(cfg, attr, ctx.boolean(d["quantized"], f"{key}.quantized"))
+    rules = data.get("rules") or []
+    if not isinstance(rules, list):
+        raise ctx.err("rules", f"expected a list of rules, got {type(rules).__name__}")
+    cfg.rules = [_parse_rule(ctx, i, r) for i, r in enumerate(rules)]
+    if "supergroups" in data:
+        sg = data["supergroups"]
+        if isinstance(sg, bool):
+            cfg.supergroups = sg
+        elif isinstance(sg, list) and all(isinstance(x, str) for x in sg):
+            cfg.supergroups = list(sg)
+        else:
+            raise ctx.err("supergroups", f"expected true/false or a list of supergroup names, got {sg!r}")
+    return cfg
+
+
+# --- AIMET format ----------------------------------------------------------------------------------------
+_AIMET_OP_KEYS = ("is_input_quantized", "is_output_quantized", "is_symmetric", "per_channel_quantization",
+                  "params", "encoding_constraints", "supported_kernels")
+
+
+def _aimet_flags(ctx, cfg, d: dict, where: str, mapping: dict) -> dict:
+    out = {}
+    for k, v in d.items():
+        if k in mapping:
+            out[mapping[k]] = ctx.boolean(v, f"{where}.{k}")
+        else:
+            cfg.warnings.append(f"{ctx.source}: {where}.{k}: unknown AIMET key, ignored")
+    return out
+
+
+_PARAM_FLAGS = {"weight": {"is_quantized": "weight_quantized", "is_symmetric": "weight_symmetric"},
+                "bias": {"is_quantized": "bias_quantized", "is_symmetric": None}}
+
+
+def _aimet_params(ctx, cfg, d, where) -> dict:
+    d = ctx.mapping(d, where)
+    out = {}
+    for pname, pd in d.items():
+        w = f"{where}.{pname}"
+        pd = ctx.mapping(pd, w)
+        if pname not in _PARAM_FLAGS:
+            cfg.warnings.append(f"{ctx.source}: {w}: parameter kind not used by qcompiler, ignored")
+            continue
+        for k, v in pd.items():
+            attr = _PARAM_FLAGS[pname].get(k, "?")
+            if attr == "?":
+                cfg.warnings.append(f"{ctx.source}: {w}.{k}: unknown AIMET key, ignored")
+            elif attr is not None:
+                out[attr] = ctx.boolean(v, f"{w}.{k}")
+            else:
+                ctx.boolean(v, f"{w}.{k}")
+    return out
+
+
+def _parse_aimet(data: dict, source: str) -> QuantConfig:
+    ctx = _Ctx(source)
+    cfg = QuantConfig(source=source, format="aimet", scheme="tf_enhanced")
+    for k in data:
+        if k not in AIMET_REQUIRED:
+            cfg.warnings.append(f"{source}: {k}: unknown top-level AIMET key, ignored")
+    d = ctx.mapping(data["defaults"], "defaults")
+    # AIMET defaults when a key is absent: outputs quantized, inputs not, params quantized (asymmetric).
+    s = NodeSettings(weight_symmetric=False, weight_per_channel=False, input_quantized=False,
+                     output_quantized=True)
+    upd = {}
+    for k, v in d.items():
+        w = f"defaults.{k}"
+        if k == "ops":
+            upd.update(_aimet_flags(ctx, cfg, ctx.mapping(v, w), w, {
+                "is_input_quantized": "input_quantized", "is_output_quantized": "output_quantized",
+                "is_symmetric": "act_symmetric"}))
+        elif k == "params":
+            upd.update(_aimet_flags(ctx, cfg, ctx.mapping(v, w), w, {
+                "is_quantized": "weight_quantized", "is_symmetric": "weight_symmetric"}))
+        elif k == "strict_symmetric":
+            cfg.strict_symmetric = ctx.boolean(v, w)
+        elif k == "unsigned_symmetric":
+            cfg.unsigned_symmetric = ctx.boolean(v, w)
+        elif k == "per_channel_quantization":
+            upd["weight_per_channel"] = ctx.boolean(v, w)
+        elif k == "hw_version":
+            if not isinstance(v, str):
+                raise ctx.err(w, f"expected a string, got {v!r}")
+            cfg.hw_version = v
+        elif k == "supported_kernels":
+            if not isinstance(v, list):
+                raise ctx.err(w, "expected a list")
+            cfg.supported_kernels = copy.deepcopy(v)
+        else:
+            cfg.warnings.append(f"{source}: {w}: unknown AIMET key, ignored")
+    # params section: defaults for parameter kinds (weight, bias)
+    upd.update(_aimet_params(ctx, cfg, data["params"], "params"))
+    cfg.defaults = replace(s, **upd)
+    ops = ctx.mapping(data["op_type"], "op_type")
+    for op, od in ops.items():
+        w = f"op_type.{op}"
+        od = ctx.mapping(od, w)
+        o = {}
+        for k, v in od.items():
+            kw = f"{w}.{k}"
+            if k == "is_input_quantized":
+                o["input_quantized"] = ctx.boolean(v, kw)
+            elif k == "is_output_quantized":
+                o["output_quantized"] = ctx.boolean(v, kw)
+            elif k == "is_symmetric":
+                o["act_symmetric"] = ctx.boolean(v, kw)
+            elif k == "per_channel_quantization":
+                o["weight_per_channel"] = ctx.boolean(v, kw)
+            elif k == "params":
+                o.update(_aimet_params(ctx, cfg, v, kw))
+            elif k == "encoding_constraints":
+                o.update(_constraints(ctx, v, kw))
+            elif k == "supported_kernels":
+                pass  # kernel lists describe the target, not this node's settings
+            else:
+                cfg.warnings.append(f"{source}: {kw}: unknown AIMET key, ignored")
+        cfg.op_type[op] = o
+    sgs = data["supergroups"]
+    if not isinstance(sgs, list):
+        raise ctx.err("supergroups", "expected a list of {\"op_list\": [...]}")
+    groups = []
+    for i, g in enumerate(sgs):
+        w = f"supergroups[{i}]"
+        g = ctx.mapping(g, w)
+        ol = g.get("op_list")
+        if not isinstance(ol, list) or len(ol) < 2 or not all(isinstance(x, str) for x in ol):
+            raise ctx.err(f"{w}.op_list", "expected a list of at least two op types")
+        for k in g:
+            if k != "op_list":
+                cfg.warnings.append(f"{source}: {w}.{k}: unknown AIMET key, ignored")
+        groups.append(list(ol))
+    cfg.supergroups = groups
+    mi = ctx.mapping(data["model_input"], "model_input")
+    cfg.model_input_quantized = False
+    for k, v in mi.items():
+        if k == "is_input_quantized":
+            cfg.model_input_quantized = ctx.boolean(v, f"model_input.{k}")
+        else:
+            cfg.warnings.append(f"{source}: model_input.{k}: unknown AIMET key, ignored")
+    mo = ctx.mapping(data["model_output"], "model_output")
+    for k, v in mo.items():
+        if k == "is_output_quantized":
+            cfg.model_output_quantized = ctx.boolean(v, f"model_output.{k}")
+        else:
+            cfg.warnings.append(f"{source}: model_output.{k}: unknown AIMET key, ignored")
+    return cfg
+
+
+__all__ = ["QuantConfig", "NodeSettings", "Rule", "load_config", "parse_config", "load_json_strict"]

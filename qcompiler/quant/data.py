@@ -1,0 +1,291 @@
+"""Calibration and verification data: load samples from .npz files, folders of them, or Python iterables.
+
+THE RULE (how arrays map to samples), for a graph input of rank r:
+  - array rank r+1: axis 0 indexes samples; sample i is `a[i]`, already shaped for the model. The corpus
+    files store `(N, 1, ...)`, i.e. N samples that each carry their own batch dim of 1.
+  - array rank r: axis 0 is both the sample axis and the batch axis; sample i is `a[i:i+1]` (batch 1).
+    This only fits a model whose batch dim is dynamic or 1; for a static batch k > 1 add a leading sample axis.
+  - input of unknown rank: axis 0 indexes samples.
+An iterable of dicts (API) is different: each dict is ONE feed. Its arrays have rank r (used as is) or rank
+r+1 with a leading 1 (dropped).
+
+Checks, each a one-line DataError naming file, input and sample: missing input, unknown key (the key
+`labels` is ignored), wrong dtype (int32 -> int64 and float64 -> float32 are converted, with a note in
+`notes`), wrong rank, wrong static dim, NaN/Inf, empty set, keys with different sample counts, object arrays,
+corrupted or truncated files. Files are opened with `allow_pickle=False`; shapes and dtypes come from the
+.npy headers, so a folder's length is known without reading its data, and each key is read only when iterated.
+"""
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping, Optional
+
+import numpy as np
+import onnx
+
+from ..errors import DataError
+
+IGNORED_KEYS = ("labels",)
+# NOTE: the only conversions we make silently-with-a-note; anything else would hide a preprocessing bug.
+SAFE_CASTS = {(np.dtype(np.int32), np.dtype(np.int64)), (np.dtype(np.float64), np.dtype(np.float32))}
+
+
+def input_specs(graph) -> dict:
+    """`{name: (np dtype, shape)}` for the graph inputs that need data (inputs with an initializer are optional)."""
+    specs = {}
+    for v in graph.inputs:
+        if v.is_initializer:
+            continue
+        dt = v.dtype
+        np_dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(dt)) if dt else None
+        specs[v.name] = (np_dt, v.shape)
+    return specs
+
+
+def _static(dim) -> Optional[int]:
+    """The dim's size if it is a fixed positive int, else None (str, None, 0 or -1 mean dynamic)."""
+    return dim if isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim > 0 else None
+
+
+@dataclass
+class _KeyInfo:
+    dtype: np.dtype
+    shape: tuple
+
+
+class SampleSet:
+    """Validated samples: iterate for `{input name: array}` feeds; `len()` works when the count is known.
+
+    `notes` lists the conversions made (e.g. float64 -> float32). Iterating again re-reads the files (an API
+    iterator can only be iterated once).
+    """
+
+    def __init__(self, source, inputs: Mapping[str, tuple], limit: Optional[int] = None):
+        self.inputs = {k: (np.dtype(dt) if dt is not None else None, tuple(sh) if sh is not None else None)
+                       for k, (dt, sh) in inputs.items()}
+        self.limit = limit
+        self.notes: list[str] = []
+        self._files: Optional[list[tuple[str, int]]] = None  # (path, sample count)
+        self._iterable = None
+        if limit is not None and limit < 0:
+            raise DataError(f"sample limit must be >= 0, got {limit}")
+        if isinstance(source, (str, os.PathLike)):
+            path = os.fspath(source)
+            if os.path.isdir(path):
+                names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
+                if not names:
+                    raise DataError(f"{path}: folder holds no .npz files")
+                files = [os.path.join(path, n) for n in names]
+            elif os.path.isfile(path):
+                files = [path]
+            else:
+                raise DataError(f"{path}: no such file or folder")
+            self._files = [(f, self._check_header(f)) for f in files]
+            if sum(n for _, n in self._files) == 0:
+                raise DataError(f"{path}: empty sample set (0 samples)")
+        elif isinstance(source, Mapping):
+            raise DataError("sample source is one dict; pass a list of feed dicts, an .npz path or a folder")
+        elif isinstance(source, Iterable):
+            self._iterable = source
+        else:
+            raise DataError(f"unsupported sample source of type {type(source).__name__}")
+
+    # --- size ---------------------------------------------------------------------------------------------
+    @property
+    def length(self) -> Optional[int]:
+        if self._files is not None:
+            n = sum(c for _, c in self._files)
+        elif hasattr(self._iterable, "__len__"):
+            n = len(self._iterable)
+        else:
+            return None
+        return n if self.limit is None else min(n, self.limit)
+
+    def __len__(self) -> int:
+        n = self.length
+        if n is None:
+            raise TypeError("the number of samples of this iterable source is not known")
+        return n
+
+    # --- iteration ----------------------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[dict]:
+        count = 0
+        if self.limit == 0:
+            return
+        source_iter = self._iter_files() if self._files is not None else self._iter_dicts()
+        for feed in source_iter:
+            yield feed
+            count += 1
+            if self.limit is not None and count >= self.limit:
+                return
+        if count == 0:
+            raise DataError("empty sample set (0 samples)")
+
+    def _iter_files(self) -> Iterator[dict]:
+        for path, n in self._files:
+            try:
+                npz = np.load(path, allow_pickle=False)
+            except Exception as e:  # noqa: BLE001 - any failure of a hostile file is a DataError
+                raise DataError(f"{path}: not a readable .npz file ({_short(e)})") from None
+            with npz:
+                arrays = {}
+                for name in self.inputs:
+                    try:
+                        arrays[name] = npz[name]
+                    except Exception as e:  # noqa: BLE001
+                        raise DataError(f"{path}: input '{name}': cannot read array ({_short(e)})") from None
+                arrays = {k: self._convert(path, k, a) for k, a in arrays.items()}
+                for i in range(n):
+                    feed = {k: self._take(a, k, i) for k, a in arrays.items()}
+                    self._check_finite(path, feed, i)
+                    yield feed
+
+    def _iter_dicts(self) -> Iterator[dict]:
+        for i, sample in enumerate(self._iterable):
+            where = "samples"
+            if not isinstance(sample, Mapping):
+                raise DataError(f"{where}: sample {i}: expected a dict of input arrays, got {type(sample).__name__}")
+            self._check_keys(where, list(sample.keys()), f" sample {i}")
+            feed = {}
+            for name, (dt, shape) in self.inputs.items():
+                a = np.asarray(sample[name])
+                if a.dtype == object:
+                    raise DataError(f"{where}: input '{name}' sample {i}: object arrays are not accepted")
+                a = self._convert(where, name, a)
+                r = len(shape) if shape is not None else a.ndim
+                if a.ndim == r + 1 and a.shape[0] == 1:
+                    a = a[0]
+                elif a.ndim != r:
+                    raise DataError(f"{where}: input '{name}' sample {i}: rank {a.ndim}, the model expects rank "
+                                    f"{r} (one feed per dict; shape {_fmt(shape)})")
+                self._check_dims(where, name, a.shape, shape, f" sample {i}")
+                feed[name] = a
+            self._check_finite(where, feed, i)
+            yield feed
+
+    # --- checks -------------------------------------------------------------------------------------------
+    def _check_keys(self, where: str, keys: list, sample: str = "") -> None:
+        missing = [k for k in self.inputs if k not in keys]
+        if missing:
+            raise DataError(f"{where}:{sample} missing input '{missing[0]}' (model inputs: {', '.join(self.inputs)})")
+        extra = [k for k in keys if k not in self.inputs and k not in IGNORED_KEYS]
+        if extra:
+            raise DataError(f"{where}:{sample} unknown key '{extra[0]}' (model inputs: {', '.join(self.inputs)})")
+
+    def _check_header(self, path: str) -> int:
+        """Validate one file from its .npy headers (no array data read); returns its sample count."""
+        infos = _npz_headers(path)
+        self._check_keys(path, list(infos))
+        counts = {}
+        for name, (dt, shape) in self.inputs.items():
+            info = infos[name]
+            if info.dtype.hasobject:
+                raise DataError(f"{path}: input '{name}': object arrays are not accepted")
+            if dt is not None and info.dtype != dt and (info.dtype, dt) not in SAFE_CASTS:
+                raise DataError(f"{path}: input '{name}': dtype {info.dtype}, the model expects {dt}")
+            if shape is None:
+                if len(info.shape) == 0:
+                    raise DataError(f"{path}: input '{name}': a scalar array has no sample axis")
+                counts[name] = info.shape[0]
+                continue
+            r = len(shape)
+            if len(info.shape) == r + 1:
+                counts[name] = info.shape[0]
+                self._check_dims(path, name, info.shape[1:], shape)
+            elif len(info.shape) == r and r > 0:
+                counts[name] = info.shape[0]
+                if _static(shape[0]) not in (None, 1):
+                    raise DataError(f"{path}: input '{name}': rank-{r} array means batch-1 samples along axis 0, "
+                                    f"but the model's batch dim is {shape[0]}; add a leading sample axis")
+                self._check_dims(path, name, (1,) + tuple(info.shape[1:]), shape)
+            else:
+                raise DataError(f"{path}: input '{name}': rank {len(info.shape)} array {tuple(info.shape)}, "
+                                f"expected rank {r + 1} (samples, {_fmt(shape)[1:-1]}) or rank {r}")
+        if len(set(counts.values())) > 1:
+            desc = ", ".join(f"'{k}': {v}" for k, v in counts.items())
+            raise DataError(f"{path}: keys hold different sample counts ({desc})")
+        n = next(iter(counts.values()), 0)
+        return n
+
+    def _check_dims(self, where: str, name: str, got: tuple, shape: tuple, sample: str = "") -> None:
+        for d, (g, want) in enumerate(zip(got, shape)):
+            s = _static(want)
+            if s is not None and g != s:
+                raise DataError(f"{where}: input '{name}'{sample}: dim {d} is {g}, the model expects {s} "
+                                f"(sample shape {tuple(got)}, model shape {_fmt(shape)})")
+
+    def _convert(self, where: str, name: str, a: np.ndarray) -> np.ndarray:
+        dt = self.inputs[name][0]
+        if dt is None or a.dtype == dt:
+            return a
+        if (a.dtype, dt) in SAFE_CASTS:
+            note = f"{where}: input '{name}': converted {a.dtype} to {dt}"
+            if note not in self.notes:
+                self.notes.append(note)
+            if a.dtype == np.int32 or not np.any(np.abs(a[np.isfinite(a)]) > np.finfo(np.float32).max):
+                return a.astype(dt)
+            raise DataError(f"{where}: input '{name}': float64 values overflow float32")
+        raise DataError(f"{where}: input '{name}': dtype {a.dtype}, the model expects {dt}")
+
+    def _take(self, a: np.ndarray, name: str, i: int) -> np.ndarray:
+        shape = self.inputs[name][1]
+        if shape is None or a.ndim == len(shape) + 1:
+            return a[i]
+        return a[i:i + 1]
+
+    @staticmethod
+    def _check_finite(where: str, feed: dict, i: int) -> None:
+        for name, a in feed.items():
+            if a.dtype.kind in "fc" and not np.all(np.isfinite(a)):
+                what = "NaN" if np.any(np.isnan(a)) else "Inf"
+                raise DataError(f"{where}: input '{name}' sample {i}: contains {what}")
+
+
+def load_samples(source, inputs: Mapping[str, tuple], limit: Optional[int] = None) -> SampleSet:
+    """Samples from an .npz path, a folder of .npz files (sorted by name) or an iterable of feed dicts.
+
+    `inputs` maps each graph input to `(numpy dtype, shape)` with dims as int, str or None (see `input_specs`).
+    See the module docstring for THE RULE mapping array axes to samples and the checks made.
+    """
+    return SampleSet(source, inputs, limit)
+
+
+def _npz_headers(path: str) -> dict:
+    """`{key: _KeyInfo}` read from the .npy headers inside an .npz, without reading array data."""
+    out = {}
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise DataError(f"{path}: member '{info.filename}' is not an .npy array")
+                key = info.filename[:-4]
+                with zf.open(info) as f:
+                    version = np.lib.format.read_magic(f)
+                    if version == (1, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                    elif version == (2, 0):
+                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                    else:
+                        raise DataError(f"{path}: key '{key}': unsupported .npy version {version}")
+                out[key] = _KeyInfo(np.dtype(dtype), tuple(shape))
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - BadZipFile, truncated header, bad dtype descr, ...
+        raise DataError(f"{path}: not a readable .npz file ({_short(e)})") from None
+    if not out:
+        raise DataError(f"{path}: .npz file holds no arrays")
+    return out
+
+
+def _short(e: Exception) -> str:
+    msg = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {msg}"[:200]
+
+
+def _fmt(shape) -> str:
+    return "(" + ", ".join("?" if _static(d) is None else str(d) for d in shape) + ")" if shape is not None else "?"
+
+
+__all__ = ["load_samples", "input_specs", "SampleSet"]

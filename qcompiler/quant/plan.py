@@ -1,0 +1,124 @@
+"""The quantization plan: what each value (and each use) should become, kept apart from the graph.
+
+Placement fills a plan; calibration turns specs into encodings; QDQ insertion reads the plan and edits the
+graph. Keys are exact value names (unique model-wide) and `(node name, input slot)` for per-use overrides, so
+two outputs named `hidden_output` and `hidden_output_1` can never collide (field notes §3).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional, Tuple
+
+from .encoding import Encoding
+
+
+@dataclass
+class QuantSpec:
+    """How one tensor is quantized: grid, granularity, fixed range, frozen encoding, or kept float (and why)."""
+
+    kind: str = "activation"            # "activation" | "weight" | "bias"
+    bits: int = 8
+    symmetric: bool = False
+    signed: Optional[bool] = None       # storage signedness; None = symmetric
+    axis: Optional[int] = None          # per-channel axis (weights), None = per-tensor
+    block_size: Optional[int] = None    # per-block along `axis`
+    range_bits: Optional[int] = None    # narrower weight grid stored in `bits` (ORT reduce_range)
+    fixed_range: Optional[Tuple[float, float]] = None
+    encoding: Optional[Encoding] = None  # computed (after calibration) or frozen (loaded)
+    frozen: bool = False
+    keep_float: bool = False
+    reason: str = ""
+    source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
+
+    def float_(self, reason: str) -> "QuantSpec":
+        """Mark this spec float with `reason` (the first reason wins: it names the root cause)."""
+        if not self.keep_float:
+            self.keep_float, self.reason = True, reason
+        return self
+
+
+@dataclass
+class Supergroup:
+    """Nodes treated as one unit: quantizers only at its boundary, interior values stay float (field notes §2)."""
+
+    kind: str
+    nodes: List[str]
+    interior: List[str]
+
+
+class QuantPlan:
+    """Per-value specs, per-use overrides, tie groups (union-find) and supergroups."""
+
+    def __init__(self, profile: dict):
+        self.profile = profile
+        self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
+        self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides
+        self.supergroups: List[Supergroup] = []
+        self.interior: Dict[str, str] = {}                      # value name -> supergroup kind
+        self._parent: Dict[str, str] = {}
+
+    # --- specs ------------------------------------------------------------------------------------------
+    def spec(self, name: str) -> Optional[QuantSpec]:
+        return self.values.get(name)
+
+    def set(self, name: str, spec: QuantSpec) -> QuantSpec:
+        self.values[name] = spec
+        return spec
+
+    def set_use(self, node_name: str, slot: int, spec: QuantSpec) -> QuantSpec:
+        self.uses[(node_name, slot)] = spec
+        return spec
+
+    def keep_float(self, name: str, reason: str) -> None:
+        spec = self.values.get(name)
+        if spec is None:
+            spec = self.values[name] = QuantSpec()
+        spec.float_(reason)
+
+    def quantized_activations(self) -> List[str]:
+        return [n for n, s in self.values.items() if s.kind == "activation" and not s.keep_float]
+
+    def float_values(self) -> Dict[str, str]:
+        """Every value the plan leaves float, with its reason."""
+        return {n: s.reason for n, s in self.values.items() if s.keep_float}
+
+    # --- supergroups ------------------------------------------------------------------------------------
+    def add_supergroup(self, kind: str, nodes: Iterable[str], interior: Iterable[str]) -> None:
+        sg = Supergroup(kind, list(nodes), list(interior))
+        self.supergroups.append(sg)
+        for v in sg.interior:
+            self.interior.setdefault(v, kind)
+
+    # --- ties ---------------------------------------------------------------------------------------------
+    def find(self, name: str) -> str:
+        p = self._parent.get(name, name)
+        if p == name:
+            return name
+        root = self.find(p)
+        self._parent[name] = root
+        return root
+
+    def tie(self, a: str, b: str) -> None:
+        """Make `a` and `b` share one encoding."""
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self._parent[rb] = ra
+
+    def untie(self, names: Iterable[str]) -> None:
+        """Dissolve the groups of `names` (each member becomes its own group)."""
+        names = set(names)
+        groups = self.tie_groups()
+        for members in groups.values():
+            if names & set(members):
+                for m in members:
+                    self._parent[m] = m
+
+    def tie_groups(self) -> Dict[str, List[str]]:
+        """root -> members, for every group of two or more values."""
+        groups: Dict[str, List[str]] = {}
+        for n in list(self._parent):
+            groups.setdefault(self.find(n), []).append(n)
+        for root, members in groups.items():
+            if root not in members:
+                members.insert(0, root)
+        return {r: m for r, m in groups.items() if len(m) > 1}

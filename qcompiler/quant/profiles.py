@@ -1,0 +1,129 @@
+"""Backend profiles as data: which ops carry quantized tensors, which share encodings, axes and fixed ranges.
+
+A profile is a plain dict read by generic placement code (no `if target == ...` anywhere). Keys:
+
+- `activation`: default activation grid `{bits, symmetric}`; `weight`: `{bits, symmetric, range_bits}` where
+  `range_bits` < `bits` narrows the weight grid (ort_cpu: 7, because u8 x s8 pairs summed into int16 saturate on
+  AVX2 CPUs without VNNI under ORT's default optimization level; anchors F, as ORT's `reduce_range`).
+- `weights`: op -> {input slot: per-channel axis rule}; an axis rule is an int (negative counts from the end),
+  or `"gemm_transB"` (transB=1: axis 0, else axis 1). `bias`: op -> input slot stored as int32 with
+  scale = s_input * s_weight and zero point 0.
+- `per_channel_ops`: ops whose weights may be per-channel (others fall back to per-tensor).
+- `float_output_ops`: ops whose outputs are never quantized (not quantizable: ties never cross them).
+- `float_outputs`: op -> output slots kept float (LSTM cell state Y_c; field notes §1 wants it wide).
+- `shares_input_encoding`: data-movement ops whose output reuses input 0's encoding (anchors B: ORT drops
+  the Q/DQ pair around them when the two encodings match).
+- `quantize_data_movement_outputs`: False (qnn_htp, anchors B) leaves their outputs without a quantizer.
+- `tie_inputs_and_output`: ops whose float inputs and output share one encoding (Concat).
+- `fixed_output_range`: op -> [min, max] (Sigmoid/Softmax [0, 1], Tanh [-1, 1]).
+- `fused_activations`: (producer op, activation op) pairs treated as one unit: no quantizer between them.
+- `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+from ..errors import ConfigError
+
+DATA_MOVEMENT = ["Reshape", "Transpose", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Flatten",
+                 "MaxPool", "Expand", "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth",
+                 "ReduceMax", "ReduceMin", "GatherElements", "GatherND"]
+
+NOT_QUANTIZABLE = ["Shape", "Size", "NonZero", "NonMaxSuppression", "TopK", "ArgMax", "ArgMin", "Cast",
+                   "ConstantOfShape", "Range", "Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual",
+                   "Not", "And", "Or", "Xor", "IsNaN", "IsInf", "RandomNormal", "RandomUniform",
+                   "RandomNormalLike", "RandomUniformLike", "Multinomial", "Loop", "If", "Scan",
+                   "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "Constant", "EyeLike",
+                   "Trilu"]
+
+_WEIGHTS = {"Conv": {1: 0}, "ConvTranspose": {1: 1}, "Gemm": {1: "gemm_transB"}, "MatMul": {1: -1},
+            "LSTM": {1: 1, 2: 1}, "GRU": {1: 1, 2: 1}, "RNN": {1: 1, 2: 1}}
+_BIAS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
+_FIXED = {"Sigmoid": [0.0, 1.0], "Softmax": [0.0, 1.0], "Tanh": [-1.0, 1.0], "HardSigmoid": [0.0, 1.0]}
+_FUSED = [["Conv", "Relu"], ["Conv", "Clip"], ["Conv", "LeakyRelu"], ["Conv", "HardSwish"],
+          ["Gemm", "Relu"], ["Gemm", "Clip"], ["MatMul", "Relu"], ["Add", "Relu"], ["Add", "Clip"],
+          ["ConvTranspose", "Relu"], ["BatchNormalization", "Relu"], ["Conv", "BatchNormalization"]]
+
+PROFILES: dict = {
+    "ort_cpu": {
+        "description": "onnxruntime CPU EP, QDQ: u8 asymmetric activations, s8 symmetric weights in a 7-bit "
+                       "range (reduce_range), int32 bias",
+        "activation": {"bits": 8, "symmetric": False},
+        "weight": {"bits": 8, "symmetric": True, "range_bits": 7},
+        "weights": _WEIGHTS, "bias": _BIAS,
+        "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN"],
+        "float_output_ops": NOT_QUANTIZABLE,
+        "float_outputs": {"LSTM": [2]},
+        "shares_input_encoding": DATA_MOVEMENT,
+        "quantize_data_movement_outputs": True,
+        "tie_inputs_and_output": ["Concat"],
+        "fixed_output_range": _FIXED,
+        "fused_activations": _FUSED,
+    },
+    "trt": {
+        "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
+        "activation": {"bits": 8, "symmetric": True},
+        "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
+        "weights": _WEIGHTS, "bias": {},
+        "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+        "float_output_ops": NOT_QUANTIZABLE,
+        "float_outputs": {"LSTM": [2]},
+        "shares_input_encoding": DATA_MOVEMENT,
+        "quantize_data_movement_outputs": True,
+        "tie_inputs_and_output": ["Concat"],
+        "fixed_output_range": {"Sigmoid": [0.0, 1.0], "Tanh": [-1.0, 1.0]},
+        "fused_activations": _FUSED,
+    },
+    "qnn_htp": {
+        "description": "Qualcomm QNN HTP (as AIMET's htp_quantsim_config_v75): u8 asymmetric activations, s8 "
+                       "symmetric per-channel Conv weights, per-tensor Gemm/MatMul, int32 bias, data-movement "
+                       "outputs unquantized",
+        "activation": {"bits": 8, "symmetric": False},
+        "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
+        "weights": _WEIGHTS, "bias": _BIAS,
+        "per_channel_ops": ["Conv", "ConvTranspose", "LSTM", "GRU", "RNN"],
+        "float_output_ops": NOT_QUANTIZABLE,
+        "float_outputs": {"LSTM": [2]},
+        "shares_input_encoding": DATA_MOVEMENT,
+        "quantize_data_movement_outputs": False,
+        "tie_inputs_and_output": ["Concat"],
+        "fixed_output_range": _FIXED,
+        "fused_activations": _FUSED + [["Conv", "PRelu"], ["Gemm", "PRelu"]],
+    },
+}
+
+
+def get_profile(target) -> dict:
+    """The profile named `target` (a deep copy, safe to edit), or a dict/YAML file path given by the user."""
+    if isinstance(target, dict):
+        base = copy.deepcopy(PROFILES[target.get("base", "ort_cpu")])
+        base.update(copy.deepcopy(target))
+        return base
+    if target in PROFILES:
+        return copy.deepcopy(PROFILES[target])
+    if isinstance(target, str) and target.endswith((".yaml", ".yml", ".json")):
+        import yaml
+        try:
+            with open(target) as f:
+                data = yaml.safe_load(f)
+        except OSError as e:
+            raise ConfigError(f"profile '{target}': {e}") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"profile '{target}': expected a mapping at top level")
+        return get_profile(data)
+    raise ConfigError(f"unknown target '{target}'; known targets: {', '.join(PROFILES)}")
+
+
+def weight_axis(profile: dict, node, slot: int, rank: int) -> Optional[int]:
+    """Per-channel axis of weight input `slot` of `node` under `profile`, normalised to [0, rank)."""
+    rule = profile["weights"].get(node.op_type, {}).get(slot)
+    if rule is None:
+        return None
+    if rule == "gemm_transB":
+        axis = 0 if node.attr("transB", 0) else 1
+    else:
+        axis = int(rule)
+    if axis < 0:
+        axis += rank
+    return axis if 0 <= axis < rank else None
