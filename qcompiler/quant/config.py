@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-from dataclasses import dataclass, field, fields, replace
-from typing import Any, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Optional, Union
 
 import yaml
 

@@ -1,0 +1,342 @@
+"""AIMET encodings files: write 1.0.0 or 2.0.0, read 1.0.0, 2.0.0 and the legacy 0.6.1 dict-of-lists form.
+
+Formats (anchors.md A "Encodings", AIMET `Docs/techniques/encoding_spec.rst`):
+- 1.0.0: `{"version", "activation_encodings": [E], "param_encodings": [E], "quantizer_args", "excluded_layers"}`,
+  E = `{"name", "enc_type": PER_TENSOR|PER_CHANNEL|PER_BLOCK, "dtype": INT|FLOAT, "bw", "is_sym", "scale": [..],
+  "offset": [..]}` (+ `block_size`). AIMET's offset lives on the UNSIGNED grid: real = (q + offset) * scale,
+  q in [0, 2^bw - 1]. It records no storage signedness and no channel axis.
+- 2.0.0: `{"version": "2.0.0", "encodings": [{"name", "output_dtype", "y_scale", "y_zero_point"?, "axis"?,
+  "block_size"?}]}`, aligned with onnx QuantizeLinear: zero point in the storage type (int8/uint8/...), omitted
+  when 0. It does not separate activations from parameters: `read_encodings(param_names=...)` does.
+- 0.6.1 (legacy): `{"activation_encodings": {name: [{bitwidth, scale, offset, is_symmetric, dtype, min, max}]},
+  "param_encodings": {...}}`, one list item per channel.
+
+Reading back (the information the formats lack):
+- 1.0.0 / 0.6.1: signed = is_sym and offset == -2^(bw-1) everywhere (then zero_point 0, int8 storage); otherwise
+  unsigned with zero_point = -offset. A signed asymmetric grid therefore returns as the same grid on unsigned
+  storage, and an unsigned symmetric grid centred at 2^(bw-1) returns as signed with zero point 0.
+  Per-channel entries get axis 0 and `meta["axis_known"] = False`: the caller fixes the axis from the graph
+  (Conv weight 0, ConvTranspose 1, MatMul weight 1).
+- 2.0.0: symmetric = signed storage with every zero point 0.
+Every encoding read is `frozen=True`. A malformed file raises ConfigError naming the file and the entry.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterable, Optional
+
+import numpy as np
+
+from ..errors import ConfigError
+from .config import load_json_strict
+from .encoding import Encoding
+
+VERSIONS = ("1.0.0", "2.0.0")
+_FLOAT_DTYPES = {16: "float16", 32: "float32"}
+
+
+# --- writing ----------------------------------------------------------------------------------------------
+def _enc_type(enc: Encoding) -> str:
+    if enc.block_size:
+        return "PER_BLOCK"
+    return "PER_CHANNEL" if enc.per_channel else "PER_TENSOR"
+
+
+def _floats(a) -> list:
+    return [float(x) for x in np.asarray(a, np.float64).reshape(-1)]
+
+
+def _ints(a) -> list:
+    return [int(x) for x in np.asarray(a, np.int64).reshape(-1)]
+
+
+def _nested(a, cast):
+    a = np.asarray(a)
+    return cast(a.item()) if a.ndim == 0 else [_nested(x, cast) for x in a]
+
+
+def _entry_v1(name: str, enc: Encoding) -> dict:
+    if enc.dtype == "float":
+        return {"name": name, "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": int(enc.bits)}
+    e = {"name": name, "enc_type": _enc_type(enc), "dtype": "INT", "bw": int(enc.bits),
+         "is_sym": bool(enc.symmetric), "scale": _floats(enc.scale), "offset": _ints(enc.offset)}
+    if enc.block_size:
+        e["block_size"] = int(enc.block_size)
+    return e
+
+
+def _output_dtype(enc: Encoding) -> str:
+    if enc.dtype == "float":
+        return _FLOAT_DTYPES.get(enc.bits, f"float{enc.bits}")
+    return f"{'int' if enc.signed else 'uint'}{enc.bits}"
+
+
+def _entry_v2(name: str, enc: Encoding) -> dict:
+    e = {"name": name, "output_dtype": _output_dtype(enc)}
+    if enc.dtype == "float":
+        return e
+    e["y_scale"] = _nested(np.asarray(enc.scale, np.float64), float)
+    zp = np.asarray(enc.zero_point, np.int64)
+    if np.any(zp != 0):
+        e["y_zero_point"] = _nested(zp, int)
+    if enc.per_channel or enc.block_size:
+        e["axis"] = int(enc.axis if enc.axis is not None else 0)
+    if enc.block_size:
+        e["block_size"] = int(enc.block_size)
+    return e
+
+
+def write_encodings(path: Optional[str], activations: dict, params: dict, version: str = "1.0.0",
+                    quantizer_args: Optional[dict] = None, excluded_layers: Iterable = ()) -> dict:
+    """The encodings JSON dict for `version`; also written atomically to `path` when one is given."""
+    if version not in VERSIONS:
+        raise ConfigError(f"encodings version '{version}' is not supported (use {' or '.join(VERSIONS)})")
+    for name, enc in list(activations.items()) + list(params.items()):
+        s = np.asarray(enc.scale, np.float64)
+        if enc.dtype != "float" and (not np.all(np.isfinite(s)) or np.any(s <= 0)):
+            raise ConfigError(f"encoding of '{name}': scale must be finite and positive, got {s.reshape(-1)[:4]}")
+    if version == "1.0.0":
+        doc = {"version": "1.0.0",
+               "activation_encodings": [_entry_v1(n, e) for n, e in activations.items()],
+               "param_encodings": [_entry_v1(n, e) for n, e in params.items()],
+               "quantizer_args": dict(quantizer_args or {}),
+               "excluded_layers": list(excluded_layers)}
+    else:
+        seen, entries = set(), []
+        for n, e in list(activations.items()) + list(params.items()):
+            if n in seen:
+                raise ConfigError(f"encoding of '{n}' given twice (as activation and param); 2.0.0 has one list")
+            seen.add(n)
+            entries.append(_entry_v2(n, e))
+        doc = {"version": "2.0.0", "encodings": entries}
+    if path is not None:
+        from ..onnx_io import write_atomic
+        write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+# --- reading ----------------------------------------------------------------------------------------------
+class _Reader:
+    def __init__(self, path: str):
+        self.path = path
+
+    def err(self, entry: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.path}: encoding '{entry}': {msg}")
+
+    def scale(self, v, entry, nested=False) -> np.ndarray:
+        try:
+            a = np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise self.err(entry, f"scale must be numbers, got {str(v)[:60]}") from None
+        if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
+            raise self.err(entry, "scale must be finite, positive and non-empty")
+        return a.astype(np.float32)
+
+    def ints(self, v, entry, what) -> np.ndarray:
+        a = np.asarray(v)
+        if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+            a = a.astype(np.int64)
+        if a.size == 0 or a.dtype.kind not in "iu":
+            raise self.err(entry, f"{what} must be integers, got {str(v)[:60]}")
+        return a.astype(np.int64)
+
+    def bits(self, v, entry) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
+            raise self.err(entry, f"bit width must be an integer, got {v!r}")
+        return v
+
+    def boolean(self, v, entry, key) -> bool:
+        if isinstance(v, bool):
+            return v
+        if v in ("True", "False", "true", "false"):
+            return v in ("True", "true")
+        raise self.err(entry, f"'{key}' must be a boolean, got {v!r}")
+
+
+def _from_aimet_offset(r: _Reader, entry: str, scale, offset, bits: int, sym: bool, **kw) -> Encoding:
+    """Encoding from AIMET's (scale, unsigned-grid offset) pair; see the module docstring for signedness."""
+    offset = r.ints(offset, entry, "offset")
+    if offset.size != scale.size and offset.size != 1:
+        raise r.err(entry, f"{scale.size} scales but {offset.size} offsets")
+    offset = np.broadcast_to(offset, scale.shape).copy()
+    if np.any(offset > 0) or np.any(offset < -(2 ** bits - 1)):
+        raise r.err(entry, f"offset outside the {bits}-bit grid")
+    signed = bool(sym and np.all(offset == -(2 ** (bits - 1))))
+    zp = (-offset - 2 ** (bits - 1)) if signed else -offset
+    if scale.size == 1 and "axis" not in kw:
+        scale, zp = scale.reshape(()), zp.reshape(())
+    return Encoding(scale=scale, zero_point=zp.astype(np.int64), bits=bits, symmetric=sym, signed=signed,
+                    frozen=True, **kw)
+
+
+def _read_v1_entry(r: _Reader, e) -> tuple:
+    if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+        raise ConfigError(f"{r.path}: encoding entry without a string 'name': {str(e)[:80]}")
+    name = e["name"]
+    for k in ("bw",):
+        if k not in e:
+            raise r.err(name, f"missing '{k}'")
+    bits = r.bits(e["bw"], name)
+    dtype = e.get("dtype", "INT")
+    if dtype not in ("INT", "FLOAT"):
+        raise r.err(name, f"dtype must be INT or FLOAT, got {dtype!r}")
+    if dtype == "FLOAT":
+        return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float", frozen=True)
+    for k in ("scale", "offset", "is_sym", "enc_type"):
+        if k not in e:
+            raise r.err(name, f"missing '{k}'")
+    enc_type = e["enc_type"]
+    if enc_type not in ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK"):
+        raise r.err(name, f"enc_type {enc_type!r} is not supported (PER_TENSOR, PER_CHANNEL, PER_BLOCK)")
+    scale = r.scale(e["scale"], name).reshape(-1)
+    kw = {}
+    if enc_type == "PER_TENSOR" and scale.size != 1:
+        raise r.err(name, f"PER_TENSOR with {scale.size} scales")
+    if enc_type in ("PER_CHANNEL", "PER_BLOCK"):
+        kw = {"axis": 0, "meta": {"axis_known": False}}
+    if enc_type == "PER_BLOCK":
+        bs = e.get("block_size")
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+            raise r.err(name, f"PER_BLOCK needs a positive 'block_size', got {bs!r}")
+        kw["block_size"] = bs
+    sym = r.boolean(e["is_sym"], name, "is_sym")
+    return name, _from_aimet_offset(r, name, scale, e["offset"], bits, sym, **kw)
+
+
+def _read_v1(r: _Reader, doc: dict) -> tuple:
+    out = []
+    for key in ("activation_encodings", "param_encodings"):
+        lst = doc.get(key, [])
+        if not isinstance(lst, list):
+            raise ConfigError(f"{r.path}: '{key}' must be a list in version {doc.get('version')}")
+        d = {}
+        for e in lst:
+            name, enc = _read_v1_entry(r, e)
+            if name in d:
+                raise r.err(name, f"listed twice in '{key}'")
+            d[name] = enc
+        out.append(d)
+    return out[0], out[1]
+
+
+def _read_v2_entry(r: _Reader, e) -> tuple:
+    if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+        raise ConfigError(f"{r.path}: encoding entry without a string 'name': {str(e)[:80]}")
+    name = e["name"]
+    od = e.get("output_dtype")
+    if not isinstance(od, str):
+        raise r.err(name, "missing 'output_dtype'")
+    if od.startswith("float") or od.startswith("bfloat"):
+        bits = int("".join(c for c in od if c.isdigit())[:2] or 16)
+        return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float",
+                              frozen=True, meta={"output_dtype": od})
+    if od.startswith("uint"):
+        signed, b = False, od[4:]
+    elif od.startswith("int"):
+        signed, b = True, od[3:]
+    else:
+        raise r.err(name, f"output_dtype {od!r} is not supported")
+    if not b.isdigit() or not 2 <= int(b) <= 32:
+        raise r.err(name, f"output_dtype {od!r} is not supported")
+    bits = int(b)
+    if "y_scale" not in e:
+        raise r.err(name, "missing 'y_scale'")
+    if isinstance(e["y_scale"], dict):
+        raise r.err(name, "y_scale given as a dict (encodings 2.1.0 LPBQ) is not supported")
+    scale = r.scale(e["y_scale"], name)
+    if "y_zero_point" in e and e["y_zero_point"] is not None:
+        zp = r.ints(e["y_zero_point"], name, "y_zero_point")
+        if zp.shape != scale.shape and zp.size != 1:
+            raise r.err(name, f"y_zero_point shape {zp.shape} differs from y_scale shape {scale.shape}")
+        zp = np.broadcast_to(zp.reshape(zp.shape if zp.shape == scale.shape else ()), scale.shape).copy()
+    else:
+        zp = np.zeros(scale.shape, np.int64)
+    enc = Encoding(scale=scale, zero_point=zp, bits=bits, signed=signed, frozen=True)
+    if np.any(zp < enc.qmin) or np.any(zp > enc.qmax):
+        raise r.err(name, f"y_zero_point outside the {od} range")
+    enc.symmetric = bool(signed and np.all(zp == 0))
+    if "axis" in e:
+        ax = e["axis"]
+        if isinstance(ax, bool) or not isinstance(ax, int):
+            raise r.err(name, f"axis must be an integer, got {ax!r}")
+        enc.axis = ax
+    elif scale.ndim > 0 and scale.size > 1:
+        raise r.err(name, "several scales but no 'axis'")
+    if "block_size" in e:
+        bs = e["block_size"]
+        if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+            raise r.err(name, f"block_size must be a positive integer, got {bs!r}")
+        enc.block_size = bs
+    if enc.axis is None and scale.ndim > 0:
+        enc.scale, enc.zero_point = scale.reshape(()), zp.reshape(())
+    return name, enc
+
+
+def _read_v2(r: _Reader, doc: dict, param_names) -> tuple:
+    lst = doc.get("encodings")
+    if not isinstance(lst, list):
+        raise ConfigError(f"{r.path}: version 2.0.0 needs an 'encodings' list")
+    acts, params = {}, {}
+    pn = set(param_names or ())
+    for e in lst:
+        name, enc = _read_v2_entry(r, e)
+        d = params if name in pn else acts
+        if name in acts or name in params:
+            raise r.err(name, "listed twice")
+        d[name] = enc
+    return acts, params
+
+
+def _read_legacy(r: _Reader, doc: dict) -> tuple:
+    out = []
+    for key in ("activation_encodings", "param_encodings"):
+        section = doc.get(key, {})
+        if not isinstance(section, dict):
+            raise ConfigError(f"{r.path}: legacy '{key}' must map names to lists of encodings")
+        d = {}
+        for name, items in section.items():
+            if isinstance(items, dict):
+                items = [items]
+            if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
+                raise r.err(name, "expected a non-empty list of {bitwidth, scale, offset, ...}")
+            for k in ("bitwidth", "scale", "offset"):
+                if any(k not in i for i in items):
+                    raise r.err(name, f"missing '{k}'")
+            bits = r.bits(items[0]["bitwidth"], name)
+            if any(i["bitwidth"] != bits for i in items):
+                raise r.err(name, "channels with different bit widths")
+            if str(items[0].get("dtype", "int")).lower() == "float":
+                d[name] = Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float",
+                                   frozen=True)
+                continue
+            sym = r.boolean(items[0].get("is_symmetric", "False"), name, "is_symmetric")
+            scale = r.scale([i["scale"] for i in items], name)
+            kw = {"axis": 0, "meta": {"axis_known": False}} if len(items) > 1 else {}
+            d[name] = _from_aimet_offset(r, name, scale, [i["offset"] for i in items], bits, sym, **kw)
+        out.append(d)
+    return out[0], out[1]
+
+
+def read_encodings(path: str, param_names: Optional[Iterable[str]] = None) -> tuple:
+    """`(activations, params)`: dicts of name -> frozen Encoding from an AIMET encodings file.
+
+    Version 2.0.0 keeps one list; names in `param_names` go to `params`, the rest to `activations`.
+    """
+    doc = load_json_strict(path, "encodings file")
+    r = _Reader(path)
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{path}: encodings file must hold a JSON object")
+    version = doc.get("version")
+    if version == "2.0.0" or (version is None and "encodings" in doc):
+        return _read_v2(r, doc, param_names)
+    if isinstance(doc.get("activation_encodings"), dict) or isinstance(doc.get("param_encodings"), dict):
+        return _read_legacy(r, doc)
+    if version == "1.0.0" or (version is None and isinstance(doc.get("activation_encodings"), list)):
+        return _read_v1(r, doc)
+    if "activation_encodings" not in doc and "param_encodings" not in doc:
+        raise ConfigError(f"{path}: not an AIMET encodings file (no 'activation_encodings', 'param_encodings' "
+                          f"or 'encodings')")
+    raise ConfigError(f"{path}: encodings version {version!r} is not supported (1.0.0, 2.0.0, legacy 0.6.1)")
+
+
+__all__ = ["write_encodings", "read_encodings"]
