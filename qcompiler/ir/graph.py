@@ -28,6 +28,25 @@ SOURCE = "<source>"
 SINK = "<sink>"
 
 
+def _result_type(op_type: str, value: Value, extra: list, node: Node) -> Optional[onnx.TypeProto]:
+    """The type of `op(value, ...)` for ops inserted in front of a graph output, which must stay typed."""
+    if value.type is None or not value.type.HasField("tensor_type"):
+        return value.type
+    elem = value.type.tensor_type.elem_type
+    if op_type == "QuantizeLinear":
+        zp = extra[1] if len(extra) > 1 else None
+        elem = (zp.dtype if zp is not None and zp.dtype else node.attr("output_dtype", 0)) or onnx.TensorProto.UINT8
+    elif op_type == "DequantizeLinear":
+        scale = extra[0] if extra else None
+        elem = scale.dtype if scale is not None and scale.dtype else onnx.TensorProto.FLOAT
+    elif op_type == "Cast":
+        elem = node.attr("to", elem)
+    t = onnx.TypeProto()
+    t.CopyFrom(value.type)
+    t.tensor_type.elem_type = elem
+    return t
+
+
 class Graph:
     """One graph (the main graph or an If/Loop/Scan body). Bodies resolve outer-scope names through `parent`."""
 
@@ -407,6 +426,8 @@ class Graph:
         for u in chosen:
             if u.is_graph_output:
                 u.user.set_output(u.index, out)
+                if not moved_output:
+                    out.type = _result_type(op_type, value, list(extra_inputs), node)
                 moved_output = True
             else:
                 u.user.graph.set_input(u.user, u.index, out)

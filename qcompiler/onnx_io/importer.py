@@ -164,8 +164,11 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                     attrs[a.name] = _decode_attr(a)
             n._attrs = attrs
             n._attr_protos = None
+    position = {n: i for i, (n, _, _) in enumerate(nodes)}
+    forward_ref = False
     for n, np_, _ in nodes:
         inputs = n.inputs
+        here = position[n]
         for i, iname in enumerate(np_.input):
             if not iname:
                 inputs.append(None)
@@ -176,6 +179,11 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                                         f"is not produced by any node, graph input or initializer")
             inputs.append(v)
             g._add_use(v, Usage(n, i))
+            p = v.producer
+            if p is not None and p.graph is g and position[p] >= here:
+                forward_ref = True
+    if forward_ref:  # not topologically sorted: sort (which names the nodes of a cycle, if any)
+        g.toposort()
     for n, np_, has_graph in nodes:
         if has_graph:
             for sg in n.subgraphs():

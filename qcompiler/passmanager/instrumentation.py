@@ -171,9 +171,12 @@ class Verifier(Instrumentation):
     def after_pass(self, p, model, result):
         self._check_structure(p, model)
         if not result.modified:
+            self.log.append(f"{p.name}: unchanged")
             return
         self._last = None
         if self._before is None:
+            self.log.append(f"{p.name}: structure verified (no numerical check: "
+                            f"{'pass changes semantics' if not p.preserves_semantics else 'onnxruntime cannot run the model'})")
             return
         after = self._outputs(model)
         self._last = after
