@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import os
 import zipfile
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 import onnx
