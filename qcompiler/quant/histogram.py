@@ -111,14 +111,18 @@ class MagnitudeHistogram:
 
     @staticmethod
     def edges() -> np.ndarray:
-        """The 2049 magnitude bin edges (float64; the last ones are inf/NaN patterns, clipped to float32 max)."""
-        pattern = (np.arange(_MAG_HALF + 1, dtype=np.uint64) << _MAG_SHIFT).astype(np.uint32)
-        e = pattern.view(np.float32).astype(np.float64)
-        return np.where(np.isfinite(e), e, np.finfo(np.float32).max)
+        """The 2049 magnitude bin edges (float64; the inf/NaN patterns at the top read as float32 max)."""
+        return _MAG_EDGES
 
-    def abs_quantile(self, q: float) -> float:
-        """|x| value below which a fraction `q` of the values lie (log-linear inside the bin, ≤ 9% off)."""
+    def abs_quantile(self, q: float, skip_zeros: bool = False) -> float:
+        """|x| value below which a fraction `q` of the values lie (linear inside the bin, < 9% off).
+
+        `skip_zeros` leaves out zeros and float32 denormals (|x| < 2^-126), e.g. for the bulk of a ReLU output.
+        """
         counts = self.abs_counts
+        if skip_zeros:
+            counts = counts.copy()
+            counts[:8] = 0
         cdf = np.cumsum(counts)
         total = cdf[-1]
         if total == 0:
@@ -153,6 +157,20 @@ class MagnitudeHistogram:
         frac = (target - below) / pos[i] if pos[i] > 0 else 0.0
         return float(e[i] + np.clip(frac, 0.0, 1.0) * (e[i + 1] - e[i]))
 
+    def largest_gap(self, floor: float = 0.0) -> float:
+        """Largest ratio between consecutive occupied |x| bins at or above `floor` (lower edge of the upper bin
+        over the upper edge of the lower one; zeros and denormals are skipped); 1.0 if fewer than 2 bins.
+
+        Pass a floor such as the 1% quantile of |x|: the sparse low tail of any continuous distribution has
+        gaps in log space that mean nothing.
+        """
+        e = _MAG_EDGES
+        occupied = np.flatnonzero(self.abs_counts[8:]) + 8
+        occupied = occupied[e[occupied + 1] > floor]
+        if len(occupied) < 2:
+            return 1.0
+        return float(np.max(e[occupied[1:]] / e[occupied[:-1] + 1]))
+
     def fraction_abs_below(self, threshold: float) -> float:
         """Fraction of values with |x| < threshold (bin containing the threshold interpolated linearly)."""
         counts = self.abs_counts
@@ -167,6 +185,18 @@ class MagnitudeHistogram:
             return 1.0
         inside = (threshold - e[i]) / (e[i + 1] - e[i]) if e[i + 1] > e[i] else 1.0
         return float((counts[:i].sum() + np.clip(inside, 0.0, 1.0) * counts[i]) / total)
+
+
+def _magnitude_edges() -> np.ndarray:
+    pattern = (np.arange(_MAG_HALF + 1, dtype=np.uint64) << _MAG_SHIFT).astype(np.uint32)
+    with np.errstate(invalid="ignore"):
+        e = pattern.view(np.float32).astype(np.float64)
+    e = np.where(np.isfinite(e), e, np.finfo(np.float32).max)
+    e.setflags(write=False)
+    return e
+
+
+_MAG_EDGES = _magnitude_edges()
 
 
 def _nonempty_range(lo: float, hi: float) -> tuple[float, float]:
