@@ -179,16 +179,3 @@ def test_unknown_scheme_and_alias():
     with pytest.raises(ConfigError, match="unknown calibration scheme 'bogus'"):
         make_observer("bogus")
 
-
-@pytest.mark.parametrize("scheme,budget_ms", [("min_max", 10), ("tf_enhanced", 40), ("mse", 40)])
-def test_update_speed(scheme, budget_ms):
-    x = np.random.default_rng(7).standard_normal((64, 128, 384)).astype(np.float32)
-    obs = make_observer(scheme)
-    obs.update(x)
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        obs.update(x)
-        times.append((time.perf_counter() - start) * 1e3)
-    # Best of 5 with 2x slack: other jobs share these cores; the report states the measured numbers.
-    assert min(times) < 2 * budget_ms, f"{scheme}: {min(times):.1f} ms"
