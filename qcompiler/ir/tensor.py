@@ -85,7 +85,9 @@ class Tensor:
 
     @classmethod
     def from_array(cls, array: np.ndarray) -> "Tensor":
-        return cls(array=np.ascontiguousarray(array))
+        a = np.asarray(array)
+        # NOTE: np.ascontiguousarray turns a 0-d array into shape (1,); scalars must stay scalars (Q/DQ scales)
+        return cls(array=a if a.flags.c_contiguous else np.ascontiguousarray(a).reshape(a.shape))
 
     @property
     def is_external(self) -> bool:

@@ -98,10 +98,13 @@ def get_profile(target) -> dict:
     """The profile named `target` (a deep copy, safe to edit), or a dict/YAML file path given by the user."""
     if isinstance(target, dict):
         base = copy.deepcopy(PROFILES[target.get("base", "ort_cpu")])
+        base["name"] = target.get("base", "ort_cpu") + "+custom"
         base.update(copy.deepcopy(target))
         return base
     if target in PROFILES:
-        return copy.deepcopy(PROFILES[target])
+        prof = copy.deepcopy(PROFILES[target])
+        prof["name"] = target
+        return prof
     if isinstance(target, str) and target.endswith((".yaml", ".yml", ".json")):
         import yaml
         try:

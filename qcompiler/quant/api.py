@@ -1,0 +1,209 @@
+"""`quantize(...)`: float ONNX model + calibration data in, QDQ model + encodings + report out.
+
+Steps: load (a private copy), prepare (constant-to-initializer so Constant-node weights are weights,
+fold-batchnorm, canonicalize; opset raised to 13 for per-channel Q/DQ, to 21 for int16/int4), one streaming
+calibration pass, placement into a QuantPlan, encodings (frozen ones from `load_encodings` win), QDQ
+insertion, and a report with per-output SQNR on the kept calibration samples.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ..errors import ConfigError, QCompilerError, UnknownPassError
+from ..ir import verify
+from ..onnx_io import load_model, model_from_proto, model_to_proto
+from .calibrate import assign_encodings, calibrate
+from .placement import PlacementOptions, build_plan
+from .profiles import get_profile
+from .qdq import apply_plan
+from .report import build_report, output_sqnr
+
+PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "canonicalize")
+PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
+WIDE_INT_OPSET = 21      # int16/int4 QuantizeLinear in the standard domain (anchors B; ORT runs them)
+
+
+@dataclass
+class QuantizeResult:
+    """The QDQ model (IR), its encodings `{"activations": {...}, "params": {...}}`, the report and stats."""
+
+    model: object
+    encodings: dict
+    report: dict
+    stats: dict = field(default_factory=dict)
+    plan: object = None
+
+    def save(self, path: str) -> None:
+        from ..onnx_io import save_model
+        save_model(self.model, path)
+
+    def write_encodings(self, path: Optional[str], version: str = "1.0.0") -> dict:
+        from .encodings_io import write_encodings
+        args = self.report.get("quantizer_args", {})
+        return write_encodings(path, self.encodings["activations"], self.encodings["params"], version=version,
+                               quantizer_args=args, excluded_layers=sorted(self.report["left_float"]))
+
+
+def _load(model_or_path):
+    if isinstance(model_or_path, (str, os.PathLike)):
+        return load_model(os.fspath(model_or_path))
+    if hasattr(model_or_path, "SerializeToString"):
+        return model_from_proto(model_or_path)
+    # an IR Model: work on a private copy, the caller's model stays float
+    m = model_from_proto(model_to_proto(model_or_path))
+    m.base_dir = getattr(model_or_path, "base_dir", None)
+    return m
+
+
+def _prepare(model, notes: list) -> None:
+    from ..passmanager import run_pipeline
+    for name in PREPARE_PASSES:
+        try:
+            run_pipeline(model, name)
+        except UnknownPassError:
+            notes.append(f"pass '{name}' not available; skipped")
+
+
+def _raise_opset(model, opset: int, notes: list):
+    """A new model at `opset` (onnx's version converter), or the same model when already there."""
+    if model.opset >= opset:
+        return model
+    import onnx
+    from onnx import version_converter
+    proto = model_to_proto(model)
+    try:
+        conv = version_converter.convert_version(proto, opset)
+    except Exception as e:
+        raise QCompilerError(f"cannot raise the model's opset {model.opset} to {opset} (needed for "
+                             f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200]}") from None
+    notes.append(f"opset raised from {model.opset} to {opset}")
+    new = model_from_proto(conv)
+    new.base_dir = model.base_dir
+    return new
+
+
+def _config_bits(cfg) -> set:
+    bits = set()
+    if cfg is None:
+        return bits
+    for s in [cfg.defaults] + [type("U", (), u)() for u in cfg.op_type.values()]:
+        for k in ("act_bits", "weight_bits"):
+            if hasattr(s, k):
+                bits.add(int(getattr(s, k)))
+    for r in cfg.rules:
+        for k in ("act_bits", "weight_bits"):
+            if k in r.updates:
+                bits.add(int(r.updates[k]))
+    return bits
+
+
+def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
+             weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
+             progress: Optional[bool] = None, limit: Optional[int] = None) -> QuantizeResult:
+    """Quantize a float model to QDQ ONNX.
+
+    `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
+    batch-dim rule), a folder of .npz files, or an iterable of feed dicts. `config`: a path or a QuantConfig
+    (when given, its settings replace the per_channel/weight_bits/act_bits arguments). `load_encodings`: an
+    AIMET encodings file whose encodings are frozen; everything else is calibrated.
+    """
+    t_start = time.perf_counter()
+    timings, notes = {}, []
+    if config is not None and not hasattr(config, "settings_for"):
+        from .config import load_config
+        config = load_config(os.fspath(config))
+    if target is None:
+        target = (config.target if config is not None and config.target else "ort_cpu")
+    profile = get_profile(target)
+    if scheme is None:
+        scheme = config.scheme if config is not None and config.scheme else "min_max"
+    from .observers import canonical_scheme
+    scheme = canonical_scheme(scheme)
+    for what, b in (("weight_bits", weight_bits), ("act_bits", act_bits)):
+        if b not in (4, 8, 16):
+            raise ConfigError(f"{what}={b}: supported bit widths are 4, 8 and 16")
+
+    model = _load(model_or_path)
+    t = time.perf_counter()
+    _prepare(model, notes)
+    bits = _config_bits(config) | {weight_bits, act_bits}
+    need = WIDE_INT_OPSET if any(b != 8 for b in bits) else PER_CHANNEL_OPSET
+    model = _raise_opset(model, need, notes)
+    timings["prepare"] = time.perf_counter() - t
+
+    from .data import input_specs, load_samples
+    samples = load_samples(calib, input_specs(model.graph), limit=limit)
+    t = time.perf_counter()
+    cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=profile["activation"]["symmetric"],
+                    progress=progress)
+    timings["calibrate"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
+                            supergroups=_supergroup_choice(config))
+    plan = build_plan(model, profile, cal.dtypes, cal.stats(), opts)
+    if load_encodings is not None:
+        _freeze(plan, model, load_encodings, notes)
+    assign_encodings(plan, model, cal, scheme)
+    acts, params = apply_plan(model, plan)
+    verify(model.graph)
+    timings["place_and_insert"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    proto = model_to_proto(model)
+    sqnr = output_sqnr(proto, cal.kept)
+    timings["report_sqnr"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t_start
+    report = build_report(plan, acts, params, sqnr, cal, timings, target, scheme, notes)
+    report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
+                                "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),
+                                "per_channel_quantization": bool(per_channel), "quant_scheme": scheme}
+    stats = {"calibration_seconds": cal.seconds, "samples": cal.samples, "observed_values": len(cal.observers)}
+    return QuantizeResult(model=model, encodings={"activations": acts, "params": params}, report=report,
+                          stats=stats, plan=plan)
+
+
+def _supergroup_choice(config):
+    if config is None:
+        return True
+    sg = getattr(config, "supergroups", True)
+    if isinstance(sg, (list, tuple)):
+        names = [s for s in sg if isinstance(s, str)]
+        return tuple(names) if names else True
+    return bool(sg)
+
+
+def _freeze(plan, model, path, notes: list) -> None:
+    """Freeze encodings from an AIMET file: those values keep them; everything else is calibrated."""
+    from .encodings_io import read_encodings
+    g = model.graph
+    param_names = [v.name for v in g.initializers.values()] + \
+        [n.outputs[0].name for n in g.nodes_by_op("Constant")]
+    acts, params = read_encodings(os.fspath(path), param_names=param_names)
+    unknown = []
+    for name, enc in acts.items():
+        spec = plan.values.get(name)
+        if spec is None:
+            unknown.append(name)
+            continue
+        enc.frozen = True
+        spec.encoding, spec.frozen, spec.keep_float, spec.reason = enc, True, False, ""
+        spec.bits, spec.symmetric = enc.bits, enc.symmetric
+    by_name = {n.name: n for n in g.nodes}
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind != "weight":
+            continue
+        v = by_name[node_name].inputs[slot]
+        enc = params.get(v.name)
+        if enc is not None:
+            enc.frozen = True
+            spec.encoding, spec.frozen, spec.keep_float = enc, True, False
+            spec.axis = enc.axis
+    if unknown:
+        notes.append(f"{len(unknown)} frozen activation encodings name no quantizable value: "
+                     + ", ".join(unknown[:5]))

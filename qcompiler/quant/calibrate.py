@@ -1,0 +1,180 @@
+"""Calibration driver: one streaming onnxruntime pass over the samples, reducing every activation into observers.
+
+A calibration copy of the model lists every non-constant value of the main graph as an extra graph output, so
+one `session.run` per sample yields all activations; each array is reduced into its observer and dropped at
+once (memory: one sample's activations plus O(bins) per value). The runtime dtype of each array tells integer
+tensors (indices, shapes, masks, token ids) from float ones, so no quantizer is ever placed on an integer.
+A few samples (with their float graph outputs) are kept for the report's SQNR.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import onnx
+
+from ..errors import DataError
+from ..onnx_io import model_to_proto
+from .encoding import Encoding, compute_encoding
+from .observers import make_observer, weight_range
+from .plan import QuantPlan
+
+
+class CalibrationResult:
+    """Observers and runtime dtypes per value name, kept samples for SQNR, and timing."""
+
+    def __init__(self):
+        self.observers: Dict[str, object] = {}
+        self.dtypes: Dict[str, np.dtype] = {}
+        self.kept: list = []            # [(feed, {output name: float array})]
+        self.samples = 0
+        self.seconds = 0.0
+
+    def stats(self) -> Dict[str, dict]:
+        return {k: o.stats() for k, o in self.observers.items()}
+
+
+def candidate_names(model) -> list:
+    """Graph inputs and every non-constant node output of the main graph, in graph order."""
+    g = model.graph
+    names = [v.name for v in g.inputs if not v.is_initializer]
+    for n in g.nodes:
+        if n.op_type == "Constant":
+            continue
+        names.extend(v.name for v in n.outputs if v is not None)
+    return names
+
+
+def calibration_proto(model, names) -> onnx.ModelProto:
+    """A copy of the model whose outputs also list `names` (name-only ValueInfos: onnxruntime infers types)."""
+    proto = model_to_proto(model)
+    present = {o.name for o in proto.graph.output}
+    inputs = {i.name for i in proto.graph.input}
+    for name in names:
+        if name not in present and name not in inputs:
+            proto.graph.output.append(onnx.ValueInfoProto(name=name))
+            present.add(name)
+    return proto
+
+
+def make_session(proto: onnx.ModelProto, opt_level=None):
+    import onnxruntime as ort
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if opt_level is not None:
+        so.graph_optimization_level = opt_level
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric: bool = False,
+              keep_samples: int = 16, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
+              observer_opts: Optional[dict] = None) -> CalibrationResult:
+    """Run every sample once through a calibration copy of `model`; return observers and dtypes per value."""
+    t0 = time.perf_counter()
+    res = CalibrationResult()
+    names = candidate_names(model)
+    sess = make_session(calibration_proto(model, names))
+    out_names = [o.name for o in sess.get_outputs()]
+    graph_outputs = [v.name for v in model.graph.outputs]
+    input_names = {v.name for v in model.graph.inputs}
+    total = getattr(samples, "length", None)
+    if progress is None:
+        progress = sys.stderr.isatty()
+    it = iter(samples)
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(it, total=total, desc="calibrating", unit="sample", file=sys.stderr)
+    kept_bytes = 0
+    opts = dict(observer_opts or {})
+    for i, feed in enumerate(it):
+        try:
+            arrays = sess.run(out_names, feed)
+        except Exception as e:  # onnxruntime's own message names the input; add the sample
+            raise DataError(f"calibration sample {i}: onnxruntime failed: {str(e).splitlines()[0][:300]}") from None
+        by_name = dict(zip(out_names, arrays))
+        for name, arr in feed.items():
+            if name in input_names:
+                by_name.setdefault(name, np.asarray(arr))
+        for name, arr in by_name.items():
+            obs = res.observers.get(name)
+            if obs is None:
+                if name not in res.dtypes:
+                    res.dtypes[name] = arr.dtype
+                    if np.issubdtype(arr.dtype, np.floating):
+                        obs = res.observers[name] = make_observer(scheme, bits, symmetric, **opts)
+            if obs is not None:
+                obs.update(arr)
+        if len(res.kept) < keep_samples and kept_bytes < keep_bytes:
+            outs = {n: by_name[n] for n in graph_outputs if n in by_name}
+            kept_bytes += sum(a.nbytes for a in outs.values()) + sum(np.asarray(a).nbytes for a in feed.values())
+            res.kept.append((dict(feed), outs))
+        del arrays, by_name
+        res.samples += 1
+    if res.samples == 0:
+        raise DataError("empty sample set (0 samples)")
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# --------------------------------------------------------------------------- plan -> encodings
+
+def _act_encoding(lo: float, hi: float, spec) -> Encoding:
+    enc = compute_encoding(lo, hi, bits=spec.bits, symmetric=spec.symmetric, signed=spec.signed)
+    return enc
+
+
+def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: str = "min_max") -> None:
+    """Turn every quantized spec into an Encoding: tie groups share one range; weights are per use."""
+    # activations: one range per tie group (a frozen or fixed member decides for the whole group)
+    groups: Dict[str, list] = {}
+    for name, spec in plan.values.items():
+        if spec.kind == "activation" and not spec.keep_float:
+            groups.setdefault(plan.find(name), []).append(name)
+    for root, members in groups.items():
+        specs = [plan.values[m] for m in members]
+        frozen = next((s.encoding for s in specs if s.frozen and s.encoding is not None), None)
+        if frozen is not None:
+            enc = frozen
+        else:
+            fixed = next((s.fixed_range for s in specs if s.fixed_range is not None), None)
+            if fixed is not None:
+                lo, hi = fixed
+            else:
+                ranges = [calib.observers[m].range() for m in members if m in calib.observers]
+                if not ranges:
+                    for s in specs:
+                        s.float_("never observed during calibration")
+                    continue
+                lo, hi = min(r[0] for r in ranges), max(r[1] for r in ranges)
+            enc = _act_encoding(lo, hi, specs[0])
+        for s in specs:
+            if not s.frozen:
+                s.encoding = enc
+    # per-use activation quantizers tied to a value's group
+    for key, spec in plan.uses.items():
+        if spec.kind == "activation" and spec.source.startswith("tie:"):
+            target = plan.values.get(spec.source[4:])
+            if target is None or target.keep_float or target.encoding is None:
+                spec.float_("tied group is float")
+            else:
+                spec.encoding = target.encoding
+    # weights, per use
+    g = model.graph
+    by_name = {n.name: n for n in g.nodes}
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind != "weight" or spec.keep_float or (spec.frozen and spec.encoding is not None):
+            continue
+        node = by_name[node_name]
+        w = node.inputs[slot].const_value()
+        rb = spec.range_bits or spec.bits
+        if spec.axis is not None:
+            lo, hi = weight_range(w, spec.axis, scheme, rb, spec.symmetric)
+        else:
+            lo, hi = weight_range(np.asarray(w).reshape(1, -1), 0, scheme, rb, spec.symmetric)
+            lo, hi = float(lo[0]), float(hi[0])
+        enc = compute_encoding(lo, hi, bits=rb, symmetric=spec.symmetric, signed=True, axis=spec.axis)
+        enc.bits = spec.bits
+        enc.meta["range_bits"] = rb
+        spec.encoding = enc

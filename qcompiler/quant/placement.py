@@ -1,0 +1,417 @@
+"""Quantizer placement: fill a QuantPlan from the graph, the backend profile, the config and calibration stats.
+
+Rules (issue 3 "placement", field notes §2, §3, §6):
+- Every float activation (graph input or node output of the main graph) gets a quantizer at its producer,
+  unless it is integer-typed, produced by an op the profile marks not quantizable, inside a supergroup
+  (LayerNorm/RMSNorm/GELU/HardSwish decompositions, Conv→Relu-like pairs), or 8 bits cannot carry it (§6).
+  A value that is also a graph output keeps the quantizer on every use: the graph output is one more use.
+- Weights (profile `weights` slots holding constants, initializers or Constant-node outputs alike) get
+  per-use specs with the op's per-channel axis, so a weight shared by two Gemms with different transB gets two
+  copies and one with the same axis gets one DQ. Bias slots become int32 (scale s_in * s_w) in qdq.py.
+- Data-movement outputs tie to input 0; Concat inputs tie to its output. Ties never cross a producer that is
+  not quantizable (that input gets a per-use quantizer at the Concat instead) and never touch integer tensors.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+
+from .plan import QuantPlan, QuantSpec
+from .profiles import weight_axis
+
+# field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
+# below ~30; far beyond that (masks, variances) the bulk collapses onto one or two levels.
+SENTINEL_MAGNITUDE = 1e20
+OUTLIER_RATIO_LIMIT = 1e3
+CONCAT_RANGE_RATIO_LIMIT = 64.0
+
+
+# --------------------------------------------------------------------------- supergroups (local matchers)
+
+def _const(v) -> Optional[np.ndarray]:
+    return None if v is None else v.const_value()
+
+
+def _sole_consumer(v, op: str):
+    cons = v.consumers()
+    if len(cons) == 1 and cons[0].op_type == op and not v.is_graph_output():
+        return cons[0]
+    return None
+
+
+def _other_input(node, v):
+    a, b = node.inputs[0], node.inputs[1]
+    return b if a is v else a if b is v else None
+
+
+def _match_layernorm(g) -> List[tuple]:
+    """ReduceMean→Sub→Pow|Mul→ReduceMean→Add(eps)→Sqrt→Div(→Mul γ→Add β): LayerNorm decomposed (AIMET 2.2)."""
+    found = []
+    for r1 in g.nodes_by_op("ReduceMean"):
+        x = r1.inputs[0]
+        for sub in r1.outputs[0].consumers():
+            if sub.op_type != "Sub" or sub.inputs[0] is not x or sub.inputs[1] is not r1.outputs[0]:
+                continue
+            d = sub.outputs[0]
+            sq = [c for c in d.consumers() if (c.op_type == "Pow" and c.inputs[0] is d) or
+                  (c.op_type == "Mul" and c.inputs[0] is d and c.inputs[1] is d)]
+            div = [c for c in d.consumers() if c.op_type == "Div" and c.inputs[0] is d]
+            if not sq or not div:
+                continue
+            chain = [r1, sub, sq[0]]
+            r2 = _sole_consumer(sq[0].outputs[0], "ReduceMean")
+            add = r2 and _sole_consumer(r2.outputs[0], "Add")
+            sqrt = add and _sole_consumer(add.outputs[0], "Sqrt")
+            if not sqrt or div[0].inputs[1] is not sqrt.outputs[0]:
+                continue
+            chain += [r2, add, sqrt, div[0]]
+            found.append(("layernorm", _extend_affine(chain)))
+    return found
+
+
+def _match_rmsnorm(g) -> List[tuple]:
+    """Pow(x,2)|Mul(x,x)→ReduceMean→Add(eps)→Sqrt→Div(x, ·) (or Reciprocal→Mul), then Mul γ: RMSNorm."""
+    found = []
+    for r in g.nodes_by_op("ReduceMean"):
+        p = r.inputs[0].producer
+        if p is None or p.op_type not in ("Pow", "Mul"):
+            continue
+        x = p.inputs[0]
+        if p.op_type == "Mul" and p.inputs[1] is not x:
+            continue
+        if x.producer is not None and x.producer.op_type == "Sub":   # that is a LayerNorm
+            continue
+        add = _sole_consumer(r.outputs[0], "Add")
+        sqrt = add and _sole_consumer(add.outputs[0], "Sqrt")
+        if not sqrt:
+            continue
+        chain = [p, r, add, sqrt]
+        div = _sole_consumer(sqrt.outputs[0], "Div")
+        if div is not None and div.inputs[0] is x:
+            chain.append(div)
+        else:
+            rec = _sole_consumer(sqrt.outputs[0], "Reciprocal")
+            mul = rec and _sole_consumer(rec.outputs[0], "Mul")
+            if not mul or _other_input(mul, rec.outputs[0]) is not x:
+                continue
+            chain += [rec, mul]
+        found.append(("rmsnorm", _extend_affine(chain)))
+    return found
+
+
+def _extend_affine(chain: list) -> list:
+    """Append a following Mul(γ) and Add(β) with constant operands: they belong to the norm."""
+    for op in ("Mul", "Add"):
+        out = chain[-1].outputs[0]
+        nxt = _sole_consumer(out, op)
+        if nxt is None or _const(_other_input(nxt, out)) is None:
+            break
+        chain.append(nxt)
+    return chain
+
+
+def _match_gelu(g) -> List[tuple]:
+    """Div(√2)|Mul(1/√2)→Erf→Add(1)→Mul(x)→Mul(0.5), in either Mul order (ORT gelu_fusion.cc)."""
+    found = []
+    for erf in g.nodes_by_op("Erf"):
+        pre = erf.inputs[0].producer
+        if pre is None or pre.op_type not in ("Div", "Mul") or _const(pre.inputs[1]) is None:
+            continue
+        x = pre.inputs[0]
+        add = _sole_consumer(erf.outputs[0], "Add")
+        mul1 = add and _sole_consumer(add.outputs[0], "Mul")
+        if not mul1:
+            continue
+        chain = [pre, erf, add, mul1]
+        other = _other_input(mul1, add.outputs[0])
+        if other is x:
+            mul2 = _sole_consumer(mul1.outputs[0], "Mul")
+            if mul2 is not None and _const(_other_input(mul2, mul1.outputs[0])) is not None:
+                chain.append(mul2)
+        elif other is not None and other.producer is not None and other.producer.op_type == "Mul" \
+                and x in other.producer.inputs:
+            chain.insert(0, other.producer)
+        else:
+            continue
+        found.append(("gelu", chain))
+    return found
+
+
+def _match_hardswish(g) -> List[tuple]:
+    """Add(x, 3)→Clip(0, 6)→Mul(x, ·)→Div(6)|Mul(1/6): HardSwish decomposed (Paddle2ONNX)."""
+    found = []
+    for clip in g.nodes_by_op("Clip"):
+        add = clip.inputs[0].producer
+        if add is None or add.op_type != "Add":
+            continue
+        x = add.inputs[0] if _const(add.inputs[1]) is not None else add.inputs[1]
+        if _const(x) is not None or clip.inputs[0].is_graph_output() or len(clip.inputs[0].consumers()) != 1:
+            continue
+        mul = _sole_consumer(clip.outputs[0], "Mul")
+        if not mul or _other_input(mul, clip.outputs[0]) is not x:
+            continue
+        chain = [add, clip, mul]
+        tail = mul.outputs[0]
+        nxt = tail.consumers()
+        if len(nxt) == 1 and nxt[0].op_type in ("Div", "Mul") and not tail.is_graph_output() \
+                and _const(nxt[0].inputs[1]) is not None:
+            chain.append(nxt[0])
+        found.append(("hardswish", chain))
+    return found
+
+
+_LOCAL_MATCHERS = {"layernorm": _match_layernorm, "rmsnorm": _match_rmsnorm, "gelu": _match_gelu,
+                   "hardswish": _match_hardswish}
+
+
+def find_supergroups(g, kinds: Iterable[str] = ("layernorm", "rmsnorm", "gelu", "hardswish")) -> List[tuple]:
+    """[(kind, [nodes in order])] for each decomposed structure; uses qcompiler.patterns when installed."""
+    out, claimed = [], set()
+    try:
+        from .. import patterns as _patterns   # another module's matchers, if present
+        find = getattr(_patterns, "find_matches", None)
+    except Exception:
+        find = None
+    for kind in kinds:
+        matches = None
+        if find is not None:
+            try:
+                matches = [(kind, list(m.nodes)) for m in find(g, kind)]
+            except Exception:
+                matches = None
+        if matches is None:
+            matches = _LOCAL_MATCHERS[kind](g) if kind in _LOCAL_MATCHERS else []
+        for k, nodes in matches:
+            if any(id(n) in claimed for n in nodes):
+                continue
+            claimed.update(id(n) for n in nodes)
+            out.append((k, nodes))
+    return out
+
+
+def _interior_values(nodes: list) -> List:
+    """Outputs of the group's nodes read only inside the group (the boundary outputs are the rest)."""
+    members = {id(n) for n in nodes}
+    interior = []
+    for n in nodes:
+        for v in n.outputs:
+            if v is None or v.is_output_of_any_graph():
+                continue
+            if all(id(c) in members for c in v.consumers()):
+                interior.append(v)
+    return interior
+
+
+# --------------------------------------------------------------------------- plan building
+
+class PlacementOptions:
+    """Global knobs (API arguments) used when no config rule says otherwise."""
+
+    def __init__(self, per_channel=True, weight_bits=8, act_bits=8, act_symmetric=None, weight_symmetric=None,
+                 config=None, supergroups=True):
+        self.per_channel, self.weight_bits, self.act_bits = per_channel, weight_bits, act_bits
+        self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
+        self.config, self.supergroups = config, supergroups
+
+
+def _settings(opts: PlacementOptions, profile: dict, node):
+    """Resolved per-node settings as a dict (config rules when a config is given, else API args + profile)."""
+    a, w = profile["activation"], profile["weight"]
+    s = {"act_bits": opts.act_bits, "act_symmetric": a["symmetric"] if opts.act_symmetric is None
+         else opts.act_symmetric, "weight_bits": opts.weight_bits,
+         "weight_symmetric": w["symmetric"] if opts.weight_symmetric is None else opts.weight_symmetric,
+         "weight_per_channel": opts.per_channel, "weight_block": None, "weight_quantized": True,
+         "bias_quantized": True, "keep_float": False, "precision": "int", "output_quantized": True,
+         "encoding_min": None, "encoding_max": None}
+    cfg = opts.config
+    if cfg is not None and node is not None:
+        ns = cfg.settings_for(node)
+        for k in ("act_bits", "act_symmetric", "weight_bits", "weight_symmetric", "weight_per_channel",
+                  "weight_block", "weight_quantized", "bias_quantized", "precision", "output_quantized",
+                  "encoding_min", "encoding_max"):
+            if hasattr(ns, k):
+                s[k] = getattr(ns, k)
+        s["keep_float"] = bool(getattr(ns, "keep_float", False))
+    return s
+
+
+def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
+               opts: Optional[PlacementOptions] = None) -> QuantPlan:
+    """Fill a QuantPlan for the main graph from the profile, settings, observed dtypes and statistics.
+
+    `dtypes` maps every observed value name to its runtime numpy dtype (calibration saw it); values missing
+    from it are not quantized. `stats` maps names to observer `stats()` dicts (field notes §6 checks).
+    """
+    opts = opts or PlacementOptions()
+    g = model.graph
+    plan = QuantPlan(profile)
+    float_ok = lambda v: v is not None and v.name in dtypes and np.issubdtype(dtypes[v.name], np.floating)
+
+    # 1. supergroups: interiors stay float
+    if opts.supergroups:
+        kinds = ("layernorm", "rmsnorm", "gelu", "hardswish")
+        if isinstance(opts.supergroups, (list, tuple)):
+            kinds = tuple(opts.supergroups)
+        for kind, nodes in find_supergroups(g, kinds):
+            plan.add_supergroup(kind, [n.name for n in nodes], [v.name for v in _interior_values(nodes)])
+    fused = {tuple(p) for p in profile.get("fused_activations", [])}
+    for n in g.nodes:
+        for v in n.outputs:
+            if v is None or v.is_output_of_any_graph():
+                continue
+            cons = v.consumers()
+            if len(cons) == 1 and (n.op_type, cons[0].op_type) in fused:
+                plan.add_supergroup(f"{n.op_type}+{cons[0].op_type}", [n.name, cons[0].name], [v.name])
+
+    # 2. weights and biases (per use)
+    pc_ops = set(profile.get("per_channel_ops", ()))
+    for n in g.nodes:
+        slots = profile["weights"].get(n.op_type, {})
+        if not slots:
+            continue
+        s = _settings(opts, profile, n)
+        for slot in slots:
+            v = n.inputs[slot] if slot < len(n.inputs) else None
+            arr = _const(v)
+            if arr is None or not np.issubdtype(arr.dtype, np.floating):
+                continue
+            if s["keep_float"] or not s["weight_quantized"]:
+                plan.set_use(n.name, slot, QuantSpec(kind="weight", source="config").float_(
+                    "weights kept float by config"))
+                continue
+            axis = weight_axis(profile, n, slot, arr.ndim) if (s["weight_per_channel"] and n.op_type in pc_ops) \
+                else None
+            if axis is not None and arr.ndim < 2 and n.op_type != "MatMul":
+                axis = None
+            if n.op_type == "MatMul" and arr.ndim < 2:
+                axis = None
+            bits = int(s["weight_bits"])
+            rb = profile["weight"].get("range_bits")
+            range_bits = min(bits, rb) if (rb and bits == 8) else bits
+            plan.set_use(n.name, slot, QuantSpec(kind="weight", bits=bits, symmetric=bool(s["weight_symmetric"]),
+                                                 signed=True, axis=axis, block_size=s["weight_block"],
+                                                 range_bits=range_bits, source=f"profile weights {n.op_type}"))
+        bslot = profile.get("bias", {}).get(n.op_type)
+        if bslot is not None and bslot < len(n.inputs) and _const(n.inputs[bslot]) is not None \
+                and s["bias_quantized"] and not s["keep_float"]:
+            plan.set_use(n.name, bslot, QuantSpec(kind="bias", bits=32, symmetric=True, signed=True,
+                                                  source="profile bias"))
+
+    # 3. activations
+    not_q = set(profile.get("float_output_ops", ()))
+    float_outs = profile.get("float_outputs", {})
+    fixed = profile.get("fixed_output_range", {})
+    share = set(profile.get("shares_input_encoding", ()))
+
+    def act_spec(node, s) -> QuantSpec:
+        spec = QuantSpec(kind="activation", bits=int(s["act_bits"]), symmetric=bool(s["act_symmetric"]),
+                         source="activation")
+        if s["encoding_min"] is not None and s["encoding_max"] is not None:
+            spec.fixed_range = (float(s["encoding_min"]), float(s["encoding_max"]))
+        elif node is not None and node.op_type in fixed:
+            spec.fixed_range = tuple(float(x) for x in fixed[node.op_type])
+        return spec
+
+    in_settings = _settings(opts, profile, None)
+    model_input_q = True if opts.config is None else bool(getattr(opts.config, "model_input_quantized", True))
+    for v in g.inputs:
+        if v.is_initializer or not float_ok(v):
+            continue
+        spec = plan.set(v.name, act_spec(None, in_settings))
+        if not model_input_q:
+            spec.float_("model inputs unquantized by config")
+    for n in g.nodes:
+        if n.op_type == "Constant":
+            continue
+        s = _settings(opts, profile, n)
+        for i, v in enumerate(n.outputs):
+            if not float_ok(v) or v.is_constant():
+                continue
+            spec = plan.set(v.name, act_spec(n, s))
+            if n.domain not in ("", "ai.onnx"):
+                spec.float_(f"producer '{n.name}' is a custom-domain op ({n.domain}.{n.op_type})")
+            elif n.op_type in not_q:
+                spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.get('name', 'target')}")
+            elif i in float_outs.get(n.op_type, ()):
+                spec.float_(f"output {i} of {n.op_type} '{n.name}' kept float (recurrent cell state)")
+            elif s["keep_float"]:
+                spec.float_(f"node '{n.name}' kept {s['precision']} by config")
+            elif not s["output_quantized"]:
+                spec.float_(f"output of '{n.name}' unquantized by config")
+            elif v.name in plan.interior:
+                spec.float_(f"inside {plan.interior[v.name]} supergroup (quantizers only at its boundary)")
+            elif n.op_type in share and not profile.get("quantize_data_movement_outputs", True):
+                spec.float_(f"data-movement output of {n.op_type} left unquantized (profile)")
+
+    # 4. field notes §6: tensors 8 bits cannot carry
+    for name, spec in plan.values.items():
+        if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None or spec.bits > 8:
+            continue
+        st = stats.get(name)
+        if not st:
+            continue
+        absmax = max(abs(st.get("min", 0.0)), abs(st.get("max", 0.0)))
+        if absmax >= SENTINEL_MAGNITUDE:
+            spec.float_(f"holds sentinel values of magnitude {absmax:.3g} (an additive mask?): "
+                        f"8 bits cannot carry them together with the rest")
+        elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT:
+            spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: 8 bits would zero the bulk")
+        elif st.get("nonfinite", 0):
+            spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
+
+    # 5. ties: data movement shares input 0; Concat inputs share the output
+    ties = set(profile.get("tie_inputs_and_output", ()))
+    for n in g.nodes:
+        if n.op_type in share and n.inputs and float_ok(n.inputs[0]):
+            src = plan.spec(n.inputs[0].name)
+            for v in n.outputs:
+                spec = plan.spec(v.name) if v is not None else None
+                if spec is None or spec.keep_float:
+                    continue
+                if src is None or src.keep_float:
+                    # NOTE: the input carries no encoding to share (float producer): the output quantizes on
+                    # its own; tying must never push an encoding up through a float producer (§2).
+                    continue
+                plan.tie(n.inputs[0].name, v.name)
+        elif n.op_type in ties and float_ok(n.outputs[0]):
+            out = n.outputs[0]
+            ospec = plan.spec(out.name)
+            if ospec is None or ospec.keep_float:
+                continue
+            for slot, u in enumerate(n.inputs):
+                if not float_ok(u):
+                    continue
+                uspec = plan.spec(u.name)
+                if uspec is not None and not uspec.keep_float:
+                    plan.tie(out.name, u.name)
+                else:
+                    # producer not quantizable: quantize at this use, with the group's encoding
+                    plan.set_use(n.name, slot, QuantSpec(kind="activation", bits=ospec.bits,
+                                                         symmetric=ospec.symmetric, source=f"tie:{out.name}"))
+    _check_tie_spread(plan, stats, g)
+    return plan
+
+
+def _check_tie_spread(plan: QuantPlan, stats: Dict[str, dict], g) -> None:
+    """§6: a Concat joining very different ranges (pixel boxes with 0-1 scores) keeps its output float."""
+    ties = set(plan.profile.get("tie_inputs_and_output", ()))
+    for n in g.nodes:
+        if n.op_type not in ties or n.outputs[0] is None:
+            continue
+        out = n.outputs[0]
+        spans = []
+        for u in n.inputs:
+            st = stats.get(u.name) if u is not None else None
+            if st:
+                spans.append(max(abs(st["min"]), abs(st["max"]), 1e-12))
+        if len(spans) >= 2 and max(spans) / min(spans) >= CONCAT_RANGE_RATIO_LIMIT:
+            plan.untie([out.name])
+            spec = plan.spec(out.name)
+            if spec is not None:
+                spec.float_(f"Concat '{n.name}' joins ranges {max(spans) / min(spans):.0f}x apart: one 8-bit "
+                            f"grid would erase the small ones; inputs keep their own encodings")
+            for slot in range(len(n.inputs)):
+                us = plan.uses.get((n.name, slot))
+                if us is not None and us.source.startswith("tie:"):
+                    del plan.uses[(n.name, slot)]

@@ -1,0 +1,187 @@
+"""QDQ insertion: turn a plan with encodings into QuantizeLinear/DequantizeLinear pairs in the graph.
+
+- Activations: one Q→DQ right after the producer, and every use (graph-output uses included) reads the DQ; a
+  graph output keeps its name (the IR's insert_after swaps names) and its position.
+- Weights: stored quantized (int8, or int4/int16 at opset 21) with one DequantizeLinear per distinct
+  (weight, axis, grid); consumers that agree share it, consumers that differ (a weight read by a Gemm with
+  transB=1 and one with transB=0) get their own copy. The float original is dropped when no one reads it
+  (Constant nodes included).
+- Bias: int32 with scale = s_input * s_weight (per channel when the weight is), zero point 0, as ORT's QDQ
+  Conv/Gemm fusions expect; left float when the input or weight is float or the int32 grid would overflow.
+"""
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import numpy as np
+
+from .encoding import Encoding
+from .plan import QuantPlan, QuantSpec
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def storage_dtype(enc: Encoding) -> np.dtype:
+    """numpy storage type of an integer grid (int4/uint4 are stored through onnx's packed types at export)."""
+    if enc.bits > 16:
+        return np.dtype(np.int32)
+    if enc.bits > 8:
+        return np.dtype(np.int16 if enc.signed else np.uint16)
+    return np.dtype(np.int8 if enc.signed else np.uint8)
+
+
+def _qparams(g, enc: Encoding, hint: str):
+    scale = g.add_constant(np.asarray(enc.scale, np.float32), f"{hint}_scale")
+    zp_arr = np.asarray(enc.zero_point).astype(storage_dtype(enc))
+    if enc.bits < 8:
+        zp_arr = _as_int4(zp_arr, enc.signed)
+    zp = g.add_constant(zp_arr, f"{hint}_zero_point")
+    return scale, zp
+
+
+def _as_int4(arr: np.ndarray, signed: bool):
+    """Tensor payload for int4/uint4 (the IR stores numpy; onnx's ml_dtypes-backed int4 types when present)."""
+    try:
+        import ml_dtypes
+        return arr.astype(ml_dtypes.int4 if signed else ml_dtypes.uint4)
+    except Exception:  # pragma: no cover - no ml_dtypes: keep 8-bit storage (the grid is still 4-bit)
+        return arr
+
+
+def _quantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
+    scale = np.asarray(enc.scale, np.float64)
+    zp = np.asarray(enc.zero_point, np.float64)
+    if enc.per_channel:
+        shape = [1] * w.ndim
+        shape[enc.axis] = -1
+        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    q = np.clip(np.round(np.asarray(w, np.float64) / scale) + zp, enc.qmin, enc.qmax)
+    return q.astype(storage_dtype(enc))
+
+
+def insert_activation_qdq(g, value, enc: Encoding):
+    """Q→DQ after `value` for all its uses; returns the DQ node."""
+    scale, zp = _qparams(g, enc, value.name)
+    attrs = {"axis": enc.axis} if enc.per_channel else None
+    q = g.insert_after(value, "QuantizeLinear", [scale, zp], attrs=attrs)
+    dq = g.insert_after(q.outputs[0], "DequantizeLinear", [scale, zp], attrs=attrs)
+    return dq
+
+
+def insert_use_qdq(g, node, slot: int, enc: Encoding):
+    """Q→DQ feeding only input `slot` of `node`."""
+    v = node.inputs[slot]
+    scale, zp = _qparams(g, enc, f"{v.name}_{node.name}_in{slot}")
+    g.insert_before(node, slot, "QuantizeLinear", [scale, zp])
+    return g.insert_before(node, slot, "DequantizeLinear", [scale, zp])
+
+
+def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, Encoding]]:
+    """Insert every quantizer of `plan` into `model` (in place). Returns (activation, param) encodings by name."""
+    g = model.graph
+    by_name = {n.name: n for n in g.nodes}
+    acts: Dict[str, Encoding] = {}
+    params: Dict[str, Encoding] = {}
+
+    # encodings seen by each use before the graph changes (for bias scales)
+    def input_encoding(node, slot):
+        us = plan.uses.get((node.name, slot))
+        if us is not None:
+            return None if us.keep_float else us.encoding
+        v = node.inputs[slot]
+        s = plan.values.get(v.name) if v is not None else None
+        return None if s is None or s.keep_float else s.encoding
+
+    bias_inputs = {}
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind == "bias" and not spec.keep_float:
+            node = by_name[node_name]
+            wspec = plan.uses.get((node_name, 1))
+            bias_inputs[(node_name, slot)] = (input_encoding(node, 0),
+                                              None if wspec is None or wspec.keep_float else wspec.encoding)
+
+    # 1. weights: group uses by (value, grid)
+    groups: Dict[tuple, list] = {}
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind != "weight" or spec.keep_float or spec.encoding is None:
+            continue
+        node = by_name[node_name]
+        v = node.inputs[slot]
+        enc = spec.encoding
+        key = (id(v), enc.axis, enc.bits, tuple(np.asarray(enc.scale).ravel().tolist()),
+               tuple(np.asarray(enc.zero_point).ravel().tolist()))
+        groups.setdefault(key, []).append((node, slot, v, enc))
+    for k, members in groups.items():
+        node0, _, v, enc = members[0]
+        w = v.const_value()
+        qarr = _quantize_array(w, enc)
+        if enc.bits < 8:
+            qarr = _as_int4(qarr, enc.signed)
+        wq = g.add_constant(qarr, f"{v.name}_quantized")
+        scale, zp = _qparams(g, enc, v.name)
+        attrs = {"axis": int(enc.axis)} if enc.per_channel else None
+        dq = g.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], attrs,
+                        name=f"{v.name}_DequantizeLinear", before=node0)
+        for node, slot, _, _ in members:
+            g.set_input(node, slot, dq.outputs[0])
+        pname = v.name if v.name not in params else dq.outputs[0].name
+        params[pname] = enc
+        _drop_if_unused(g, v)
+
+    # 2. biases (int32, scale = s_in * s_w)
+    for (node_name, slot), (ein, ew) in bias_inputs.items():
+        spec = plan.uses[(node_name, slot)]
+        node = by_name[node_name]
+        v = node.inputs[slot]
+        if ein is None or ew is None or ein.per_channel:
+            spec.float_("bias left float: input or weight is float")
+            continue
+        b = np.asarray(v.const_value(), np.float64)
+        s = np.asarray(ein.scale, np.float64) * np.asarray(ew.scale, np.float64)
+        s = np.broadcast_to(s, b.shape) if s.ndim else s
+        q = np.round(b / s)
+        if not np.all(np.isfinite(q)) or np.abs(q).max(initial=0) > INT32_MAX:
+            spec.float_("bias left float: int32 grid s_in*s_w would overflow")
+            continue
+        per_channel = np.ndim(s) > 0 and np.size(s) > 1
+        enc = Encoding(scale=np.asarray(s, np.float32) if per_channel else np.float32(s),
+                       zero_point=np.zeros(np.shape(s), np.int64), bits=32, symmetric=True, signed=True,
+                       axis=0 if per_channel else None)
+        spec.encoding = enc
+        bq = g.add_constant(q.astype(np.int32), f"{v.name}_quantized")
+        scale = g.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
+        zp = g.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
+        dq = g.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
+                        {"axis": 0} if per_channel else None, name=f"{v.name}_{node_name}_DequantizeLinear",
+                        before=node)
+        g.set_input(node, slot, dq.outputs[0])
+        params[v.name if v.name not in params else dq.outputs[0].name] = enc
+        _drop_if_unused(g, v)
+
+    # 3. activations at producers (one Q/DQ per value, every use reads the DQ)
+    for name, spec in list(plan.values.items()):
+        if spec.kind != "activation" or spec.keep_float or spec.encoding is None:
+            continue
+        v = g.value(name)
+        if v is None or not v.uses():
+            continue
+        insert_activation_qdq(g, v, spec.encoding)
+        acts[name] = spec.encoding
+
+    # 4. per-use activation quantizers (Concat input whose producer is not quantizable)
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind == "activation" and not spec.keep_float and spec.encoding is not None:
+            node = by_name[node_name]
+            insert_use_qdq(g, node, slot, spec.encoding)
+            acts[f"{node.inputs[slot].name}"] = spec.encoding
+    g.toposort()
+    return acts, params
+
+
+def _drop_if_unused(g, v) -> None:
+    if v.uses():
+        return
+    if v.tensor is not None and not v.is_input and v.name in g.initializers:
+        g.remove_initializer(v)
+    elif v.producer is not None and v.producer.op_type == "Constant" and v.producer.graph is g:
+        g.remove_node(v.producer)
