@@ -9,6 +9,11 @@ topological order and dead-code elimination see through bodies.
 
 Every change goes through the methods below; `qcompiler.ir.invariants.verify` proves the index, the use lists
 and the node lists agree.
+
+NOTE: the index is built on first access of `Graph.index` (from the use lists, with the same `_edge_for` /
+`_capture_edge` keys the mutation API writes), and kept in step from then on. Importing, canonicalizing and
+exporting a 90k-node model never reads it, and adding its ~160k edges one by one cost more than the whole
+protobuf parse (benchmarks/bench_ir.py).
 """
 from __future__ import annotations
 
@@ -63,9 +68,7 @@ class Graph:
         self._nodes: dict[Node, None] = {}             # insertion-ordered set
         self._values: dict[str, Value] = {}            # values defined in this graph
         self._by_op: dict[str, dict[Node, None]] = {}
-        self.index = nx.MultiDiGraph()
-        self.index.add_node(SOURCE)
-        self.index.add_node(SINK)
+        self._index: Optional[nx.MultiDiGraph] = None   # built lazily by the `index` property
         # raw pieces kept verbatim for a lossless round trip
         self.sparse_initializers: list = []
         self.quantization_annotation: list = []
@@ -76,6 +79,38 @@ class Graph:
         return f"Graph({self.name!r}, {len(self._nodes)} nodes)"
 
     # --- reading ------------------------------------------------------------------------------------------
+    @property
+    def index(self) -> nx.MultiDiGraph:
+        """The networkx index (nodes + SOURCE/SINK, one keyed edge per use); built on first access."""
+        if self._index is None:
+            self._index = self._build_index()
+        return self._index
+
+    def _build_index(self) -> nx.MultiDiGraph:
+        """Every edge the mutation API would have written for the current uses: node inputs and graph outputs
+        of this graph, plus capture edges of this graph's values read from inside bodies."""
+        index = nx.MultiDiGraph()
+        index.add_node(SOURCE)
+        index.add_node(SINK)
+        index.add_nodes_from(self._nodes)
+        add_edge = index.add_edge
+        for node in self._nodes:
+            for i, v in enumerate(node.inputs):
+                if v is not None:
+                    e = self._edge_for(v, Usage(node, i))
+                    if e is not None:
+                        add_edge(e[1], e[2], key=e[3])
+        for pos, v in enumerate(self.outputs):
+            e = self._edge_for(v, Usage(self, pos))
+            if e is not None and e[0] is self:
+                add_edge(e[1], e[2], key=e[3])
+        for v in self._values.values():
+            for use in v._uses:
+                c = self._capture_edge(v, use)
+                if c is not None:
+                    add_edge(c[1], c[2], key=c[3])
+        return index
+
     @property
     def nodes(self) -> list:
         """The nodes in their current order (a snapshot list)."""
@@ -224,7 +259,8 @@ class Graph:
             items.insert(pos, node)
             self._nodes = dict.fromkeys(items)
         self._by_op.setdefault(node.op_type, {})[node] = None
-        self.index.add_node(node)
+        if self._index is not None:
+            self._index.add_node(node)
 
     def move_before(self, node: Node, anchor: Node) -> None:
         """Reorder: place `node` just before `anchor` (both in this graph)."""
@@ -265,11 +301,11 @@ class Graph:
     def _add_use(self, value: Value, use: Usage) -> None:
         value._uses.append(use)
         e = self._edge_for(value, use)
-        if e is not None:
-            e[0].index.add_edge(e[1], e[2], key=e[3])
+        if e is not None and e[0]._index is not None:
+            e[0]._index.add_edge(e[1], e[2], key=e[3])
         c = self._capture_edge(value, use)
-        if c is not None:
-            c[0].index.add_edge(c[1], c[2], key=c[3])
+        if c is not None and c[0]._index is not None:
+            c[0]._index.add_edge(c[1], c[2], key=c[3])
 
     def _remove_use(self, value: Value, use: Usage) -> None:
         for i, u in enumerate(value._uses):
@@ -279,11 +315,11 @@ class Graph:
         else:
             raise ValueError(f"{value!r} has no use {use}")
         e = self._edge_for(value, use)
-        if e is not None and e[0].index.has_edge(e[1], e[2], e[3]):
-            e[0].index.remove_edge(e[1], e[2], key=e[3])
+        if e is not None and e[0]._index is not None and e[0]._index.has_edge(e[1], e[2], e[3]):
+            e[0]._index.remove_edge(e[1], e[2], key=e[3])
         c = self._capture_edge(value, use)
-        if c is not None and c[0].index.has_edge(c[1], c[2], c[3]):
-            c[0].index.remove_edge(c[1], c[2], key=c[3])
+        if c is not None and c[0]._index is not None and c[0]._index.has_edge(c[1], c[2], c[3]):
+            c[0]._index.remove_edge(c[1], c[2], key=c[3])
 
     def _link(self, value: Value, node: Node, index: int) -> None:
         self._add_use(value, Usage(node, index))
@@ -342,7 +378,8 @@ class Graph:
                 self.names.release(v.name)
         del self._nodes[node]
         del self._by_op[node.op_type][node]
-        self.index.remove_node(node)
+        if self._index is not None:
+            self._index.remove_node(node)
         self.node_names.release(node.name)
         node.graph = None
 
