@@ -488,8 +488,11 @@ class FoldScaleMul(Pass):
     description = "fold Mul-by-constant per-channel scales into the adjacent Conv/Gemm/MatMul weights"
     preserves_semantics = True
 
-    def __init__(self, protected: Optional[Iterable] = None):
+    def __init__(self, protected: Optional[Iterable] = None, include_scalars: bool = False):
         self.protected = set(protected or ())
+        # NOTE: scalar Muls are usually structure (a GELU's 0.5, attention's 1/sqrt(d)); folding them away
+        # would hide the pattern from supergroup recognition, so only per-channel scales fold by default.
+        self.include_scalars = include_scalars
 
     def run(self, model) -> PassResult:
         folded, kept = 0, {}
@@ -514,6 +517,8 @@ class FoldScaleMul(Pass):
         c = _float_const(cv)
         if c is None or is_protected(cv, self.protected):
             return f"{mul.name}: constant '{cv.name}' is not a float or is protected"
+        if c.size == 1 and not self.include_scalars:
+            return f"{mul.name}: scalar constant '{cv.name}' (structure, not a channel scale)"
         axis = _mul_channel_axis(c)
         if axis is None:
             return f"{mul.name}: constant shape {c.shape} is not per-channel"
