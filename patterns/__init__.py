@@ -1,0 +1,15 @@
+"""Declarative supergroup patterns (LayerNorm, GELU, RMSNorm, HardSwish, Conv+BN+act, ...), matcher and tracer.
+
+    from qcompiler.patterns import find_matches, explain
+    for m in find_matches(graph, "layernorm"):
+        m.nodes, m.bindings, m.inputs, m.outputs, m.constants
+    print(explain(graph, "gelu", "Mul_12"))
+"""
+from .dsl import Const, OpBuilder, Optional, OrValue, Var
+from .library import all_patterns, get_pattern, register, resolve
+from .matcher import Matcher, find_matches
+from .pattern import CheckFailure, Match, Pattern
+from .tracer import Tracer, explain
+
+__all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "OpBuilder", "find_matches",
+           "explain", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]
