@@ -51,7 +51,7 @@ class Node:
     """An operator instance. Mutate inputs/outputs only through the Graph's API, which keeps the index."""
 
     __slots__ = ("op_type", "domain", "name", "inputs", "outputs", "_attrs", "_attr_protos", "doc_string",
-                 "overload", "metadata_props", "graph", "meta")
+                 "overload", "metadata_props", "graph", "meta", "_source")
 
     def __init__(self, op_type: str, domain: str = "", name: str = ""):
         self.op_type, self.domain, self.name = op_type, domain, name
@@ -64,6 +64,9 @@ class Node:
         self.metadata_props = None
         self.graph: Optional["Graph"] = None
         self.meta: Optional[dict] = None
+        # (NodeProto, op_type, domain, name, input names, output names, doc_string, overload) as imported;
+        # export reuses the proto only while all of these still match (exporter.graph_to_proto)
+        self._source: Optional[tuple] = None
 
     def __repr__(self) -> str:
         return f"Node({self.op_type} {self.name!r})"

@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, ModelLoadError, QCompilerError
 from ..ir.model import Model
-from .exporter import model_to_proto
+from .exporter import model_to_bytes, model_to_proto
 from .importer import model_from_proto
 
 TWO_GB = 2 ** 31 - 1
@@ -68,7 +68,6 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
     if not os.path.isdir(folder):
         raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
     use_external = external_data if external_data is not None else _total_tensor_bytes(model) > TWO_GB // 2
-    proto = model_to_proto(model)
     base = os.path.basename(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
     os.close(fd)
@@ -78,7 +77,7 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
             tmpdir = tempfile.mkdtemp(prefix=f".{base}.", dir=folder)
             try:
                 tmp_model = os.path.join(tmpdir, base)
-                onnx.save_model(proto, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                onnx.save_model(model_to_proto(model), tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
                                 location=location, size_threshold=1024)
                 data_src = os.path.join(tmpdir, location)
                 if os.path.exists(data_src):
@@ -90,7 +89,7 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
                 os.rmdir(tmpdir)
         else:
             with open(tmp, "wb") as f:
-                f.write(proto.SerializeToString())
+                f.write(model_to_bytes(model))
             os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

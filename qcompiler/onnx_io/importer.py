@@ -17,7 +17,7 @@ from ..ir.model import Model
 from ..ir.names import NameScope
 from ..ir.node import AT, Attr, Node
 from ..ir.tensor import Tensor, resolve_external
-from ..ir.value import Usage
+from ..ir.value import Usage, Value
 
 EXTERNAL = onnx.TensorProto.EXTERNAL
 
@@ -108,49 +108,86 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         g.initializers[v.name] = v
     g.sparse_initializers = list(gp.sparse_initializer)
     # sweep 1: nodes and their outputs
+    # NOTE: one ListFields() call per node reads every set field at once; separate attribute reads on upb
+    # messages cost about a microsecond each, which dominated importing a 90k-node graph.
     nodes = []
-    index_add = g.index.add_node
     by_op = g._by_op
+    node_list = g._nodes
+    node_names = g.node_names
+    values = g._values
     for np_ in gp.node:
-        n = Node(np_.op_type, np_.domain, np_.name)
-        n.graph = g
-        if np_.name:
-            if np_.name in g.node_names:
-                n.name = g.node_names.fresh(np_.name)
+        ins, outs, name, op_type, domain, attributes, doc, overload, meta, extra = (), (), "", "", "", (), "", "", None, False
+        for fd, val in np_.ListFields():
+            k = fd.number
+            if k == 1:
+                ins = list(val)
+            elif k == 2:
+                outs = list(val)
+            elif k == 3:
+                name = val
+            elif k == 4:
+                op_type = val
+            elif k == 5:
+                attributes = list(val)
+            elif k == 6:
+                doc = val
+            elif k == 7:
+                domain = val
+            elif k == 8:
+                overload = val
+            elif k == 9:
+                meta = list(val)
             else:
-                g.node_names.reserve(np_.name)
-        if np_.doc_string:
-            n.doc_string = np_.doc_string
-        if getattr(np_, "overload", ""):
-            n.overload = np_.overload
-        if len(np_.metadata_props) if hasattr(np_, "metadata_props") else 0:
-            n.metadata_props = list(np_.metadata_props)
+                extra = True
+        n = Node(op_type, domain, name)
+        n.graph = g
+        if name:
+            if name in node_names:
+                n.name = node_names.fresh(name)
+            else:
+                node_names.reserve(name)
+        if doc:
+            n.doc_string = doc
+        if overload:
+            n.overload = overload
+        if meta:
+            n.metadata_props = meta
         has_graph = False
-        for a in np_.attribute:
+        for a in attributes:
             if a.type in (AT.GRAPH, AT.GRAPHS):
                 has_graph = True
                 break
-        n._attrs = None
-        n._attr_protos = list(np_.attribute)
-        if has_graph:
-            n._attrs = {}
-        for i, oname in enumerate(np_.output):
+        n._attrs = {} if has_graph else None
+        n._attr_protos = attributes if attributes else []
+        n_outputs = n.outputs
+        for i, oname in enumerate(outs):
             if not oname:
-                n.outputs.append(None)
+                n_outputs.append(None)
                 continue
-            v = _define(g, local, oname)
-            if v is None:
-                raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) output '{oname}' "
+            if oname in local:
+                raise InvalidModelError(f"graph '{g.name}': node '{name}' ({op_type}) output '{oname}' "
                                         f"is already defined (duplicate name)")
+            if oname in names:   # shadows an outer-scope name: fresh unique name (see _define)
+                v = _define(g, local, oname)
+            else:
+                names.reserve(oname)
+                v = Value(oname, g)
+                values[oname] = v
+                local[oname] = v
             v.producer, v.index = n, i
-            n.outputs.append(v)
-        g._nodes[n] = None
-        by_op.setdefault(n.op_type, {})[n] = None
-        index_add(n)
-        nodes.append((n, np_, has_graph))
+            n_outputs.append(v)
+        node_list[n] = None
+        ops = by_op.get(op_type)
+        if ops is None:
+            ops = by_op[op_type] = {}
+        ops[n] = None
+        nodes.append((n, np_, has_graph, ins))
+        if not (has_graph or extra or meta):
+            # what export compares against to reuse `np_` unchanged (see exporter.graph_to_proto)
+            n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
     # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
     # sweep 2: subgraphs, then inputs
-    for n, np_, has_graph in nodes:
+    for n, np_, has_graph, _ in nodes:
         if has_graph:
             attrs = {}
             for a in np_.attribute:
@@ -164,27 +201,32 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                     attrs[a.name] = _decode_attr(a)
             n._attrs = attrs
             n._attr_protos = None
-    position = {n: i for i, (n, _, _) in enumerate(nodes)}
+    position = {n: i for i, (n, _, _, _) in enumerate(nodes)}
     forward_ref = False
-    for n, np_, _ in nodes:
+    for n, np_, _, ins in nodes:
         inputs = n.inputs
         here = position[n]
-        for i, iname in enumerate(np_.input):
+        for i, iname in enumerate(ins):
             if not iname:
                 inputs.append(None)
                 continue
-            v = _lookup(iname, local, scope)
+            v = local.get(iname)
             if v is None:
-                raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) input {i} '{iname}' "
-                                        f"is not produced by any node, graph input or initializer")
+                v = _lookup(iname, local, scope)
+                if v is None:
+                    raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) input {i} "
+                                            f"'{iname}' is not produced by any node, graph input or initializer")
             inputs.append(v)
-            g._add_use(v, Usage(n, i))
+            if v.graph is g and g._index is None:
+                v._uses.append(Usage(n, i))   # what g._add_use does when no index is built yet
+            else:
+                g._add_use(v, Usage(n, i))
             p = v.producer
             if p is not None and p.graph is g and position[p] >= here:
                 forward_ref = True
     if forward_ref:  # not topologically sorted: sort (which names the nodes of a cycle, if any)
         g.toposort()
-    for n, np_, has_graph in nodes:
+    for n, _, has_graph, _ in nodes:
         if has_graph:
             for sg in n.subgraphs():
                 _link_subgraph(sg, n, ctx, scope + [local])
