@@ -57,16 +57,31 @@ class Const(PatternValue):
         # a constant pinned to a value (or declared scalar) belongs to the structure by default
         self.structural = structural if structural is not None else (value is not None or scalar is True)
 
+    @property
+    def needs_values(self) -> bool:
+        """True if matching must decode the tensor (a value or a predicate); shape checks read dims only."""
+        return self.value is not None or self.pred is not None
+
+    def test_shape(self, shape: tuple) -> Opt[str]:
+        """None if a constant of this shape can satisfy the shape predicates, else the reason."""
+        size = 1
+        for n in shape:
+            size *= n
+        if self.scalar and size != 1:
+            return f"expected a scalar constant, got shape {list(shape)}"
+        if self.scalar is False and size == 1:
+            return "expected a non-scalar constant"
+        if self.shape is not None and tuple(shape) != self.shape:
+            return f"expected shape {list(self.shape)}, got {list(shape)}"
+        if self.rank is not None and len(shape) != self.rank:
+            return f"expected rank {self.rank}, got {len(shape)}"
+        return None
+
     def test(self, arr: np.ndarray) -> Opt[str]:
         """None if `arr` satisfies the predicates, else the reason."""
-        if self.scalar and arr.size != 1:
-            return f"expected a scalar constant, got shape {list(arr.shape)}"
-        if self.scalar is False and arr.size == 1:
-            return "expected a non-scalar constant"
-        if self.shape is not None and tuple(arr.shape) != self.shape:
-            return f"expected shape {list(self.shape)}, got {list(arr.shape)}"
-        if self.rank is not None and arr.ndim != self.rank:
-            return f"expected rank {self.rank}, got {arr.ndim}"
+        why = self.test_shape(arr.shape)
+        if why is not None:
+            return why
         if self.value is not None:
             if arr.size == 1 and self.value.size == 1 and arr.dtype.kind in "fiu":
                 got, want = float(arr.reshape(-1)[0]), float(self.value.reshape(-1)[0])

@@ -8,11 +8,19 @@ from __future__ import annotations
 from .pattern import Pattern
 
 
+def _const_shape(value):
+    """Dims of a constant without decoding it when it is an initializer."""
+    if value.tensor is not None:
+        return tuple(value.tensor.dims)
+    arr = value.const_value()
+    return None if arr is None else arr.shape
+
+
 def _out_features(weight, trans: bool):
-    arr = weight.const_value()
-    if arr is None or arr.ndim < 1:
+    shape = _const_shape(weight)
+    if not shape:
         return None
-    return arr.shape[0] if trans and arr.ndim == 2 else arr.shape[-1]
+    return shape[0] if trans and len(shape) == 2 else shape[-1]
 
 
 class MatMulAdd(Pattern):
@@ -40,11 +48,14 @@ class GemmAdd(Pattern):
 
 
 def _check_bias(pat, match, n):
-    b = match.const("bias")
-    if b.ndim > 1 and any(d != 1 for d in b.shape[:-1]):
-        return pat.fail(f"bias shape {list(b.shape)} broadcasts over more than the output features", match["bias"])
-    if n is not None and b.size not in (1, n):
-        return pat.fail(f"bias has {b.size} elements, the layer has {n} output features", match["bias"])
+    shape = _const_shape(match["bias"])
+    size = 1
+    for d in shape:
+        size *= d
+    if len(shape) > 1 and any(d != 1 for d in shape[:-1]):
+        return pat.fail(f"bias shape {list(shape)} broadcasts over more than the output features", match["bias"])
+    if n is not None and size not in (1, n):
+        return pat.fail(f"bias has {size} elements, the layer has {n} output features", match["bias"])
     return None
 
 

@@ -65,6 +65,9 @@ class Matcher:
         self.tracer = tracer
         self.position = position  # node -> graph position, for ordering Match.nodes (computed if None)
         self.var_checks = getattr(pattern, "var_checks", None) or {}
+        self.feasible = self.cp.__dict__.get("_feasible")
+        if self.feasible is None:
+            self.feasible = self.cp._feasible = _feasibility(self.cp.outputs[0], FEASIBLE_DEPTH)
 
     def _fail(self, st: _State, step: str, reason, culprit=None, bonus: float = 0.0) -> None:
         if self.tracer is not None:
@@ -187,13 +190,16 @@ class Matcher:
         return st.with_node(pn, gn), pairs, swapped
 
     def _const(self, pv, gv, st: _State, step, idx) -> Opt[_State]:
-        arr = gv.const_value() if gv is not None else None
-        if arr is None:
+        if gv is None or not gv.is_constant():
             self._fail(st, step, lambda: f"input {idx}: expected a constant"
                        f"{'' if pv.value is None else ' ' + str(pv.value.tolist())}, got {_vname(gv)} which is "
                        "not constant", gv)
             return None
-        why = pv.test(arr)
+        if pv.needs_values or gv.tensor is None:
+            arr = gv.const_value()
+            why = "cannot read its values" if arr is None else pv.test(arr)
+        else:  # NOTE: dims only, so a 90k-node graph's weights are not decoded just to be matched
+            why = pv.test_shape(gv.tensor.dims)
         if why is not None:
             self._fail(st, step, lambda: f"input {idx}: constant {_vname(gv)}: {why}", gv)
             return None
@@ -214,7 +220,7 @@ class Matcher:
         for gv in root.outputs:
             if gv is None:
                 continue
-            if self.tracer is None and not _feasible(out0, gv, FEASIBLE_DEPTH):
+            if self.tracer is None and not self.feasible(gv):
                 continue  # NOTE: a cheap op-type look-ahead without bindings; the full walk below decides
             for st in self._search(out0, gv, _State()):
                 if st.nodes.get(_root_pnode(out0, st)) is not root:
@@ -262,44 +268,64 @@ class Matcher:
         return m
 
 
-def _feasible(pv, gv, depth: int) -> bool:
-    """Could `gv` match `pv`, judging by op types, constness and absence only, `depth` producers deep?"""
+def _feasibility(pv, depth: int):
+    """A closure `f(graph_value) -> bool`: could the value match `pv`, judging by op types, constness and
+    absence only, `depth` producers deep? Built once per pattern; closures avoid the per-call type dispatch
+    that made a plain recursive check the hottest function on big graphs."""
     t = type(pv)
     if t is NodeOut:
-        if gv is None:
-            return False
-        p = gv.producer
-        if p is None or gv.index != pv.index:
-            return False
-        pn = pv.node
-        if p.op_type not in pn.op_types:
-            return False
+        pn, index = pv.node, pv.index
+        ops = frozenset(pn.op_types)
         if depth == 0:
-            return True
-        pins, gins = pn.inputs, p.inputs
-        n = len(pins)
-        if len(gins) != n:
-            if len(gins) > n and any(v is not None for v in gins[n:]):
+            def node0(gv):
+                if gv is None:
+                    return False
+                p = gv.producer
+                return p is not None and p.op_type in ops and gv.index == index
+            return node0
+        subs = [_feasibility(i, depth - 1) for i in pn.inputs]
+        n, commute = len(subs), pn.commute
+
+        def node(gv):
+            if gv is None:
                 return False
-            gins = (list(gins) + [None] * n)[:n]
-        d = depth - 1
-        for k in range(n):
-            if not _feasible(pins[k], gins[k], d):
-                break
-        else:
-            return True
-        return pn.commute and _feasible(pins[0], gins[1], d) and _feasible(pins[1], gins[0], d)
-    if t is Var:
-        return gv is not None
-    if t is Const:
-        return gv is not None and gv.is_constant()
-    if t is OrValue:
-        for a in pv.alternatives:
-            if _feasible(a, gv, depth):
+            p = gv.producer
+            if p is None or p.op_type not in ops or gv.index != index:
+                return False
+            gins = p.inputs
+            if len(gins) != n:
+                if len(gins) > n and any(v is not None for v in gins[n:]):
+                    return False
+                gins = (list(gins) + [None] * n)[:n]
+            for k in range(n):
+                if not subs[k](gins[k]):
+                    break
+            else:
                 return True
-        return False
+            return commute and subs[0](gins[1]) and subs[1](gins[0])
+        return node
+    if t is Var:
+        return _present
+    if t is Const:
+        return _constant
+    if t is OrValue:
+        alts = [_feasibility(a, depth) for a in pv.alternatives]
+        return lambda gv: any(f(gv) for f in alts)
     if t is Optional:
-        return gv is None or _feasible(pv.inner, gv, depth)
+        inner = _feasibility(pv.inner, depth)
+        return lambda gv: gv is None or inner(gv)
+    return _absent
+
+
+def _present(gv):
+    return gv is not None
+
+
+def _constant(gv):
+    return gv is not None and gv.is_constant()
+
+
+def _absent(gv):
     return gv is None
 
 
