@@ -7,9 +7,9 @@
 """
 from .dsl import Const, OpBuilder, Optional, OrValue, Var
 from .library import all_patterns, get_pattern, register, resolve
-from .matcher import Matcher, find_matches
+from .matcher import Matcher, find_matches, structural_constants
 from .pattern import CheckFailure, Match, Pattern
 from .tracer import Tracer, explain
 
 __all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "OpBuilder", "find_matches",
-           "explain", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]
+           "explain", "structural_constants", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]

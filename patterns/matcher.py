@@ -400,7 +400,8 @@ class _LazyPosition(dict):
 
     def __missing__(self, node):
         if not self and self._graph is not None:
-            self.update((n, i) for i, n in enumerate(self._graph.nodes))
+            nodes = self._graph.nodes
+            self.update(zip(nodes, range(len(nodes))))
             self._graph = None
             if node in self:
                 return dict.__getitem__(self, node)
@@ -440,4 +441,19 @@ def _bodies(graph) -> list:
             for sg in n.subgraphs():
                 out.append(sg)
                 out.extend(_bodies(sg))
+    return out
+
+
+def structural_constants(graph, patterns=None) -> dict:
+    """Constant values that belong to some supergroup (GELU 0.5, LayerNorm ε, ...) -> the matches using them.
+
+    Field notes §4: a pass (SmoothQuant, BN folding) asks this before writing into a constant, and refuses or
+    copies on write. `patterns` defaults to every registered group.
+    """
+    from .library import all_patterns
+    out: dict = {}
+    for name in (patterns if patterns is not None else list(all_patterns())):
+        for m in find_matches(graph, name):
+            for v in m.constants.values():
+                out.setdefault(v, []).append(m)
     return out

@@ -103,3 +103,18 @@ def test_constant_nodes_count_as_constants():
     g = b.op("Add", b.op("Erf", s), b.const(1.0, as_node=True))
     b.output(b.op("Mul", b.op("Mul", "x", g), b.const(0.5, as_node=True)))
     assert len(find_matches(b.graph(), "gelu_erf")) == 1
+
+
+def test_structural_constants_lists_shared_half_once_with_all_readers():
+    from qcompiler.patterns import structural_constants
+    b = Builder()
+    h = b.const(0.5, "shared_half")
+    x = "x"
+    for i in range(2):
+        g = b.op("Add", b.op("Erf", b.op("Div", x, b.const(math.sqrt(2)))), b.const(1.0))
+        x = b.op("Mul", b.op("Mul", x, g), h, name=f"gelu{i}")
+    b.output(x)
+    graph = b.graph()
+    sc = structural_constants(graph)
+    half = graph.value("shared_half")
+    assert half in sc and [m.root.name for m in sc[half]] == ["gelu0", "gelu1"]
