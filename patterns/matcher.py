@@ -14,7 +14,7 @@ A structural match is accepted only if
 from __future__ import annotations
 
 import gc
-from typing import Any, Iterator, Optional as Opt
+from typing import Iterator, Optional as Opt
 
 from .dsl import Const, NodeOut, Optional, OrValue, Var
 from .pattern import CheckFailure, Match, Pattern

@@ -6,7 +6,7 @@ changes the graph.
 """
 from __future__ import annotations
 
-from typing import Any, Optional as Opt, Union
+from typing import Any, Optional as Opt
 
 
 class Failure:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from qcompiler.onnx_io import model_from_proto
 from tests.helpers import make_model, run, tinfo
