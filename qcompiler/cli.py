@@ -116,14 +116,12 @@ def list_passes_cmd():
 def match_cmd(model_path, pattern, explain_node, as_json):
     """Find the matches of PATTERN (see `qcompiler match MODEL list`) in MODEL."""
     from .onnx_io import load_model
-    from .patterns import explain, find_matches, pattern_names
+    from .patterns import all_patterns, explain, find_matches, get_pattern
     if pattern == "list":
-        for n in pattern_names():
-            click.echo(n)
+        for name, pats in all_patterns().items():
+            click.echo(f"{name:<20}" + ", ".join(p.name for p in pats))
         return
-    if pattern not in pattern_names():
-        from .errors import PatternError
-        raise PatternError(f"unknown pattern '{pattern}'; known patterns: {', '.join(pattern_names())}")
+    get_pattern(pattern)  # unknown names raise PatternError listing the known ones
     model = load_model(model_path)
     if explain_node:
         node = next((n for g in model.graphs() for n in g if n.name == explain_node), None)
@@ -132,10 +130,8 @@ def match_cmd(model_path, pattern, explain_node, as_json):
             raise _E(f"{model_path}: no node named '{explain_node}'")
         click.echo(explain(node.graph, pattern, node))
         return
-    rows = []
-    for g in model.graphs():
-        for m in find_matches(g, pattern):
-            rows.append({"graph": g.name, "root": m.root.name, "nodes": [n.name for n in m.nodes]})
+    rows = [{"graph": m.root.graph.name, "root": m.root.name, "pattern": m.pattern,
+             "nodes": [n.name for n in m.nodes]} for m in find_matches(model.graph, pattern)]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return

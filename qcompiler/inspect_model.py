@@ -55,12 +55,12 @@ def inspect_model(model: Model, with_patterns: bool = True) -> dict:
 
 def pattern_counts(model: Model) -> dict:
     try:
-        from .patterns import find_matches, pattern_names
-    except Exception:
+        from .patterns import all_patterns, find_matches
+    except ImportError:
         return {}
     counts = {}
-    for name in pattern_names():
-        n = sum(len(find_matches(gg, name)) for gg in model.graphs())
+    for name in all_patterns():
+        n = len(find_matches(model.graph, name))  # recurses into bodies
         if n:
             counts[name] = n
     return counts
