@@ -38,25 +38,42 @@ def remove_identities(g: Graph) -> int:
 
 
 def eliminate_dead_code(g: Graph) -> tuple:
-    """Remove nodes none of whose outputs reach a graph output (or a body output), and unused initializers."""
+    """Remove nodes none of whose outputs reach a graph output (or a body output), and unused initializers.
+
+    One reverse sweep: removing a node can only make the producers of what it read dead, so those go on a
+    worklist instead of rescanning the graph until nothing changes (a 90k-node chain took a scan per step).
+    """
     removed_nodes = 0
-    changed = True
-    while changed:
-        changed = False
-        for node in reversed(g.nodes):
-            if any(v is not None and v.uses() for v in node.outputs):
-                continue
-            if node.op_type in _SIDE_EFFECT_OPS:
-                continue
-            g.remove_node(node)
-            removed_nodes += 1
-            changed = True
+    worklist = list(g.nodes)   # popped from the end: reverse graph order, consumers before producers
+    while worklist:
+        node = worklist.pop()
+        if node.graph is not g or node.op_type in _SIDE_EFFECT_OPS:
+            continue
+        if any(v is not None and v.uses() for v in node.outputs):
+            continue
+        read = _values_read(node)
+        g.remove_node(node)
+        removed_nodes += 1
+        for v in read:
+            p = v.producer
+            if p is not None and p.graph is g:
+                worklist.append(p)
     removed_inits = 0
     for name, v in list(g.initializers.items()):
         if not v.uses() and not v.is_input:
             g.remove_initializer(v)
             removed_inits += 1
     return removed_nodes, removed_inits
+
+
+def _values_read(node) -> list:
+    """The node's inputs plus every value its bodies read or return (captures are released with the node)."""
+    out = [v for v in node.inputs if v is not None]
+    for sg in node.subgraphs():
+        out.extend(sg.outputs)
+        for n in sg.nodes:
+            out.extend(_values_read(n))
+    return out
 
 
 _SIDE_EFFECT_OPS = frozenset()

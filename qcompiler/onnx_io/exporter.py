@@ -5,6 +5,7 @@ import onnx
 
 from ..ir.graph import Graph
 from ..ir.model import Model
+from .gc_pause import gc_paused
 
 
 def _value_info(v, want_type: bool = True) -> onnx.ValueInfoProto:
@@ -159,7 +160,8 @@ def model_to_proto(model: Model) -> onnx.ModelProto:
     head, tail = _model_head_tail(model)
     mp = onnx.ModelProto()
     mp.MergeFrom(head)
-    graph_to_proto(model.graph, mp.graph)
+    with gc_paused():
+        graph_to_proto(model.graph, mp.graph)
     mp.MergeFrom(tail)
     return mp
 
@@ -167,5 +169,6 @@ def model_to_proto(model: Model) -> onnx.ModelProto:
 def model_to_bytes(model: Model) -> bytes:
     """`model_to_proto(model).SerializeToString()`, built from per-node and per-tensor pieces (see _graph_bytes)."""
     head, tail = _model_head_tail(model)
-    graph = b"".join(_graph_bytes(model.graph))
+    with gc_paused():
+        graph = b"".join(_graph_bytes(model.graph))
     return b"".join((head.SerializeToString(), _TAG_GRAPH, _varint(len(graph)), graph, tail.SerializeToString()))

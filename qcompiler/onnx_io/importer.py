@@ -18,6 +18,7 @@ from ..ir.names import NameScope
 from ..ir.node import AT, Attr, Node
 from ..ir.tensor import Tensor, resolve_external
 from ..ir.value import Usage, Value
+from .gc_pause import gc_paused
 
 EXTERNAL = onnx.TensorProto.EXTERNAL
 
@@ -27,7 +28,8 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> 
     names, node_names = NameScope(), NameScope()
     graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
     ctx = _Ctx(base_dir)
-    _fill_graph(graph, proto.graph, ctx, [])
+    with gc_paused():
+        _fill_graph(graph, proto.graph, ctx, [])
     opsets = {}
     for o in proto.opset_import:
         opsets[o.domain] = o.version
