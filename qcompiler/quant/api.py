@@ -18,7 +18,7 @@ from ..errors import ConfigError, QCompilerError, UnknownPassError
 from ..ir import verify
 from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .calibrate import assign_encodings, calibrate
-from .placement import PlacementOptions, build_plan
+from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
 from .qdq import apply_plan
 from .report import build_report, output_sqnr
@@ -139,14 +139,19 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     from .data import input_specs, load_samples
     samples = load_samples(calib, input_specs(model.graph), limit=limit)
     t = time.perf_counter()
+    opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
+                            supergroups=_supergroup_choice(config))
     cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=profile["activation"]["symmetric"],
-                    progress=progress)
+                    progress=progress, names=observed_names(model, profile, opts))
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
-                            supergroups=_supergroup_choice(config))
-    plan = build_plan(model, profile, cal.dtypes, cal.stats(), opts)
+    stats = cal.stats()
+    plan = build_plan(model, profile, cal.dtypes, stats, opts)
+    if plan.needs_opset() > model.opset:
+        # NOTE: value names survive onnx's version converter, so the name-keyed statistics still apply
+        model = _raise_opset(model, plan.needs_opset(), notes)
+        plan = build_plan(model, profile, cal.dtypes, stats, opts)
     if load_encodings is not None:
         _freeze(plan, model, load_encodings, notes)
     assign_encodings(plan, model, cal, scheme)

@@ -25,6 +25,11 @@ from .profiles import weight_axis
 SENTINEL_MAGNITUDE = 1e20
 OUTLIER_RATIO_LIMIT = 1e3
 CONCAT_RANGE_RATIO_LIMIT = 64.0
+# the bulk (99.9% of |x|) must span at least this many steps of the min/max grid; BERT's outlier channels
+# (FFN outputs up to ~200 over a bulk of ~1) leave it 1-10 steps and wreck the model
+MIN_BULK_STEPS = 16.0
+# estimated SQNR of the 8-bit min/max grid (calibrate.estimated_sqnr_db) below which a tensor is widened
+MIN_SQNR8_DB = 30.0
 
 
 # --------------------------------------------------------------------------- supergroups (local matchers)
@@ -236,19 +241,8 @@ def _settings(opts: PlacementOptions, profile: dict, node):
     return s
 
 
-def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
-               opts: Optional[PlacementOptions] = None) -> QuantPlan:
-    """Fill a QuantPlan for the main graph from the profile, settings, observed dtypes and statistics.
-
-    `dtypes` maps every observed value name to its runtime numpy dtype (calibration saw it); values missing
-    from it are not quantized. `stats` maps names to observer `stats()` dicts (field notes §6 checks).
-    """
-    opts = opts or PlacementOptions()
-    g = model.graph
-    plan = QuantPlan(profile)
-    float_ok = lambda v: v is not None and v.name in dtypes and np.issubdtype(dtypes[v.name], np.floating)
-
-    # 1. supergroups: interiors stay float
+def _mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) -> None:
+    """Supergroups (decomposed norms/activations, fused op+activation pairs): their interiors stay float."""
     if opts.supergroups:
         kinds = ("layernorm", "rmsnorm", "gelu", "hardswish")
         if isinstance(opts.supergroups, (list, tuple)):
@@ -263,6 +257,55 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             cons = v.consumers()
             if len(cons) == 1 and (n.op_type, cons[0].op_type) in fused:
                 plan.add_supergroup(f"{n.op_type}+{cons[0].op_type}", [n.name, cons[0].name], [v.name])
+
+
+
+def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None) -> List[str]:
+    """Values worth observing during calibration: every candidate activation except those the plan keeps
+    float for structural reasons (supergroup interiors, outputs of ops that are not quantizable)."""
+    from .calibrate import candidate_names
+    opts = opts or PlacementOptions()
+    g = model.graph
+    plan = QuantPlan(profile)
+    _mark_supergroups(plan, g, profile, opts)
+    not_q = set(profile.get("float_output_ops", ()))
+    share = set(profile.get("shares_input_encoding", ()))
+    skip = set(plan.interior)
+    for n in g.nodes:
+        if n.op_type in not_q or n.domain not in ("", "ai.onnx"):
+            skip.update(v.name for v in n.outputs if v is not None)
+        elif n.op_type in share and n.op_type != "Gather":
+            # NOTE: data movement keeps its input's dtype and (tied) encoding; observing it again only costs
+            skip.update(v.name for v in n.outputs if v is not None and not v.is_output_of_any_graph())
+    return [name for name in candidate_names(model) if name not in skip]
+
+
+def _propagate_dtypes(g, profile: dict, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
+    """Unobserved data-movement outputs carry their input 0's dtype (see `observed_names`)."""
+    share = set(profile.get("shares_input_encoding", ()))
+    out = dict(dtypes)
+    for n in g.nodes:
+        if n.op_type in share and n.inputs and n.inputs[0] is not None and n.inputs[0].name in out:
+            for v in n.outputs:
+                if v is not None and v.name not in out:
+                    out[v.name] = out[n.inputs[0].name]
+    return out
+
+
+def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
+               opts: Optional[PlacementOptions] = None) -> QuantPlan:
+    """Fill a QuantPlan for the main graph from the profile, settings, observed dtypes and statistics.
+
+    `dtypes` maps every observed value name to its runtime numpy dtype (calibration saw it); values missing
+    from it are not quantized. `stats` maps names to observer `stats()` dicts (field notes §6 checks).
+    """
+    opts = opts or PlacementOptions()
+    g = model.graph
+    plan = QuantPlan(profile)
+    dtypes = _propagate_dtypes(g, profile, dtypes)
+    float_ok = lambda v: v is not None and v.name in dtypes and np.issubdtype(dtypes[v.name], np.floating)
+
+    _mark_supergroups(plan, g, profile, opts)
 
     # 2. weights and biases (per use)
     pc_ops = set(profile.get("per_channel_ops", ()))
@@ -313,6 +356,11 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             spec.fixed_range = tuple(float(x) for x in fixed[node.op_type])
         return spec
 
+    for name, kind in plan.interior.items():
+        v = g.value(name)
+        if v is not None and (name not in dtypes or np.issubdtype(dtypes[name], np.floating)):
+            plan.set(name, QuantSpec(kind="activation")).float_(
+                f"inside {kind} supergroup (quantizers only at its boundary)")
     in_settings = _settings(opts, profile, None)
     model_input_q = True if opts.config is None else bool(getattr(opts.config, "model_input_quantized", True))
     for v in g.inputs:
@@ -344,7 +392,8 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             elif n.op_type in share and not profile.get("quantize_data_movement_outputs", True):
                 spec.float_(f"data-movement output of {n.op_type} left unquantized (profile)")
 
-    # 4. field notes §6: tensors 8 bits cannot carry
+    # 4. field notes §6: tensors 8 bits cannot carry (widened to the profile's wide grid, or kept float)
+    wide = profile.get("wide_activation_bits")
     for name, spec in plan.values.items():
         if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None or spec.bits > 8:
             continue
@@ -357,6 +406,14 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                         f"8 bits cannot carry them together with the rest")
         elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT:
             spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: 8 bits would zero the bulk")
+        elif st.get("p999_steps", MIN_BULK_STEPS) < MIN_BULK_STEPS * 2 ** (spec.bits - 8) or \
+                (spec.bits == 8 and st.get("sqnr8_db", 99.0) < MIN_SQNR8_DB):
+            why = (f"an 8-bit grid gives ~{st.get('sqnr8_db', 0):.0f} dB: 99.9% of |x| spans "
+                   f"{st['p999_steps']:.1f} steps (max|x| {absmax:.3g} is {st.get('outlier_ratio', 0):.0f}x the bulk)")
+            if wide:
+                spec.bits, spec.widened = int(wide), why
+            else:
+                spec.float_(why)
         elif st.get("nonfinite", 0):
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
 

@@ -28,6 +28,7 @@ class QuantSpec:
     frozen: bool = False
     keep_float: bool = False
     reason: str = ""
+    widened: str = ""                   # why the grid was widened beyond the default bits (field notes §6)
     source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
 
     def float_(self, reason: str) -> "QuantSpec":
@@ -77,6 +78,12 @@ class QuantPlan:
 
     def quantized_activations(self) -> List[str]:
         return [n for n, s in self.values.items() if s.kind == "activation" and not s.keep_float]
+
+    def needs_opset(self) -> int:
+        """Lowest default-domain opset the plan's Q/DQ need: 21 for int16/int4 grids (anchors B), else 13."""
+        specs = list(self.values.values()) + list(self.uses.values())
+        wide = any(not s.keep_float and s.kind != "bias" and s.bits != 8 for s in specs)
+        return 21 if wide else 13
 
     def float_values(self) -> Dict[str, str]:
         """Every value the plan leaves float, with its reason."""

@@ -16,6 +16,8 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `quantize_data_movement_outputs`: False (qnn_htp, anchors B) leaves their outputs without a quantizer.
 - `tie_inputs_and_output`: ops whose float inputs and output share one encoding (Concat).
 - `fixed_output_range`: op -> [min, max] (Sigmoid/Softmax [0, 1], Tanh [-1, 1]).
+- `wide_activation_bits`: grid used instead of float for activations whose bulk 8 bits cannot resolve
+  (field notes §6); None keeps them float (TensorRT has no int16 activations).
 - `fused_activations`: (producer op, activation op) pairs treated as one unit: no quantizer between them.
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
@@ -51,6 +53,7 @@ PROFILES: dict = {
                        "range (reduce_range), int32 bias",
         "activation": {"bits": 8, "symmetric": False},
         "weight": {"bits": 8, "symmetric": True, "range_bits": 7},
+        "wide_activation_bits": 16,
         "weights": _WEIGHTS, "bias": _BIAS,
         "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN"],
         "float_output_ops": NOT_QUANTIZABLE,
@@ -65,6 +68,7 @@ PROFILES: dict = {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
         "activation": {"bits": 8, "symmetric": True},
         "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
+        "wide_activation_bits": None,
         "weights": _WEIGHTS, "bias": {},
         "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
         "float_output_ops": NOT_QUANTIZABLE,
@@ -81,6 +85,7 @@ PROFILES: dict = {
                        "outputs unquantized",
         "activation": {"bits": 8, "symmetric": False},
         "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
+        "wide_activation_bits": 16,
         "weights": _WEIGHTS, "bias": _BIAS,
         "per_channel_ops": ["Conv", "ConvTranspose", "LSTM", "GRU", "RNN"],
         "float_output_ops": NOT_QUANTIZABLE,

@@ -75,12 +75,15 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
         "quantized_activations": {n: encoding_summary(e) for n, e in activations.items()},
         "quantized_params": {n: encoding_summary(e) for n, e in params.items()},
         "left_float": floats,
+        "widened": {n: f"{s.bits} bits: {s.widened}" for n, s in plan.values.items()
+                    if s.widened and not s.keep_float},
         "integer_tensors_never_quantized": integers,
         "supergroups": [{"kind": s.kind, "nodes": s.nodes} for s in plan.supergroups
                         if "+" not in s.kind],
         "fused_pairs": sum(1 for s in plan.supergroups if "+" in s.kind),
         "tie_groups": [m for m in plan.tie_groups().values()],
-        "counts": {"activations": len(activations), "params": len(params), "left_float": len(floats)},
+        "counts": {"activations": len(activations), "params": len(params), "left_float": len(floats),
+                   "widened": sum(1 for s in plan.values.values() if s.widened and not s.keep_float)},
         "seconds": {k: round(v, 3) for k, v in timings.items()},
         "notes": list(notes),
     }
