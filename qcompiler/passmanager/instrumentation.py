@@ -111,7 +111,9 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
         elif dt == np.bool_:
             a = rng.integers(0, 2, shape).astype(bool)
         elif np.issubdtype(dt, np.integer):
-            a = rng.integers(0, 4, shape).astype(dt)
+            # NOTE: 0/1 only: integer inputs are usually indices, token types or masks; larger values can be
+            # out of range for a Gather and make the original model itself fail.
+            a = rng.integers(0, 2, shape).astype(dt)
         else:
             a = np.zeros(shape, dt)
         feeds[vi.name] = a
@@ -120,6 +122,7 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
 
 def run_onnxruntime(proto: onnx.ModelProto, feeds: dict) -> list:
     import onnxruntime as ort
+    ort.set_default_logger_severity(3)
     so = ort.SessionOptions()
     so.log_severity_level = 3
     sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -135,6 +138,7 @@ class Verifier(Instrumentation):
         self.numeric, self.feeds, self.rtol, self.atol, self.checker = numeric, feeds, rtol, atol, checker
         self._before = None
         self._last = None   # outputs after the previous pass: the next pass's "before", computed once
+        self._unrunnable = False
         self.log: list = []
 
     def before_pipeline(self, passes, model):
@@ -142,7 +146,7 @@ class Verifier(Instrumentation):
 
     def before_pass(self, p, model):
         self._before = None
-        if self.numeric and p.preserves_semantics:
+        if self.numeric and p.preserves_semantics and not self._unrunnable:
             self._before = self._last if self._last is not None else self._outputs(model)
 
     def _outputs(self, model):
@@ -152,7 +156,9 @@ class Verifier(Instrumentation):
         try:
             return run_onnxruntime(proto, self.feeds)
         except Exception as e:
-            self.log.append(f"numerical check skipped: onnxruntime cannot run the model ({str(e).splitlines()[0][:120]})")
+            self._unrunnable = True
+            self.log.append(f"numerical checks skipped: onnxruntime cannot run the model on these inputs "
+                            f"({str(e).splitlines()[0][:160]}); pass real inputs with --verify-inputs")
             return None
 
     def _check_structure(self, p, model):
