@@ -52,7 +52,7 @@ def _median_time(fn, runs: int) -> float:
 def _stage_timers(stages: dict):
     """Wrap the functions load_model/save_model call, so Q's breakdown comes from the real public calls."""
     from qcompiler.onnx_io import files
-    wrapped = ("load_proto", "model_from_proto", "model_to_proto", "model_to_bytes")
+    wrapped = ("load_proto", "model_from_proto", "model_to_proto", "model_to_byte_pieces")
     originals = {name: getattr(files, name) for name in wrapped if hasattr(files, name)}
 
     def timed(name, fn):
@@ -120,8 +120,8 @@ def bench(nodes: int, runs: int, verify: bool) -> dict:
             "parse": statistics.median(stages["load_proto"][skip:]),
             "import": statistics.median(stages["model_from_proto"][skip:]),
             "canonicalize": statistics.median(canon[skip:]),
-            # save_model builds bytes directly (model_to_bytes) unless it writes external data
-            "export": statistics.median((stages.get("model_to_bytes") or stages["model_to_proto"])[skip:]),
+            # save_model builds bytes directly (model_to_byte_pieces) unless it writes external data
+            "export": statistics.median((stages.get("model_to_byte_pieces") or stages["model_to_proto"])[skip:]),
         }
         breakdown["serialize"] = max(0.0, q - sum(breakdown.values()))
 

@@ -166,9 +166,15 @@ def model_to_proto(model: Model) -> onnx.ModelProto:
     return mp
 
 
-def model_to_bytes(model: Model) -> bytes:
-    """`model_to_proto(model).SerializeToString()`, built from per-node and per-tensor pieces (see _graph_bytes)."""
+def model_to_byte_pieces(model: Model) -> list:
+    """The bytes of `model_to_proto(model).SerializeToString()` as a list of pieces, for `file.writelines`
+    (joining ~200 MB of weights into one bytes object just to write it costs a copy)."""
     head, tail = _model_head_tail(model)
     with gc_paused():
-        graph = b"".join(_graph_bytes(model.graph))
-    return b"".join((head.SerializeToString(), _TAG_GRAPH, _varint(len(graph)), graph, tail.SerializeToString()))
+        graph = _graph_bytes(model.graph)
+    return [head.SerializeToString(), _TAG_GRAPH, _varint(sum(map(len, graph)))] + graph + [tail.SerializeToString()]
+
+
+def model_to_bytes(model: Model) -> bytes:
+    """`model_to_proto(model).SerializeToString()`, built from per-node and per-tensor pieces (see _graph_bytes)."""
+    return b"".join(model_to_byte_pieces(model))

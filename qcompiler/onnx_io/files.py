@@ -13,7 +13,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, ModelLoadError, QCompilerError
 from ..ir.model import Model
-from .exporter import model_to_bytes, model_to_proto
+from .exporter import model_to_byte_pieces, model_to_proto
 from .importer import model_from_proto
 
 TWO_GB = 2 ** 31 - 1
@@ -89,7 +89,7 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
                 os.rmdir(tmpdir)
         else:
             with open(tmp, "wb") as f:
-                f.write(model_to_bytes(model))
+                f.writelines(model_to_byte_pieces(model))
             os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
