@@ -113,6 +113,11 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # NOTE: one ListFields() call per node reads every set field at once; separate attribute reads on upb
     # messages cost about a microsecond each, which dominated importing a 90k-node graph.
     nodes = []
+    # NOTE: while every input so far names a value already defined in this graph (the file is sorted), inputs
+    # are linked here; from the first one that is not (a forward reference, an outer-scope name that a later
+    # node may shadow, a missing name) linking stops and sweep 2 resumes at that node and slot, so uses are
+    # appended in node order either way.
+    cut = None   # (node position, input slot) where sweep 2 starts
     by_op = g._by_op
     node_list = g._nodes
     node_names = g.node_names
@@ -161,6 +166,18 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 break
         n._attrs = {} if has_graph else None
         n._attr_protos = attributes if attributes else []
+        if cut is None:
+            n_inputs = n.inputs
+            for i, iname in enumerate(ins):
+                if not iname:
+                    n_inputs.append(None)
+                    continue
+                v = local.get(iname)
+                if v is None:
+                    cut = (len(nodes), i)
+                    break
+                n_inputs.append(v)
+                v._uses.append(Usage(n, i))   # what g._add_use does: v is local and no index is built yet
         n_outputs = n.outputs
         for i, oname in enumerate(outs):
             if not oname:
@@ -203,12 +220,15 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                     attrs[a.name] = _decode_attr(a)
             n._attrs = attrs
             n._attr_protos = None
-    position = {n: i for i, (n, _, _, _) in enumerate(nodes)}
     forward_ref = False
-    for n, np_, _, ins in nodes:
+    if cut is not None:
+        position = {n: i for i, (n, _, _, _) in enumerate(nodes)}
+    for here in range(cut[0] if cut is not None else len(nodes), len(nodes)):
+        n, np_, _, ins = nodes[here]
         inputs = n.inputs
-        here = position[n]
         for i, iname in enumerate(ins):
+            if i < len(inputs):   # linked in sweep 1 (the node where linking stopped)
+                continue
             if not iname:
                 inputs.append(None)
                 continue
