@@ -1,0 +1,53 @@
+"""`qcompiler quantize`: a thin click wrapper over `qcompiler.quant.api.quantize`.
+
+Register it on the main group with `main.add_command(quantize_cmd)` (qcompiler/cli.py); the group turns
+QCompilerError into one line on stderr and exit code 2.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("quantize")
+@click.argument("model_path", metavar="MODEL")
+@click.option("--calib", required=True, help="calibration data: .npz (one key per graph input, samples along "
+              "axis 0; a sample may carry its own batch dim of 1) or a folder of .npz files")
+@click.option("-o", "--output", required=True, help="where to write the QDQ model")
+@click.option("--config", "config_path", type=click.Path(), help="AIMET quantsim JSON or qcompiler YAML/JSON config")
+@click.option("--target", default=None, help="backend profile: ort_cpu (default), trt, qnn_htp, or a profile YAML")
+@click.option("--scheme", default=None, help="min_max (alias post_training_tf, default), tf_enhanced, percentile, "
+              "entropy, mse")
+@click.option("--per-channel/--per-tensor", default=True, help="weights per output channel (default) or per tensor")
+@click.option("--weight-bits", type=int, default=8, show_default=True)
+@click.option("--act-bits", type=int, default=8, show_default=True)
+@click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
+@click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
+@click.option("--load-encodings", type=click.Path(), help="AIMET encodings to freeze; the rest is calibrated")
+@click.option("--report", "report_path", type=click.Path(), help="write the JSON report here")
+@click.option("--limit", type=int, default=None, help="use at most this many calibration samples")
+def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
+                 encodings_path, encodings_version, load_encodings, report_path, limit):
+    """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."""
+    from ..onnx_io import save_model, write_atomic
+    from .api import quantize
+    from .report import format_summary
+    res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
+                   weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
+                   limit=limit)
+    save_model(res.model, output, protect=(model_path, calib))
+    if encodings_path:
+        res.write_encodings(encodings_path, encodings_version)
+    if report_path:
+        write_atomic(report_path, json.dumps(res.report, indent=1, default=_plain) + "\n",
+                     protect=(model_path, calib, output))
+    click.echo(format_summary(res.report))
+    click.echo(f"wrote {output}")
+
+
+def _plain(o):
+    try:
+        return o.item()
+    except AttributeError:
+        return str(o)
