@@ -272,9 +272,9 @@ def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None
     share = set(profile.get("shares_input_encoding", ()))
     skip = set(plan.interior)
     for n in g.nodes:
-        if n.op_type in not_q or n.domain not in ("", "ai.onnx"):
-            skip.update(v.name for v in n.outputs if v is not None)
-        elif n.op_type in share and n.op_type != "Gather":
+        # NOTE: outputs of ops that are not quantizable are still observed: their dtype decides whether a
+        # Concat reading them needs a per-use quantizer, and the report lists integer tensors by name
+        if n.op_type in share and n.op_type != "Gather":
             # NOTE: data movement keeps its input's dtype and (tied) encoding; observing it again only costs
             skip.update(v.name for v in n.outputs if v is not None and not v.is_output_of_any_graph())
     return [name for name in candidate_names(model) if name not in skip]
@@ -303,6 +303,7 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
     g = model.graph
     plan = QuantPlan(profile)
     dtypes = _propagate_dtypes(g, profile, dtypes)
+    plan.dtypes = dtypes
     float_ok = lambda v: v is not None and v.name in dtypes and np.issubdtype(dtypes[v.name], np.floating)
 
     _mark_supergroups(plan, g, profile, opts)

@@ -57,6 +57,7 @@ class QuantPlan:
         self.supergroups: List[Supergroup] = []
         self.interior: Dict[str, str] = {}                      # value name -> supergroup kind
         self._parent: Dict[str, str] = {}
+        self.dtypes: Dict[str, object] = {}                     # runtime dtype of every value seen
 
     # --- specs ------------------------------------------------------------------------------------------
     def spec(self, name: str) -> Optional[QuantSpec]:

@@ -67,7 +67,8 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
     for (node, slot), spec in plan.uses.items():
         if spec.keep_float and spec.kind in ("weight", "bias"):
             floats[f"{node}:input{slot}"] = f"{spec.kind}: {spec.reason}"
-    integers = sorted(n for n, dt in calib.dtypes.items() if not np.issubdtype(dt, np.floating))
+    dtypes = plan.dtypes or calib.dtypes
+    integers = sorted(n for n, dt in dtypes.items() if not np.issubdtype(dt, np.floating))
     return {
         "target": target, "scheme": scheme, "calibration_samples": calib.samples,
         "output_sqnr_db": {k: (round(v, 2) if np.isfinite(v) else v) for k, v in sqnr.items()},
