@@ -102,11 +102,18 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
-def _field_bytes(tag: bytes, payload: bytes) -> bytes:
-    return tag + _varint(len(payload)) + payload
-
-
 _TAG_NODE, _TAG_INITIALIZER, _TAG_GRAPH = b"\x0a", b"\x2a", b"\x3a"   # length-delimited fields 1, 5 and 7
+
+
+def _add_fields(pieces: list, tag: bytes, payloads) -> None:
+    """Append `tag, length, payload` for each payload: the header as its own piece, so a tensor's bytes are
+    never copied just to prefix them (writelines / one final join handle the pieces)."""
+    short = [tag + bytes((k,)) for k in range(128)]   # most nodes serialize to under 128 bytes
+    append = pieces.append
+    for b in payloads:
+        k = len(b)
+        append(short[k] if k < 128 else tag + _varint(k))
+        append(b)
 
 
 def _graph_bytes(g: Graph) -> list:
@@ -120,9 +127,10 @@ def _graph_bytes(g: Graph) -> list:
     head.name = g.name
     rest = onnx.GraphProto()
     _fill_rest(g, rest)
-    pieces = [_field_bytes(_TAG_NODE, p.SerializeToString()) for p in _node_protos(g)]
+    pieces: list = []
+    _add_fields(pieces, _TAG_NODE, [p.SerializeToString() for p in _node_protos(g)])
     pieces.append(head.SerializeToString())
-    pieces.extend(_field_bytes(_TAG_INITIALIZER, t.SerializeToString()) for t in _initializer_protos(g))
+    _add_fields(pieces, _TAG_INITIALIZER, [t.SerializeToString() for t in _initializer_protos(g)])
     pieces.append(rest.SerializeToString())
     return pieces
 

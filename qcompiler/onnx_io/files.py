@@ -5,6 +5,7 @@ External data is read lazily and only from inside the model's own folder.
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 
@@ -13,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, ModelLoadError, QCompilerError
 from ..ir.model import Model
+from ..ir.tensor import _itemsize
 from .exporter import model_to_byte_pieces, model_to_proto
 from .importer import model_from_proto
 
@@ -49,7 +51,17 @@ def load_model(path: str) -> Model:
 
 
 def _total_tensor_bytes(model: Model) -> int:
-    return sum(v.tensor.nbytes for g in model.graphs() for v in g.initializers.values())
+    """Sum of `Tensor.nbytes` over all initializers (element size looked up once per dtype, not per tensor)."""
+    item = {}
+    total = 0
+    for g in model.graphs():
+        for v in g.initializers.values():
+            t = v.tensor
+            size = item.get(t.dtype)
+            if size is None:
+                size = item[t.dtype] = _itemsize(t.dtype) or 1
+            total += math.prod(t.dims) * size
+    return total
 
 
 def _same_file(a: str, b: str) -> bool:

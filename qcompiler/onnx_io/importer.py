@@ -118,6 +118,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # node may shadow, a missing name) linking stops and sweep 2 resumes at that node and slot, so uses are
     # appended in node order either way.
     cut = None   # (node position, input slot) where sweep 2 starts
+    new_usage = tuple.__new__   # Usage(n, i) without NamedTuple's Python-level __new__
+    name_taken, reserve = names.__contains__, names.reserve
     by_op = g._by_op
     node_list = g._nodes
     node_names = g.node_names
@@ -177,7 +179,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                     cut = (len(nodes), i)
                     break
                 n_inputs.append(v)
-                v._uses.append(Usage(n, i))   # what g._add_use does: v is local and no index is built yet
+                v._uses.append(new_usage(Usage, (n, i)))   # g._add_use, for a local v with no index built
         n_outputs = n.outputs
         for i, oname in enumerate(outs):
             if not oname:
@@ -186,10 +188,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if oname in local:
                 raise InvalidModelError(f"graph '{g.name}': node '{name}' ({op_type}) output '{oname}' "
                                         f"is already defined (duplicate name)")
-            if oname in names:   # shadows an outer-scope name: fresh unique name (see _define)
+            if name_taken(oname):   # shadows an outer-scope name: fresh unique name (see _define)
                 v = _define(g, local, oname)
             else:
-                names.reserve(oname)
+                reserve(oname)
                 v = Value(oname, g)
                 values[oname] = v
                 local[oname] = v
