@@ -29,8 +29,14 @@ class CalibrationResult:
         self.observers: Dict[str, object] = {}
         self.dtypes: Dict[str, np.dtype] = {}
         self.kept: list = []            # [(feed, {output name: float array})]
+        self.channel_sums: Dict[str, list] = {}   # name -> [sum per channel, count] (bias correction)
+        self.channel_axes: Dict[str, int] = {}
         self.samples = 0
         self.seconds = 0.0
+
+    def channel_mean(self, name: str) -> Optional[np.ndarray]:
+        acc = self.channel_sums.get(name)
+        return None if acc is None or acc[1] == 0 else acc[0] / acc[1]
 
     def stats(self) -> Dict[str, dict]:
         """Observer stats plus `sqnr8_db`: the SQNR an 8-bit min/max grid would give (see `estimated_sqnr_db`)."""
@@ -98,7 +104,8 @@ def make_session(proto: onnx.ModelProto, opt_level=None):
 
 def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric: bool = False,
               keep_samples: int = 8, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
-              observer_opts: Optional[dict] = None, names: Optional[list] = None) -> CalibrationResult:
+              observer_opts: Optional[dict] = None, names: Optional[list] = None,
+              channel_axes: Optional[Dict[str, int]] = None) -> CalibrationResult:
     """Run every sample once through a calibration copy of `model`; return observers and dtypes per value.
 
     `names`: the values to observe (default: every candidate). onnxruntime runs sample i+1 on a worker
@@ -108,6 +115,8 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     t0 = time.perf_counter()
     res = CalibrationResult()
     names = candidate_names(model) if names is None else list(names)
+    res.channel_axes = dict(channel_axes or {})
+    names += [n for n in res.channel_axes if n not in set(names)]
     sess = make_session(calibration_proto(model, names))
     out_names = [o.name for o in sess.get_outputs()]
     graph_outputs = [v.name for v in model.graph.outputs]
@@ -170,6 +179,15 @@ def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme
                 obs = res.observers[name] = make_observer(scheme, bits, symmetric, **opts)
         if obs is not None:
             obs.update(arr)
+            axis = res.channel_axes.get(name)
+            if axis is not None and arr.ndim > 0:
+                ax = axis % arr.ndim
+                other = tuple(i for i in range(arr.ndim) if i != ax)
+                sums = arr.sum(axis=other, dtype=np.float64)
+                acc = res.channel_sums.setdefault(name, [np.zeros_like(sums), 0])
+                if acc[0].shape == sums.shape:
+                    acc[0] += sums
+                    acc[1] += arr.size // max(arr.shape[ax], 1)
     if len(res.kept) < keep_samples and kept_bytes < keep_bytes:
         outs = {n: by_name[n] for n in graph_outputs if n in by_name}
         kept_bytes += sum(a.nbytes for a in outs.values()) + sum(np.asarray(a).nbytes for a in feed.values())

@@ -250,6 +250,13 @@ def _mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions)
         for kind, nodes in find_supergroups(g, kinds):
             plan.add_supergroup(kind, [n.name for n in nodes], [v.name for v in _interior_values(nodes)])
     fused = {tuple(p) for p in profile.get("fused_activations", [])}
+    # a decomposed activation supergroup (HardSwish) fuses with its producer like the op would (AIMET's
+    # Conv+HardSwish supergroup): its input is then interior too
+    entry = {}
+    for sg in plan.supergroups:
+        if sg.kind in ("hardswish", "gelu"):
+            for name in sg.nodes:
+                entry[name] = sg.kind
     for n in g.nodes:
         for v in n.outputs:
             if v is None or v.is_output_of_any_graph():
@@ -257,6 +264,10 @@ def _mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions)
             cons = v.consumers()
             if len(cons) == 1 and (n.op_type, cons[0].op_type) in fused:
                 plan.add_supergroup(f"{n.op_type}+{cons[0].op_type}", [n.name, cons[0].name], [v.name])
+            elif cons and all(c.name in entry for c in cons) and \
+                    (n.op_type, "HardSwish" if entry[cons[0].name] == "hardswish" else "Gelu") in fused:
+                plan.add_supergroup(f"{n.op_type}+{entry[cons[0].name]}", [n.name] + [c.name for c in cons],
+                                    [v.name])
 
 
 
