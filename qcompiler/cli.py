@@ -140,15 +140,12 @@ def match_cmd(model_path, pattern, explain_node, as_json):
         click.echo(f"  {r['root']}: " + " -> ".join(r["nodes"]))
 
 
-def _register_optional_commands():
-    try:
-        from .quant.cli_quantize import quantize as quantize_cmd
-        main.add_command(quantize_cmd, "quantize")
-    except ImportError:
-        pass
+def _register_commands():
+    from .quant.cli_quantize import quantize_cmd
+    main.add_command(quantize_cmd, "quantize")
 
 
-_register_optional_commands()
+_register_commands()
 
 if __name__ == "__main__":  # pragma: no cover
     main()
