@@ -55,19 +55,74 @@ def estimated_sqnr_db(obs, st: dict, bits: int = 8) -> float:
     tensor whose bulk is tiny next to its extremes (BERT's outlier channels, variances) scores low here
     although its range looks harmless.
     """
-    mags = getattr(obs, "magnitudes", None)
-    if mags is None or not st.get("count"):
+    if not st.get("count"):
         return float("inf")
-    counts = mags.abs_counts.astype(np.float64)
-    e = mags.edges()
-    lo, hi = e[:-1], np.minimum(e[1:], np.finfo(np.float32).max)
-    centre = np.sqrt(np.maximum(lo, 0.0) * hi)
-    power = float((counts * centre ** 2).sum() / max(counts.sum(), 1))
+    if "mean_sq" in st:
+        power = st["mean_sq"]
+    else:
+        mags = getattr(obs, "magnitudes", None)
+        if mags is None:
+            return float("inf")
+        counts = mags.abs_counts.astype(np.float64)
+        e = mags.edges()
+        lo, hi = e[:-1], np.minimum(e[1:], np.finfo(np.float32).max)
+        centre = np.sqrt(np.maximum(lo, 0.0) * hi)
+        power = float((counts * centre ** 2).sum() / max(counts.sum(), 1))
     span = max(st["max"], 0.0) - min(st["min"], 0.0)
     scale = span / (2 ** bits - 1)
     if scale <= 0 or power <= 0:
         return float("inf")
     return float(10 * np.log10(power * 12 / scale ** 2))
+
+
+class MinMaxPowerObserver:
+    """The `min_max` observer on the hot path: min, max, count and Σx² (three reductions per array).
+
+    Same `range()` as observers.RangeObserver for min_max; `stats()` carries `mean_sq` (for the §6 SQNR
+    estimate) instead of the magnitude histogram, which costs a bincount over every activation of every sample.
+    """
+
+    scheme = "min_max"
+
+    def __init__(self, bits: int = 8, symmetric: bool = False):
+        self.bits, self.symmetric = bits, symmetric
+        self.min, self.max = np.inf, -np.inf
+        self.count = self.nonfinite = 0
+        self.sum_sq = 0.0
+
+    def update(self, x) -> None:
+        x = np.asarray(x).reshape(-1)
+        if x.size == 0:
+            return
+        if x.dtype != np.float32 and x.dtype != np.float64:
+            x = x.astype(np.float32)
+        lo, hi = x.min(), x.max()
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            finite = np.isfinite(x)
+            self.nonfinite += int(x.size - np.count_nonzero(finite))
+            x = x[finite]
+            if x.size == 0:
+                return
+            lo, hi = x.min(), x.max()
+        self.min, self.max = min(self.min, float(lo)), max(self.max, float(hi))
+        self.count += int(x.size)
+        # NOTE: einsum, not np.dot: a BLAS dot spins OpenBLAS threads against onnxruntime's (18x slower)
+        self.sum_sq += float(np.einsum("i,i->", x, x, dtype=np.float64))
+
+    def range(self):
+        return (0.0, 0.0) if self.count == 0 else (float(self.min), float(self.max))
+
+    def stats(self) -> dict:
+        c = self.count
+        return {"min": float(self.min) if c else 0.0, "max": float(self.max) if c else 0.0, "count": c,
+                "nonfinite": self.nonfinite, "mean_sq": self.sum_sq / c if c else 0.0, "bits": self.bits,
+                "symmetric": self.symmetric, "scheme": self.scheme}
+
+
+def _new_observer(scheme, bits, symmetric, opts):
+    if scheme == "min_max" and not opts:
+        return MinMaxPowerObserver(bits, symmetric)
+    return make_observer(scheme, bits, symmetric, **opts)
 
 
 def candidate_names(model) -> list:
@@ -93,17 +148,21 @@ def calibration_proto(model, names) -> onnx.ModelProto:
     return proto
 
 
-def make_session(proto: onnx.ModelProto, opt_level=None):
+def make_session(proto: onnx.ModelProto, opt_level=None, threads: int = 1):
+    """A CPU session. One intra-op thread: the observers run on the other core, and per-run thread wake-ups
+    cost more than they gain on small models (char_rnn calibration 0.17 s -> 0.10 s, minilm 5.3 s -> 3.9 s)."""
     import onnxruntime as ort
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
     if opt_level is not None:
         so.graph_optimization_level = opt_level
     return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric: bool = False,
-              keep_samples: int = 8, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
+              keep_samples: int = 4, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
               observer_opts: Optional[dict] = None, names: Optional[list] = None,
               channel_axes: Optional[Dict[str, int]] = None) -> CalibrationResult:
     """Run every sample once through a calibration copy of `model`; return observers and dtypes per value.
@@ -176,7 +235,7 @@ def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme
         if obs is None and name not in res.dtypes:
             res.dtypes[name] = arr.dtype
             if np.issubdtype(arr.dtype, np.floating):
-                obs = res.observers[name] = make_observer(scheme, bits, symmetric, **opts)
+                obs = res.observers[name] = _new_observer(scheme, bits, symmetric, opts)
         if obs is not None:
             obs.update(arr)
             axis = res.channel_axes.get(name)

@@ -420,8 +420,9 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: 8 bits would zero the bulk")
         elif st.get("p999_steps", MIN_BULK_STEPS) < MIN_BULK_STEPS * 2 ** (spec.bits - 8) or \
                 (spec.bits == 8 and st.get("sqnr8_db", 99.0) < MIN_SQNR8_DB):
-            why = (f"an 8-bit grid gives ~{st.get('sqnr8_db', 0):.0f} dB: 99.9% of |x| spans "
-                   f"{st['p999_steps']:.1f} steps (max|x| {absmax:.3g} is {st.get('outlier_ratio', 0):.0f}x the bulk)")
+            why = f"an 8-bit grid gives ~{st.get('sqnr8_db', 0):.0f} dB (max|x| {absmax:.3g}"
+            why += (f", 99.9% of |x| within {st['p999_steps']:.1f} steps)" if "p999_steps" in st else
+                    f", rms {np.sqrt(st.get('mean_sq', 0.0)):.3g})")
             if wide:
                 spec.bits, spec.widened = int(wide), why
             else:
