@@ -65,7 +65,7 @@ class Node:
         self.graph: Optional["Graph"] = None
         self.meta: Optional[dict] = None
         # (NodeProto, op_type, domain, name, input names, output names, doc_string, overload) as imported;
-        # export reuses the proto only while all of these still match (exporter.graph_to_proto)
+        # export reuses the proto only while all of these still match (exporter._node_protos)
         self._source: Optional[tuple] = None
 
     def __repr__(self) -> str:

@@ -204,7 +204,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         ops[n] = None
         nodes.append((n, np_, has_graph, ins))
         if not (has_graph or extra or meta):
-            # what export compares against to reuse `np_` unchanged (see exporter.graph_to_proto)
+            # what export compares against to reuse `np_` unchanged (see exporter._node_protos)
             n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
     # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
     # sweep 2: subgraphs, then inputs
