@@ -64,15 +64,8 @@ class FoldConstants(Pass):
                     r = np.asarray(r)
                     c = g.add_constant(r, v.name + "_folded")
                     g.replace_all_uses(v, c)
+                inputs = list(node.inputs)
                 g.remove_node(node)
-                for v in set(x for x in node.inputs if x is not None):
-                    pass
+                g.drop_if_unused(inputs)  # constants only the folded node read
                 folded += 1
-            # drop constants that only the folded nodes read
-            for v in list(g.initializers.values()):
-                if not v.uses() and not v.is_input:
-                    g.remove_initializer(v)
-            for n in g.nodes_by_op("Constant"):
-                if not any(o is not None and o.uses() for o in n.outputs):
-                    g.remove_node(n)
         return PassResult(folded > 0, {"folded": folded, "skipped": skipped})

@@ -85,16 +85,12 @@ def _replace_match(g, match, op_type, inputs, attrs, name):
     new.type = out.type
     keep_name = out.is_graph_output()
     g.replace_all_uses(out, new, include_graph_outputs=True)
+    read = [v for n in match.nodes for v in n.inputs]
     for n in reversed(match.nodes):
         g.remove_node(n)
     if keep_name:
         g.rename_value(new, out.name)
-    for v in list(g.initializers.values()):
-        if not v.uses() and not v.is_input:
-            g.remove_initializer(v)
-    for c in g.nodes_by_op("Constant"):
-        if not any(o is not None and o.uses() for o in c.outputs):
-            g.remove_node(c)
+    g.drop_if_unused(read)  # the structure's own constants (epsilon, 0.5, ...) if nothing else reads them
     return node
 
 

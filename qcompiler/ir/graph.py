@@ -396,6 +396,25 @@ class Graph:
             if not self.is_ancestor_of(v.graph):
                 self._remove_use(v, Usage(self, pos))
 
+    def drop_if_unused(self, values: Iterable[Optional[Value]]) -> int:
+        """Remove those of `values` that are constants (initializers or Constant-node outputs) left without uses.
+
+        Passes call this with the inputs of the nodes they removed, so constants orphaned by the rewrite go and
+        constants that were unused before the pass stay (dead-code elimination is canonicalize's job).
+        """
+        n = 0
+        for v in {id(v): v for v in values if v is not None}.values():
+            if v.uses():
+                continue
+            if v.tensor is not None and not v.is_input and v.graph.initializers.get(v.name) is v:
+                v.graph.remove_initializer(v)
+                n += 1
+            elif v.producer is not None and v.producer.op_type == "Constant" and v.producer.graph is not None \
+                    and not any(o is not None and o.uses() for o in v.producer.outputs):
+                v.producer.graph.remove_node(v.producer)
+                n += 1
+        return n
+
     def remove_initializer(self, value: Value) -> None:
         if value._uses:
             raise ValueError(f"initializer '{value.name}' still has {len(value._uses)} use(s)")
