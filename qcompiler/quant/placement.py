@@ -404,6 +404,13 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             elif n.op_type in share and not profile.get("quantize_data_movement_outputs", True):
                 spec.float_(f"data-movement output of {n.op_type} left unquantized (profile)")
 
+    # bodies of If/Loop/Scan are not quantized yet: say so rather than leave them float silently (§1)
+    for n in g.nodes:
+        for i, body in enumerate(n.subgraphs()):
+            plan.set(f"<body {i} of {n.op_type} '{n.name}'>", QuantSpec(kind="body")).float_(
+                f"subgraph body of {n.op_type} '{n.name}' ({len(body)} nodes) left float: bodies are not "
+                f"quantized yet")
+
     # 4. field notes §6: tensors 8 bits cannot carry (widened to the profile's wide grid, or kept float)
     wide = profile.get("wide_activation_bits")
     for name, spec in plan.values.items():

@@ -291,3 +291,19 @@ def test_outlier_channel_is_widened_to_int16():
     assert "big" in res.report["widened"]
     q = check_runs_and_sqnr(proto, res, samples([1, 8, 16, 16], 2), floor=30.0)
     assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 21
+
+
+def test_if_bodies_are_reported_float_and_outer_graph_is_quantized():
+    # field notes §1: whatever is not quantized is named in the report with the reason
+    then = helper.make_graph([helper.make_node("Relu", ["a"], ["t"])], "then", [], [tinfo("t", [2, 3])])
+    els = helper.make_graph([helper.make_node("Neg", ["a"], ["e"])], "else", [], [tinfo("e", [2, 3])])
+    nodes = [helper.make_node("Mul", ["x", "x"], ["a"]), helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"]),
+             helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els)]
+    proto = make_model(nodes, [tinfo("x", [2, 3])], [tinfo("y", [2, 3])],
+                       [helper.make_tensor("zero", T.FLOAT, [], [0.0])])
+    res = quantize(proto, samples([2, 3]))
+    check_runs_and_sqnr(proto, res, samples([2, 3], 3))
+    bodies = [k for k, v in res.report["left_float"].items() if "subgraph body of If" in v]
+    assert len(bodies) == 2
+    assert "a" in res.encodings["activations"] and "c" not in res.encodings["activations"]
