@@ -95,6 +95,9 @@ def format_summary(report: dict) -> str:
     c = report["counts"]
     lines = [f"quantized {c['activations']} activations and {c['params']} params for {report['target']} "
              f"({report['scheme']}, {report['calibration_samples']} samples); {c['left_float']} values left float"]
+    if c.get("widened"):
+        lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB; "
+                     f"see report 'widened')")
     for n, s in report["output_sqnr_db"].items():
         lines.append(f"  output '{n}': SQNR {s} dB")
     reasons: Dict[str, int] = {}
