@@ -5,7 +5,6 @@ TOOL: qcompiler | ort. Prints one JSON line: {"seconds", "peak_rss_mb"}.
 """
 import json
 import os
-import resource
 import sys
 import time
 
@@ -40,13 +39,23 @@ def run_qcompiler(md, out, per_channel):
     save_model(res.model, out)
 
 
+def peak_rss_mb() -> float:
+    """This process's own peak RSS (VmHWM). NOTE: not ru_maxrss, which Linux carries across fork+exec from the
+    parent, so a big parent made both tools report the parent's peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    return float("nan")
+
+
 def main():
     tool, md, out = sys.argv[1:4]
     per_channel = "--per-tensor" not in sys.argv
     t0 = time.perf_counter()
     {"ort": run_ort, "qcompiler": run_qcompiler}[tool](md, out, per_channel)
     dt = time.perf_counter() - t0
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    rss = peak_rss_mb()
     print(json.dumps({"seconds": round(dt, 3), "peak_rss_mb": round(rss, 1)}))
 
 
