@@ -11,8 +11,9 @@ import qcompiler
 from qcompiler.errors import InvalidModelError, ModelLoadError, QCompilerError, UnknownPassError
 from qcompiler.passmanager import run_pipeline
 from tests.helpers import make_model, tinfo
+from tests.corpus import CORPUS
 
-REAL_MODEL = "/work/shared/corpus/digits_cnn/model.onnx"
+REAL_MODEL = os.path.join(CORPUS, "digits_cnn", "model.onnx")
 
 
 def _raises(exc, fn, *words):

@@ -9,6 +9,7 @@ from qcompiler.ir import verify
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto
 from qcompiler.passes.constant_weights import ConstantToInitializer
 from tests.helpers import make_model, run, tinfo
+from tests.corpus import CORPUS
 
 
 def _run_pass(proto):
@@ -70,13 +71,13 @@ def test_body_constant_becomes_body_initializer():
 
 
 def test_ppocr_cls_corpus():
-    path = "/work/shared/corpus/ppocr_cls/model.onnx"
+    path = os.path.join(CORPUS, "ppocr_cls", "model.onnx")
     if not os.path.exists(path):
         pytest.skip("corpus model ppocr_cls absent")
     m = load_model(path)
     r = ConstantToInitializer().run(m)
     verify(m.graph)
     assert r.stats["converted"] == 308 and not m.graph.nodes_by_op("Constant")
-    data = np.load("/work/shared/corpus/ppocr_cls/calib.npz")
+    data = np.load(os.path.join(CORPUS, "ppocr_cls", "calib.npz"))
     feeds = {"x": data["x"][0]}
     np.testing.assert_array_equal(run(onnx.load(path), feeds)[0], run(model_to_proto(m), feeds)[0])

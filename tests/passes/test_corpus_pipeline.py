@@ -8,7 +8,7 @@ from qcompiler.onnx_io import load_model
 from qcompiler.passmanager import run_pipeline
 from qcompiler.passmanager.instrumentation import Verifier
 
-CORPUS = os.environ.get("QC_CORPUS", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "corpus"))
+from tests.corpus import CORPUS
 PIPELINE = "constant-to-initializer,fold-batchnorm,canonicalize,annotate-supergroups,fuse-layernorm,fuse-gelu"
 
 EXPECTED = {

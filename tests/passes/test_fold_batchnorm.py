@@ -12,7 +12,7 @@ from qcompiler.passes.fold_batchnorm import FoldBatchNorm
 from tests.helpers import make_model, run, tinfo
 
 RNG = np.random.default_rng(0)
-CORPUS = "/work/shared/corpus"
+from tests.corpus import CORPUS
 
 
 def _init(name, arr):

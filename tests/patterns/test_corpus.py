@@ -7,7 +7,7 @@ import pytest
 import qcompiler
 from qcompiler.patterns import explain, find_matches
 
-CORPUS = "/work/shared/corpus"
+from tests.corpus import CORPUS
 pytestmark = pytest.mark.skipif(not os.path.isdir(CORPUS), reason="corpus absent")
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from qcompiler.errors import DataError
 from qcompiler.quant.data import input_specs, load_samples
+from tests.corpus import CORPUS
 
 SPEC = {"x": (np.float32, ("batch", 3, 4)), "ids": (np.int64, ("batch", None))}
 
@@ -154,7 +155,7 @@ def test_empty_iterable():
 
 @pytest.mark.parametrize("name", ["minilm_l6", "digits_cnn", "char_rnn", "ppocr_cls"])
 def test_corpus_calibration_files(name):
-    folder = f"/work/shared/corpus/{name}"
+    folder = os.path.join(CORPUS, name)
     if not os.path.exists(f"{folder}/model.onnx"):
         pytest.skip("corpus not available")
     import qcompiler
