@@ -18,6 +18,30 @@ _NEVER = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLik
           "DequantizeLinear", "DynamicQuantizeLinear"}
 
 
+def _output_size_bound(node, arrays) -> float:
+    """An upper bound on the output element count of shape-producing ops, known before evaluating them.
+
+    NOTE: a hostile model can ask ConstantOfShape/Expand/Tile/Range for 10^12 elements; evaluating first and
+    checking after would already have allocated them.
+    """
+    op = node.op_type
+    try:
+        if op == "ConstantOfShape":
+            return float(np.prod(np.asarray(arrays[0], np.float64)))
+        if op == "Expand":
+            return float(np.prod(np.maximum(np.asarray(arrays[1], np.float64), 1))) * max(arrays[0].size, 1)
+        if op == "Tile":
+            return float(arrays[0].size) * float(np.prod(np.asarray(arrays[1], np.float64)))
+        if op == "Range":
+            start, limit, delta = (float(np.ravel(a)[0]) for a in arrays[:3])
+            return abs((limit - start) / delta) if delta else float("inf")
+        if op in ("Resize", "Upsample", "Pad", "OneHot", "EyeLike", "RandomNormal"):
+            return float("inf")  # sizes depend on several inputs; never folded
+    except Exception:
+        return float("inf")
+    return 0.0
+
+
 def _evaluate(node, arrays, opset: int):
     from onnx.reference import ReferenceEvaluator
     in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(arrays)]
@@ -47,7 +71,8 @@ class FoldConstants(Pass):
                 if any(v is not None and v.is_output_of_any_graph() for v in node.outputs):
                     continue
                 arrays = [None if v is None else v.const_value() for v in node.inputs]
-                if any(a is not None and (a.dtype == object or a.size > self.max_elements) for a in arrays):
+                if any(a is not None and (a.dtype == object or a.size > self.max_elements) for a in arrays) \
+                        or _output_size_bound(node, arrays) > self.max_elements:
                     skipped += 1
                     continue
                 try:
