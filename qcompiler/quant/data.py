@@ -269,7 +269,15 @@ def _npz_headers(path: str) -> dict:
                         shape, _, dtype = np.lib.format.read_array_header_2_0(f)
                     else:
                         raise DataError(f"{path}: key '{key}': unsupported .npy version {version}")
-                out[key] = _KeyInfo(np.dtype(dtype), tuple(shape))
+                    header_end = f.tell()
+                dtype = np.dtype(dtype)
+                # NOTE: the header's shape decides how much numpy allocates; a hostile file can claim 10^12
+                # elements in a few bytes. The data stored in the archive must be as large as the shape says.
+                need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+                if any(int(d) < 0 for d in shape) or need > info.file_size - header_end:
+                    raise DataError(f"{path}: key '{key}': header claims shape {tuple(shape)} ({need} bytes) but the "
+                                    f"archive holds {max(info.file_size - header_end, 0)} bytes of data")
+                out[key] = _KeyInfo(dtype, tuple(shape))
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - BadZipFile, truncated header, bad dtype descr, ...

@@ -167,3 +167,16 @@ def test_corpus_calibration_files(name):
     from tests.helpers import run
     out = run(model, feeds[0])
     assert np.all(np.isfinite(out[0]))
+
+
+def test_npz_header_claiming_a_huge_shape_is_refused_before_allocating(tmp_path):
+    import io
+    import zipfile
+    buf = io.BytesIO()
+    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 6, 10 ** 6)})
+    buf.write(b"\0" * 64)
+    path = tmp_path / "hostile.npz"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr("x.npy", buf.getvalue())
+    with pytest.raises(DataError, match=r"hostile.npz: key 'x': header claims shape"):
+        load_samples(str(path), {"x": (np.float32, ("batch", 4))})
