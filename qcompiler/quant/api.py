@@ -3,7 +3,8 @@
 Steps: load (a private copy), prepare (constant-to-initializer so Constant-node weights are weights,
 fold-batchnorm, canonicalize; opset raised to 13 for per-channel Q/DQ, to 21 for int16/int4), one streaming
 calibration pass, placement into a QuantPlan, encodings (frozen ones from `load_encodings` win), QDQ
-insertion, and a report with per-output SQNR on the kept calibration samples.
+insertion, and a report with per-output SQNR and max abs error on the calibration samples (the float
+outputs are kept during calibration, up to report.SQNR_MAX_SAMPLES samples / SQNR_KEEP_BYTES bytes).
 """
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .calibrate import assign_encodings, calibrate
 from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
+from .prefold import prefold_unfused_param_dq
 from .qdq import apply_plan, bias_correction_inputs, correct_biases
-from .report import build_report, output_sqnr
+from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, output_errors
 
 PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "canonicalize")
 PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
@@ -146,6 +148,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                             supergroups=_supergroup_choice(config))
     cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=profile["activation"]["symmetric"],
                     progress=progress, names=observed_names(model, profile, opts),
+                    keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
                     channel_axes=_bias_correction_inputs(model, profile, opts) if bias_correction else None)
     timings["calibrate"] = time.perf_counter() - t
 
@@ -164,15 +167,20 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         if n:
             notes.append(f"bias correction on {n} Conv/Gemm nodes")
     acts, params = apply_plan(model, plan)
+    prefolded = prefold_unfused_param_dq(model, profile)
+    if prefolded:
+        notes.append(f"{len(prefolded)} weights/biases stored fake-quantized (float on their int grid): their "
+                     f"node has no integer kernel on {profile.get('name', target)}, a DQ would run every inference")
     verify(model.graph)
     timings["place_and_insert"] = time.perf_counter() - t
 
     t = time.perf_counter()
     proto = model_to_proto(model)
-    sqnr = output_sqnr(proto, cal.kept)
+    errors = output_errors(proto, cal.kept)
     timings["report_sqnr"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start
-    report = build_report(plan, acts, params, sqnr, cal, timings, target, scheme, notes)
+    report = build_report(plan, acts, params, {}, cal, timings, target, scheme, notes, errors=errors)
+    report["prefolded_params"] = prefolded
     report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
                                 "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),
                                 "per_channel_quantization": bool(per_channel), "quant_scheme": scheme}
