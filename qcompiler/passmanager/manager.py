@@ -23,12 +23,21 @@ class Instrumentation:
     def after_pipeline(self, model: Model, results: list) -> None: ...
 
 
+_DEFAULT_INSTRUMENTATIONS: list = []
+
+
+def add_default_instrumentation(factory) -> None:
+    """Have every PassManager created from now on also run `factory()` (the test suite registers the IR
+    invariant checker here, so it runs after every pass in every test, like LLVM's -verify-each)."""
+    _DEFAULT_INSTRUMENTATIONS.append(factory)
+
+
 class PassManager:
     """Run passes in order over a model, in place. `run` returns [(pass, PassResult), ...]."""
 
     def __init__(self, pipeline, instrumentations: Iterable[Instrumentation] = ()):
         self.passes: List[Pass] = parse_pipeline(pipeline)
-        self.instrumentations: List[Instrumentation] = list(instrumentations)
+        self.instrumentations: List[Instrumentation] = [f() for f in _DEFAULT_INSTRUMENTATIONS] + list(instrumentations)
 
     def add_instrumentation(self, inst: Instrumentation) -> None:
         self.instrumentations.append(inst)
