@@ -19,6 +19,10 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `wide_activation_bits`: grid used instead of float for activations whose bulk 8 bits cannot resolve
   (field notes §6); None keeps them float (TensorRT has no int16 activations).
 - `fused_activations`: (producer op, activation op) pairs treated as one unit: no quantizer between them.
+- `prefold_unfused_weight_dq`: store a weight whose node cannot fuse its DQ into an integer kernel as float
+  values on its int grid (quant/prefold.py), so no DequantizeLinear runs per inference. `integer_weight_kernels`:
+  op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q: only with a Q on the output,
+  possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN) never do.
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -63,6 +67,13 @@ PROFILES: dict = {
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": _FIXED,
         "fused_activations": _FUSED,
+        # anchors B, checked on ORT 1.31: Conv->QLinearConv needs an output Q (Relu/Clip before it fold into
+        # the Q); MatMul->MatMulIntegerToFloat and Gemm->QGemm take a float output; int16 inputs never fuse
+        "prefold_unfused_weight_dq": True,
+        "integer_weight_kernels": {"Conv": {"act_bits": 8, "output_q": True},
+                                   "MatMul": {"act_bits": 8, "output_q": False},
+                                   "Gemm": {"act_bits": 8, "output_q": False}},
+        "output_q_through": ["Relu", "Clip"],
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
