@@ -30,6 +30,10 @@ CONCAT_RANGE_RATIO_LIMIT = 64.0
 MIN_BULK_STEPS = 16.0
 # estimated SQNR of the 8-bit min/max grid (calibrate.estimated_sqnr_db) below which a tensor is widened
 MIN_SQNR8_DB = 30.0
+# field notes §1: the recurrent cell state (LSTM initial_c in, Y_c out) lives on the profile's wide grid (16
+# bits); it integrates over every time step, so 8-bit rounding there compounds. Profiles without a wide grid
+# (trt) keep it float. Hidden states and Y are quantized at the op boundary like any activation.
+CELL_STATE = {"LSTM": {"inputs": (6,), "outputs": (2,)}}
 
 
 # --------------------------------------------------------------------------- supergroups (local matchers)
@@ -356,6 +360,7 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
     # 3. activations
     not_q = set(profile.get("float_output_ops", ()))
     float_outs = profile.get("float_outputs", {})
+    wide = profile.get("wide_activation_bits")
     fixed = profile.get("fixed_output_range", {})
     share = set(profile.get("shares_input_encoding", ()))
 
@@ -393,6 +398,8 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                 spec.float_(f"producer '{n.name}' is a custom-domain op ({n.domain}.{n.op_type})")
             elif n.op_type in not_q:
                 spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.get('name', 'target')}")
+            elif i in CELL_STATE.get(n.op_type, {}).get("outputs", ()) and wide:
+                spec.bits, spec.widened = int(wide), f"cell state of {n.op_type} '{n.name}' (field notes §1)"
             elif i in float_outs.get(n.op_type, ()):
                 spec.float_(f"output {i} of {n.op_type} '{n.name}' kept float (recurrent cell state)")
             elif s["keep_float"]:
@@ -403,6 +410,18 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                 spec.float_(f"inside {plan.interior[v.name]} supergroup (quantizers only at its boundary)")
             elif n.op_type in share and not profile.get("quantize_data_movement_outputs", True):
                 spec.float_(f"data-movement output of {n.op_type} left unquantized (profile)")
+
+    # cell-state inputs (LSTM initial_c): the value feeding them is widened too (whole value, all its uses)
+    for n in g.nodes:
+        for slot in CELL_STATE.get(n.op_type, {}).get("inputs", ()):
+            v = n.inputs[slot] if slot < len(n.inputs) else None
+            spec = plan.spec(v.name) if v is not None else None
+            if spec is None or spec.keep_float or spec.bits >= 16:
+                continue
+            if wide:
+                spec.bits, spec.widened = int(wide), f"cell state input {slot} of {n.op_type} '{n.name}' (field notes §1)"
+            else:
+                spec.float_(f"cell state input {slot} of {n.op_type} '{n.name}': no wide grid on this target")
 
     # bodies of If/Loop/Scan are not quantized yet: say so rather than leave them float silently (§1)
     for n in g.nodes:
