@@ -22,8 +22,8 @@ from .calibrate import assign_encodings, calibrate
 from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
 from .prefold import prefold_unfused_param_dq
-from .qdq import apply_plan, bias_correction_inputs, correct_biases
-from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, output_errors
+from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases
+from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, layer_choices, output_errors
 
 PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "canonicalize")
 PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
@@ -89,6 +89,14 @@ def _raise_opset(model, opset: int, notes: list):
     return new
 
 
+def _config_blocks(cfg) -> bool:
+    """Does any config setting ask for per-block weights (DequantizeLinear block_size: opset 21)?"""
+    if cfg is None:
+        return False
+    ups = [vars(cfg.defaults)] + list(cfg.op_type.values()) + [r.updates for r in cfg.rules]
+    return any(u.get("weight_block") for u in ups)
+
+
 def _config_bits(cfg) -> set:
     bits = set()
     if cfg is None:
@@ -107,7 +115,7 @@ def _config_bits(cfg) -> set:
 def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
-             bias_correction: bool = False) -> QuantizeResult:
+             bias_correction: bool = False, weight_block: Optional[int] = None) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
@@ -115,7 +123,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     (when given, its settings replace the per_channel/weight_bits/act_bits arguments). `load_encodings`: an
     AIMET encodings file whose encodings are frozen; everything else is calibrated. `bias_correction`:
     empirical bias correction of Conv/Gemm weights (qdq.correct_biases); off by default because on ppocr_cls it
-    helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR).
+    helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR). `weight_block`:
+    per-block weight scales of this many elements along the reduction axis (placement.block_axis; opset 21).
     """
     t_start = time.perf_counter()
     timings, notes = {}, []
@@ -137,7 +146,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     t = time.perf_counter()
     _prepare(model, notes)
     bits = _config_bits(config) | {weight_bits, act_bits}
-    need = WIDE_INT_OPSET if any(b != 8 for b in bits) else PER_CHANNEL_OPSET
+    blocked = bool(weight_block) or _config_blocks(config)
+    need = WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
     model = _raise_opset(model, need, notes)
     timings["prepare"] = time.perf_counter() - t
 
@@ -145,7 +155,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     samples = load_samples(calib, input_specs(model.graph), limit=limit)
     t = time.perf_counter()
     opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
-                            supergroups=_supergroup_choice(config))
+                            supergroups=_supergroup_choice(config), weight_block=weight_block)
     cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=profile["activation"]["symmetric"],
                     progress=progress, names=observed_names(model, profile, opts),
                     keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
@@ -162,6 +172,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     if load_encodings is not None:
         _freeze(plan, model, load_encodings, notes)
     assign_encodings(plan, model, cal, scheme)
+    assign_block_encodings(plan, model, scheme)
+    layers = layer_choices(model, plan, config)
     if bias_correction:
         n = correct_biases(model, plan, cal.channel_mean)
         if n:
@@ -179,7 +191,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     errors = output_errors(proto, cal.kept)
     timings["report_sqnr"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start
-    report = build_report(plan, acts, params, {}, cal, timings, target, scheme, notes, errors=errors)
+    report = build_report(plan, acts, params, {}, cal, timings, target, scheme, notes, errors=errors,
+                          layers=layers)
     report["prefolded_params"] = prefolded
     report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
                                 "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),

@@ -22,20 +22,22 @@ import click
 @click.option("--per-channel/--per-tensor", default=True, help="weights per output channel (default) or per tensor")
 @click.option("--weight-bits", type=int, default=8, show_default=True)
 @click.option("--act-bits", type=int, default=8, show_default=True)
+@click.option("--block-size", type=int, default=None, help="per-block weight scales: this many elements along "
+              "each weight's reduction axis (MatMul K); opset 21 DequantizeLinear block_size")
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
 @click.option("--load-encodings", type=click.Path(), help="AIMET encodings to freeze; the rest is calibrated")
 @click.option("--report", "report_path", type=click.Path(), help="write the JSON report here")
 @click.option("--limit", type=int, default=None, help="use at most this many calibration samples")
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 encodings_path, encodings_version, load_encodings, report_path, limit):
+                 block_size, encodings_path, encodings_version, load_encodings, report_path, limit):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."""
     from ..onnx_io import save_model, write_atomic
     from .api import quantize
     from .report import format_summary
     res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
                    weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
-                   limit=limit)
+                   limit=limit, weight_block=block_size)
     save_model(res.model, output, protect=(model_path, calib))
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version)

@@ -218,8 +218,9 @@ class PlacementOptions:
     """Global knobs (API arguments) used when no config rule says otherwise."""
 
     def __init__(self, per_channel=True, weight_bits=8, act_bits=8, act_symmetric=None, weight_symmetric=None,
-                 config=None, supergroups=True):
+                 config=None, supergroups=True, weight_block=None):
         self.per_channel, self.weight_bits, self.act_bits = per_channel, weight_bits, act_bits
+        self.weight_block = weight_block
         self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
         self.config, self.supergroups = config, supergroups
 
@@ -230,7 +231,7 @@ def _settings(opts: PlacementOptions, profile: dict, node):
     s = {"act_bits": opts.act_bits, "act_symmetric": a["symmetric"] if opts.act_symmetric is None
          else opts.act_symmetric, "weight_bits": opts.weight_bits,
          "weight_symmetric": w["symmetric"] if opts.weight_symmetric is None else opts.weight_symmetric,
-         "weight_per_channel": opts.per_channel, "weight_block": None, "weight_quantized": True,
+         "weight_per_channel": opts.per_channel, "weight_block": opts.weight_block, "weight_quantized": True,
          "bias_quantized": True, "keep_float": False, "precision": "int", "output_quantized": True,
          "encoding_min": None, "encoding_max": None}
     cfg = opts.config
@@ -295,6 +296,29 @@ def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None
     return [name for name in candidate_names(model) if name not in skip]
 
 
+def block_axis(node, slot: int, rank: int) -> Optional[int]:
+    """Axis along which per-block weight scales run: the weight's reduction (input-channel) axis.
+
+    MatMul B [.., K, N]: rank-2 (blocks along K, as ORT's MatMulNBits wants); Gemm B: 0, or 1 with transB;
+    Conv W [Cout, Cin/g, ..]: 1; ConvTranspose W [Cin, Cout/g, ..]: 0; LSTM/GRU/RNN W, R [dirs, gates*H, in]: 2.
+    None: no per-block rule for this op or slot.
+    """
+    if slot not in (1, 2) or rank < 2:
+        return None
+    op = node.op_type
+    if op == "MatMul" and slot == 1:
+        return rank - 2
+    if op == "Gemm" and slot == 1 and rank == 2:
+        return 1 if node.attr("transB", 0) else 0
+    if op == "Conv" and slot == 1:
+        return 1
+    if op == "ConvTranspose" and slot == 1:
+        return 0
+    if op in ("LSTM", "GRU", "RNN") and rank == 3:
+        return 2
+    return None
+
+
 def _propagate_dtypes(g, profile: dict, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
     """Unobserved data-movement outputs carry their input 0's dtype (see `observed_names`)."""
     share = set(profile.get("shares_input_encoding", ()))
@@ -346,11 +370,25 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             if n.op_type == "MatMul" and arr.ndim < 2:
                 axis = None
             bits = int(s["weight_bits"])
+            block, fallback = s["weight_block"], ""
+            if block:
+                baxis = block_axis(n, slot, arr.ndim)
+                if baxis is None:
+                    fallback = f"; per-block asked but {n.op_type} input {slot} has no block axis"
+                elif bits not in profile.get("per_block_weight_bits", (4, 8)):
+                    fallback = f"; per-block {bits}-bit weights not supported on {profile.get('name', 'target')}"
+                else:
+                    axis = baxis
+                if fallback:
+                    block = None   # the per-channel/per-tensor grid above
+                    if axis is not None:
+                        fallback += ", per-channel instead"
             rb = profile["weight"].get("range_bits")
             range_bits = min(bits, rb) if (rb and bits == 8) else bits
             plan.set_use(n.name, slot, QuantSpec(kind="weight", bits=bits, symmetric=bool(s["weight_symmetric"]),
-                                                 signed=True, axis=axis, block_size=s["weight_block"],
-                                                 range_bits=range_bits, source=f"profile weights {n.op_type}"))
+                                                 signed=True, axis=axis, block_size=block,
+                                                 range_bits=range_bits,
+                                                 source=f"profile weights {n.op_type}{fallback}"))
         bslot = profile.get("bias", {}).get(n.op_type)
         if bslot is not None and bslot < len(n.inputs) and _const(n.inputs[bslot]) is not None \
                 and s["bias_quantized"] and not s["keep_float"]:

@@ -81,9 +81,10 @@ class QuantPlan:
         return [n for n, s in self.values.items() if s.kind == "activation" and not s.keep_float]
 
     def needs_opset(self) -> int:
-        """Lowest default-domain opset the plan's Q/DQ need: 21 for int16/int4 grids (anchors B), else 13."""
+        """Lowest default-domain opset the plan's Q/DQ need: 21 for int16/int4 grids and per-block weights
+        (DequantizeLinear `block_size`; anchors B), else 13."""
         specs = list(self.values.values()) + list(self.uses.values())
-        wide = any(not s.keep_float and s.kind != "bias" and s.bits != 8 for s in specs)
+        wide = any(not s.keep_float and s.kind != "bias" and (s.bits != 8 or s.block_size) for s in specs)
         return 21 if wide else 13
 
     def float_values(self) -> Dict[str, str]:

@@ -19,10 +19,13 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `wide_activation_bits`: grid used instead of float for activations whose bulk 8 bits cannot resolve
   (field notes §6); None keeps them float (TensorRT has no int16 activations).
 - `fused_activations`: (producer op, activation op) pairs treated as one unit: no quantizer between them.
+- `per_block_weight_bits`: weight bit widths that may be per-block (default 4 and 8); others fall back to
+  per-channel and say so.
 - `prefold_unfused_weight_dq`: store a weight whose node cannot fuse its DQ into an integer kernel as float
   values on its int grid (quant/prefold.py), so no DequantizeLinear runs per inference. `integer_weight_kernels`:
   op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q: only with a Q on the output,
   possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN) never do.
+  `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -58,6 +61,9 @@ PROFILES: dict = {
         "activation": {"bits": 8, "symmetric": False},
         "weight": {"bits": 8, "symmetric": True, "range_bits": 7},
         "wide_activation_bits": 16,
+        # ORT 1.31 fuses an int8 blocked DQ(weight)->MatMul into QLinearMatMul, which then fails at run time
+        # ("weight zero point must be a scalar ..."): 8-bit per-block falls back to per-channel here
+        "per_block_weight_bits": [4],
         "weights": _WEIGHTS, "bias": _BIAS,
         "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN"],
         "float_output_ops": NOT_QUANTIZABLE,
@@ -74,6 +80,7 @@ PROFILES: dict = {
                                    "MatMul": {"act_bits": 8, "output_q": False},
                                    "Gemm": {"act_bits": 8, "output_q": False}},
         "output_q_through": ["Relu", "Clip"],
+        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],   # prefold.py: WeightBiasQuantization
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",

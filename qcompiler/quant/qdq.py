@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
@@ -48,13 +48,77 @@ def _as_int4(arr: np.ndarray, signed: bool):
         return arr
 
 
-def _quantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
+def _broadcast_qparams(enc: Encoding, shape: tuple):
+    """(scale, zero point) as float64 arrays broadcastable to a tensor of `shape`: per-tensor scalars,
+    per-channel reshaped along `axis`, per-block repeated `block_size` times along `axis` (last block cut)."""
     scale = np.asarray(enc.scale, np.float64)
     zp = np.asarray(enc.zero_point, np.float64)
-    if enc.per_channel:
-        shape = [1] * w.ndim
-        shape[enc.axis] = -1
-        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    if enc.block_size:
+        k = shape[enc.axis]
+        scale = np.repeat(scale, enc.block_size, axis=enc.axis).take(np.arange(k), axis=enc.axis)
+        zp = np.repeat(np.broadcast_to(zp, np.shape(enc.scale)), enc.block_size,
+                       axis=enc.axis).take(np.arange(k), axis=enc.axis)
+    elif enc.per_channel:
+        bshape = [1] * len(shape)
+        bshape[enc.axis] = -1
+        scale, zp = scale.reshape(bshape), zp.reshape(bshape)
+    return scale, zp
+
+
+def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetric: bool = True,
+                   scheme: str = "min_max", range_bits: Optional[int] = None) -> Encoding:
+    """Per-block weight encoding: one (scale, zero point) per `block_size` consecutive elements along `axis`.
+
+    The scale has the weight's shape with dim `axis` = ceil(K / block_size), which is what opset-21
+    DequantizeLinear's `block_size` attribute expects (MatMul B [K, N]: axis 0, blocks along K). A partial last
+    block is padded with zeros for the range search (ranges include 0 anyway).
+    """
+    from .encoding import compute_encoding
+    from .observers import weight_range
+    w = np.asarray(w, np.float64)
+    axis = axis % w.ndim
+    k = w.shape[axis]
+    nb = -(-k // block_size)
+    moved = np.moveaxis(w, axis, 0)                                  # [K, rest...]
+    if nb * block_size != k:
+        pad = np.zeros((nb * block_size - k,) + moved.shape[1:])
+        moved = np.concatenate([moved, pad], axis=0)
+    rest = moved.shape[1:]
+    groups = np.moveaxis(moved.reshape((nb, block_size) + rest), 1, -1).reshape(-1, block_size)
+    rb = range_bits or bits
+    lo, hi = weight_range(groups, 0, scheme, rb, symmetric)
+    lo = np.moveaxis(np.asarray(lo).reshape((nb,) + rest), 0, axis)
+    hi = np.moveaxis(np.asarray(hi).reshape((nb,) + rest), 0, axis)
+    enc = compute_encoding(lo, hi, bits=rb, symmetric=symmetric, signed=True, axis=axis)
+    enc.bits, enc.block_size = bits, int(block_size)
+    enc.meta["range_bits"] = rb
+    return enc
+
+
+def assign_block_encodings(plan: QuantPlan, model, scheme: str = "min_max") -> int:
+    """Give every per-block weight use (spec.block_size) its block encoding; frozen ones stay. Returns the count."""
+    by_name = {n.name: n for n in model.graph.nodes}
+    done = 0
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind != "weight" or spec.keep_float or not spec.block_size or spec.axis is None:
+            continue
+        if spec.frozen and spec.encoding is not None:
+            continue
+        w = by_name[node_name].inputs[slot].const_value()
+        spec.encoding = block_encoding(w, spec.axis, spec.block_size, spec.bits, spec.symmetric, scheme,
+                                       spec.range_bits)
+        done += 1
+    return done
+
+
+def _dq_attrs(enc: Encoding):
+    if enc.block_size:
+        return {"axis": int(enc.axis), "block_size": int(enc.block_size)}
+    return {"axis": int(enc.axis)} if enc.per_channel else None
+
+
+def _quantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
+    scale, zp = _broadcast_qparams(enc, np.shape(w))
     q = np.clip(np.round(np.asarray(w, np.float64) / scale) + zp, enc.qmin, enc.qmax)
     return q.astype(storage_dtype(enc))
 
@@ -119,7 +183,7 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             qarr = _as_int4(qarr, enc.signed)
         wq = g.add_constant(qarr, f"{v.name}_quantized")
         scale, zp = _qparams(g, enc, v.name)
-        attrs = {"axis": int(enc.axis)} if enc.per_channel else None
+        attrs = _dq_attrs(enc)
         dq = g.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], attrs,
                         name=f"{v.name}_DequantizeLinear", before=node0)
         for node, slot, _, _ in members:
@@ -135,6 +199,9 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         v = node.inputs[slot]
         if ein is None or ew is None or ein.per_channel:
             spec.float_("bias left float: input or weight is float")
+            continue
+        if ew.block_size:
+            spec.float_("bias left float: the weight is per-block (no single weight scale per output channel)")
             continue
         b = np.asarray(v.const_value(), np.float64)
         s = np.asarray(ein.scale, np.float64) * np.asarray(ew.scale, np.float64)
@@ -271,10 +338,5 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
 
 def quantize_dequantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
     q = _quantize_array(w, enc).astype(np.float64)
-    scale = np.asarray(enc.scale, np.float64)
-    zp = np.asarray(enc.zero_point, np.float64)
-    if enc.per_channel:
-        shape = [1] * w.ndim
-        shape[enc.axis] = -1
-        scale, zp = scale.reshape(shape), zp.reshape(shape)
+    scale, zp = _broadcast_qparams(enc, np.shape(w))
     return (q - zp) * scale

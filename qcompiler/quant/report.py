@@ -28,6 +28,8 @@ def encoding_summary(enc: Encoding) -> dict:
          "scale": plain(np.asarray(enc.scale, np.float64)), "zero_point": plain(enc.zero_point)}
     if enc.per_channel:
         d["axis"] = int(enc.axis)
+        if enc.block_size:
+            d["block_size"] = int(enc.block_size)
         lo, hi = np.asarray(enc.min), np.asarray(enc.max)
         d["min"], d["max"] = float(lo.min()), float(hi.max())
     else:
@@ -77,10 +79,20 @@ def output_errors(quant_proto, kept: list) -> Dict[str, OutputError]:
     """
     if not kept:
         return {}
+    from .calibrate import make_session
+    try:
+        return _output_errors(make_session(quant_proto, threads=1), kept)
+    except Exception:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
+        import onnxruntime as ort
+        # NOTE: ORT 1.31 fuses int8 blocked DQ->MatMul into QLinearMatMul, which rejects block scales at run
+        # time (other runtimes take the QDQ graph as is): measure the QDQ graph without those fusions
+        sess = make_session(quant_proto, threads=1, opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+        return _output_errors(sess, kept)
+
+
+def _output_errors(sess, kept: list) -> Dict[str, OutputError]:
     import os
     from concurrent.futures import ThreadPoolExecutor
-    from .calibrate import make_session
-    sess = make_session(quant_proto, threads=1)
     names = [o.name for o in sess.get_outputs()]
     errs: Dict[str, OutputError] = {}
     with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
@@ -135,6 +147,46 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
         "seconds": {k: round(v, 3) for k, v in timings.items()},
         "notes": list(notes),
     }
+
+
+def _grid(enc: Encoding) -> str:
+    kind = f"{'int' if enc.signed else 'uint'}{enc.bits}"
+    if enc.block_size:
+        return f"{kind} per-block {enc.block_size} (axis {enc.axis})"
+    return f"{kind} per-channel (axis {enc.axis})" if enc.per_channel else f"{kind} per-tensor"
+
+
+def layer_choices(model, plan, config=None) -> Dict[str, dict]:
+    """Per node with weights or a matching config rule: its weight grid, output grid and precision, so a mixed
+    precision plan (field notes §5: W4A8 here, W8A16 there, a float BatchNorm) reads back node by node.
+    Call after encodings are assigned and before QDQ insertion (names are the float model's)."""
+    out: Dict[str, dict] = {}
+    for n in model.graph.nodes:
+        settings = config.settings_for(n) if config is not None else None
+        rules = list(getattr(settings, "matched_rules", ()))
+        weights = {slot: s for (name, slot), s in plan.uses.items() if name == n.name and s.kind == "weight"}
+        if not weights and not rules:
+            continue
+        d: dict = {}
+        for slot, s in sorted(weights.items()):
+            what = f"float ({s.reason})" if s.keep_float or s.encoding is None else _grid(s.encoding)
+            if ";" in s.source:
+                what += f" [{s.source.split(';', 1)[1].strip()}]"
+            d[f"input{slot}"] = what
+        outs = []
+        for v in n.outputs:
+            s = plan.values.get(v.name) if v is not None else None
+            if s is None:
+                continue
+            outs.append(f"float ({s.reason})" if s.keep_float or s.encoding is None else _grid(s.encoding))
+        if outs:
+            d["outputs"] = outs if len(outs) > 1 else outs[0]
+        if settings is not None:
+            d["precision"] = settings.precision
+        if rules:
+            d["config_rules"] = rules
+        out[n.name] = d
+    return out
 
 
 def _sqnr_samples_note(used: int, total: int) -> str:
