@@ -68,6 +68,22 @@ def unfused_reason(node, profile: dict) -> Optional[str]:
     return None
 
 
+def _runtime_requantizes(node, profile: dict) -> bool:
+    """The runtime would re-quantize a float weight of `node` itself (coarser grid, DQ back every run).
+
+    ORT's WeightBiasQuantization (qdq_transformer/weight_bias_quantization.cc) gives a float Conv/ConvTranspose/
+    Gemm weight a per-tensor int8 Q->DQ when input 0 is DQ'd per tensor; on ORT 1.31 seen only when the output
+    feeds a Q (an int16 Conv lost 1.1 dB that way), so such weights keep their own explicit DQ.
+    """
+    if node.op_type not in profile.get("requantizes_float_weights", ()):
+        return False
+    p = node.inputs[0].producer if node.inputs[0] is not None else None
+    if p is None or p.op_type != "DequantizeLinear" or np.size(p.inputs[1].const_value()) != 1:
+        return False
+    users = node.outputs[0].uses() if node.outputs else ()
+    return any(getattr(u.user, "op_type", None) == "QuantizeLinear" for u in users)
+
+
 def dequantize_like_ort(q: np.ndarray, scale: np.ndarray, zp: Optional[np.ndarray], axis: int) -> np.ndarray:
     """float32(q - zp) * scale in float32, per tensor or along `axis` (DequantizeLinear-13..21, no blocks)."""
     q = np.asarray(q)
@@ -103,7 +119,7 @@ def prefold_unfused_param_dq(model, profile: dict) -> Dict[str, str]:
             if not hasattr(use.user, "op_type"):
                 continue            # a graph output keeps its DQ
             reason = unfused_reason(use.user, profile)
-            if reason is not None:
+            if reason is not None and not _runtime_requantizes(use.user, profile):
                 unfused.append((use.user, use.index, reason))
         if not unfused:
             continue
