@@ -22,6 +22,7 @@ from .calibrate import assign_encodings, calibrate
 from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
 from .prefold import prefold_unfused_param_dq
+from .float16 import apply_float16, float16_nodes
 from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases
 from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, layer_choices, output_errors
 
@@ -78,11 +79,29 @@ def _raise_opset(model, opset: int, notes: list):
     import onnx
     from onnx import version_converter
     proto = model_to_proto(model)
+    # NOTE: the converter copies the model several times over (minilm: +540 MB for 90 MB); its adapters read
+    # no initializer data, so it gets the graph with large initializers emptied and they are put back after
+    held = {}
+    for t in proto.graph.initializer:
+        if t.ByteSize() > 4096:
+            held[t.name] = onnx.TensorProto()
+            held[t.name].CopyFrom(t)
+            t.ClearField("raw_data")
+            for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+                t.ClearField(f)
     try:
         conv = version_converter.convert_version(proto, opset)
     except Exception as e:
         raise QCompilerError(f"cannot raise the model's opset {model.opset} to {opset} (needed for "
                              f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200]}") from None
+    del proto
+    for t in conv.graph.initializer:
+        keep = held.pop(t.name, None)
+        if keep is not None and list(keep.dims) == list(t.dims) and keep.data_type == t.data_type:
+            t.CopyFrom(keep)
+    if any(t.name in held for t in conv.graph.initializer):
+        raise QCompilerError(f"raising the opset to {opset} changed initializer shapes; cannot restore them")
+    held.clear()
     notes.append(f"opset raised from {model.opset} to {opset}")
     new = model_from_proto(conv)
     new.base_dir = model.base_dir
@@ -148,6 +167,14 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     bits = _config_bits(config) | {weight_bits, act_bits}
     blocked = bool(weight_block) or _config_blocks(config)
     need = WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
+    if need < WIDE_INT_OPSET and profile.get("wide_activation_bits"):
+        # NOTE: raise now if int16 widening may need opset 21 later: onnx's version converter holds ~4 copies of
+        # the model, which on top of calibration's leftovers set the peak (minilm 896 -> ~530 MB); a model the
+        # converter cannot take still quantizes at opset 13 (then only 8-bit widening fails later)
+        try:
+            model = _raise_opset(model, WIDE_INT_OPSET, notes)
+        except QCompilerError:
+            pass
     model = _raise_opset(model, need, notes)
     timings["prepare"] = time.perf_counter() - t
 
@@ -178,7 +205,14 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         n = correct_biases(model, plan, cal.channel_mean)
         if n:
             notes.append(f"bias correction on {n} Conv/Gemm nodes")
+    fp16 = float16_nodes(model, config, plan.dtypes)
     acts, params = apply_plan(model, plan)
+    if fp16:
+        done = apply_float16(model, fp16, probe_ort=str(profile.get("name", "")).startswith("ort"))
+        for name, what in done.items():
+            layers.setdefault(name, {})["float16"] = what
+        notes.append(f"{sum(w.startswith('float16') for w in done.values())} of {len(done)} nodes marked "
+                     f"precision: float16 run in fp16 (see report 'layers')")
     prefolded = prefold_unfused_param_dq(model, profile)
     if prefolded:
         notes.append(f"{len(prefolded)} weights/biases stored fake-quantized (float on their int grid): their "

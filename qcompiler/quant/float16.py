@@ -1,0 +1,93 @@
+"""float16 islands: nodes a config marks `precision: float16` compute in fp16 between Casts (field notes §5).
+
+A BatchNormalization that cannot be folded (after a Relu, at the model input) is the typical case: it stays out
+of the integer grid but need not run in fp32. Each chosen node gets Cast(to fp16) on its float activation inputs,
+fp16 copies of its float constant inputs (the shared fp32 constant is never rewritten in place: §4), and
+Cast(to fp32) after each float output, so its neighbours (and their Q/DQ) still see fp32.
+
+Runtimes differ in their fp16 kernels: for `ort_cpu` each op type is probed once with a one-node fp16 model in
+onnxruntime; an op it cannot run stays fp32 and the report says so.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Dict, List
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+FLOAT = TensorProto.FLOAT
+FLOAT16 = TensorProto.FLOAT16
+
+
+def float16_nodes(model, config, dtypes: Dict[str, np.dtype]) -> List[tuple]:
+    """[(node, float32 input slots, float32 output values)] for main-graph nodes whose config settings say
+    `precision: float16`. Call before QDQ insertion: `dtypes` (calibration's runtime dtypes) name the float
+    model's values, and Q/DQ outputs inserted later have none."""
+    if config is None:
+        return []
+    out = []
+    for n in model.graph.nodes:
+        if config.settings_for(n).precision != "float16":
+            continue
+        slots = [i for i, v in enumerate(n.inputs) if v is not None and _is_float32(v, dtypes)]
+        outs = [v for v in n.outputs if v is not None and v.name in dtypes and dtypes[v.name] == np.float32]
+        out.append((n, slots, outs))
+    return out
+
+
+def apply_float16(model, chosen: List[tuple], probe_ort: bool = True) -> Dict[str, str]:
+    """Wrap each chosen node (from `float16_nodes`) in Casts so it computes in fp16; returns
+    {node name: what was done}."""
+    g = model.graph
+    done: Dict[str, str] = {}
+    for n, in_slots, out_vals in chosen:
+        if not in_slots or not out_vals:
+            done[n.name] = "kept float32: no float32 inputs/outputs to convert"
+            continue
+        if probe_ort and not _ort_runs_fp16(n.op_type, len(n.inputs), model.opset):
+            done[n.name] = f"kept float32: onnxruntime CPU has no float16 {n.op_type} kernel"
+            continue
+        for i in in_slots:
+            v = n.inputs[i]
+            arr = v.const_value()
+            if arr is not None:
+                g.set_input(n, i, g.add_constant(np.asarray(arr).astype(np.float16), f"{v.name}_fp16"))
+            else:
+                g.insert_before(n, i, "Cast", attrs={"to": FLOAT16}, name=f"{n.name}_in{i}_to_fp16")
+        for v in out_vals:
+            shape = v.shape
+            g.insert_after(v, "Cast", attrs={"to": FLOAT}, name=f"{n.name}_out_to_fp32")
+            v.set_tensor_type(FLOAT16, list(shape) if shape is not None else None)
+        done[n.name] = "float16 (Cast to fp16 before, back to fp32 after)"
+    return done
+
+
+def _is_float32(v, dtypes) -> bool:
+    arr = v.const_value()
+    if arr is not None:
+        return arr.dtype == np.float32
+    if v.name in dtypes:
+        return dtypes[v.name] == np.dtype(np.float32)
+    return v.dtype == FLOAT
+
+
+@lru_cache(maxsize=64)
+def _ort_runs_fp16(op_type: str, n_inputs: int, opset: int) -> bool:
+    """Can onnxruntime's CPU EP create a session for `op_type` with all-fp16 tensors? (kernel lookup only)"""
+    import onnxruntime as ort
+    names = [f"i{k}" for k in range(n_inputs)]
+    node = onnx.helper.make_node(op_type, names, ["y"])
+    inputs = [onnx.helper.make_tensor_value_info(nm, FLOAT16, None) for nm in names]
+    graph = onnx.helper.make_graph([node], "probe", inputs,
+                                   [onnx.helper.make_tensor_value_info("y", FLOAT16, None)])
+    m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", max(opset, 7))])
+    m.ir_version = 10
+    so = ort.SessionOptions()
+    so.log_severity_level = 4
+    try:
+        ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return True
+    except Exception:  # noqa: BLE001 - NOT_IMPLEMENTED (no kernel) or a type error: both mean "not here"
+        return False
