@@ -25,15 +25,25 @@ def _meta(obj) -> dict:
 
 
 def annotate_supergroups(model, groups=DEFAULT_GROUPS) -> dict:
-    """Mark every match of `groups` as a supergroup; returns {group: count}. Idempotent."""
+    """Mark every match of `groups` in the model (bodies too) as a supergroup; returns {group: count}."""
+    return annotate_graph(model.graph, groups)
+
+
+def annotate_graph(graph, groups=DEFAULT_GROUPS, recurse: bool = True) -> dict:
+    """Mark every match of `groups` in `graph` as a supergroup; returns {group: new count}. Idempotent: nodes
+    already in a supergroup are never claimed again, so a second call adds nothing."""
     from qcompiler.patterns import find_matches
     counts = {}
     for group in groups:
         n = 0
-        for m in find_matches(model.graph, group):
+        taken = {node.meta["supergroup"] for g in ([graph] + (graph.subgraphs(True) if recurse else []))
+                 for node in g if node.meta and node.meta.get("supergroup", "").startswith(group + ":")}
+        k = len(taken)
+        for m in find_matches(graph, group, recurse=recurse):
             if any(node.meta and node.meta.get("supergroup") for node in m.nodes):
                 continue
-            sg = f"{group}:{n}"
+            sg = f"{group}:{k}"
+            k += 1
             outs = {id(v) for v in m.outputs}
             for node in m.nodes:
                 _meta(node)["supergroup"] = sg
@@ -48,6 +58,16 @@ def annotate_supergroups(model, groups=DEFAULT_GROUPS) -> dict:
             n += 1
         counts[group] = n
     return counts
+
+
+def supergroups_in(graph) -> dict:
+    """{supergroup id: [nodes in graph order]} as annotated in one graph."""
+    out: dict = {}
+    for node in graph:
+        sg = node.meta.get("supergroup") if node.meta else None
+        if sg:
+            out.setdefault(sg, []).append(node)
+    return out
 
 
 def supergroups_of(model) -> dict:
