@@ -15,30 +15,11 @@ import numpy as np
 import onnx
 import pytest
 
+from qcompiler.passmanager.instrumentation import random_feeds
 from tests.conformance.roundtrip import roundtrip, session, structural_diff
 
 LIGHT_DIR = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
 MODELS = sorted(glob.glob(os.path.join(LIGHT_DIR, "*.onnx")))
-
-
-def random_feeds(proto: onnx.ModelProto, seed: int = 0) -> dict:
-    """Random data for every graph input that is not an initializer, with symbolic dims set to 1."""
-    rng = np.random.default_rng(seed)
-    inits = {t.name for t in proto.graph.initializer}
-    feeds = {}
-    for vi in proto.graph.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        shape = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
-        elif dtype == np.bool_:
-            feeds[vi.name] = rng.integers(0, 2, shape).astype(bool)
-        else:
-            feeds[vi.name] = rng.integers(0, 10, shape).astype(dtype)
-    return feeds
 
 
 def test_light_models_found():
