@@ -79,7 +79,9 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
     folder = os.path.dirname(os.path.abspath(path)) or "."
     if not os.path.isdir(folder):
         raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
-    use_external = external_data if external_data is not None else _total_tensor_bytes(model) > TWO_GB // 2
+    # NOTE: protobuf cannot serialize a message over 2 GB; keep 1/32 of that for the graph itself
+    use_external = external_data if external_data is not None else \
+        _total_tensor_bytes(model) > TWO_GB - TWO_GB // 32
     base = os.path.basename(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
     os.close(fd)
