@@ -52,8 +52,14 @@ def _node_protos(g: Graph) -> list:
     return protos
 
 
-def _initializer_protos(g: Graph) -> list:
-    return [v.tensor.to_proto(name) for name, v in g.initializers.items()]
+def _initializer_protos(g: Graph, stub_over: "int | None" = None) -> list:
+    """One TensorProto per initializer; with `stub_over`, tensors above that many bytes go out as stubs (name,
+    type and dims, no data) for tools that read only the graph (onnx's version converter)."""
+    if stub_over is None:
+        return [v.tensor.to_proto(name) for name, v in g.initializers.items()]
+    return [v.tensor.to_proto(name) if v.tensor.nbytes <= stub_over else
+            onnx.TensorProto(name=name, data_type=v.tensor.dtype, dims=v.tensor.dims)
+            for name, v in g.initializers.items()]
 
 
 def _fill_rest(g: Graph, gp: onnx.GraphProto) -> None:
@@ -83,12 +89,12 @@ def _fill_rest(g: Graph, gp: onnx.GraphProto) -> None:
         gp.metadata_props.extend(g.metadata_props)
 
 
-def graph_to_proto(g: Graph, gp: "onnx.GraphProto | None" = None) -> onnx.GraphProto:
+def graph_to_proto(g: Graph, gp: "onnx.GraphProto | None" = None, stub_over: "int | None" = None) -> onnx.GraphProto:
     """Serialize one graph (into `gp` if given, which avoids copying large initializers twice)."""
     gp = onnx.GraphProto() if gp is None else gp
     gp.name = g.name
     gp.node.extend(_node_protos(g))
-    gp.initializer.extend(_initializer_protos(g))
+    gp.initializer.extend(_initializer_protos(g, stub_over))
     _fill_rest(g, gp)
     return gp
 
@@ -164,12 +170,14 @@ def _model_head_tail(model: Model) -> tuple:
     return head, tail
 
 
-def model_to_proto(model: Model) -> onnx.ModelProto:
+def model_to_proto(model: Model, stub_over: "int | None" = None) -> onnx.ModelProto:
+    """The model as one ModelProto. `stub_over`: main-graph initializers above that many bytes are stubs with
+    no data (see _initializer_protos), so a graph-only tool gets the model without a copy of its weights."""
     head, tail = _model_head_tail(model)
     mp = onnx.ModelProto()
     mp.MergeFrom(head)
     with gc_paused():
-        graph_to_proto(model.graph, mp.graph)
+        graph_to_proto(model.graph, mp.graph, stub_over)
     mp.MergeFrom(tail)
     return mp
 
@@ -186,3 +194,40 @@ def model_to_byte_pieces(model: Model) -> list:
 def model_to_bytes(model: Model) -> bytes:
     """`model_to_proto(model).SerializeToString()`, built from per-node and per-tensor pieces (see _graph_bytes)."""
     return b"".join(model_to_byte_pieces(model))
+
+
+def write_model(model: Model, f, extra_outputs=()) -> None:
+    """Write the bytes of `model_to_bytes(model)` to the binary file `f`, one initializer at a time.
+
+    NOTE: why: model_to_byte_pieces holds every tensor's serialized bytes at once, a second copy of the weights
+    (minilm: +90 MB); here each tensor is serialized, written and dropped, so only the largest one is extra.
+    `extra_outputs`: value names appended as name-only graph outputs (calibration copies; onnxruntime infers
+    their types).
+    """
+    g = model.graph
+    head, tail = _model_head_tail(model)
+    name = onnx.GraphProto()
+    name.name = g.name
+    rest = onnx.GraphProto()
+    with gc_paused():
+        nodes: list = []
+        _add_fields(nodes, _TAG_NODE, [p.SerializeToString() for p in _node_protos(g)])
+        tensors = _initializer_protos(g)
+        _fill_rest(g, rest)
+    rest.output.extend([onnx.ValueInfoProto(name=n) for n in extra_outputs])
+    name_b, rest_b = name.SerializeToString(), rest.SerializeToString()
+    sizes = [t.ByteSize() for t in tensors]
+    heads = [_TAG_INITIALIZER + _varint(k) for k in sizes]
+    total = sum(map(len, nodes)) + len(name_b) + sum(map(len, heads)) + sum(sizes) + len(rest_b)
+    f.write(head.SerializeToString() + _TAG_GRAPH + _varint(total))
+    f.writelines(nodes)
+    del nodes
+    f.write(name_b)
+    for t, h, k in zip(tensors, heads, sizes):
+        b = t.SerializeToString()
+        if len(b) != k:
+            raise RuntimeError(f"initializer '{t.name}': serialized {len(b)} bytes, ByteSize said {k}")
+        f.write(h)
+        f.write(b)
+    f.write(rest_b)
+    f.write(tail.SerializeToString())

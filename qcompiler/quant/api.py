@@ -23,6 +23,7 @@ from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
 from .prefold import prefold_unfused_param_dq
 from .float16 import apply_float16, float16_nodes
+from .memory import release
 from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases
 from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, layer_choices, output_errors
 
@@ -76,36 +77,33 @@ def _raise_opset(model, opset: int, notes: list):
     """A new model at `opset` (onnx's version converter), or the same model when already there."""
     if model.opset >= opset:
         return model
-    import onnx
     from onnx import version_converter
-    proto = model_to_proto(model)
     # NOTE: the converter copies the model several times over (minilm: +540 MB for 90 MB); its adapters read
-    # no initializer data, so it gets the graph with large initializers emptied and they are put back after
-    held = {}
-    for t in proto.graph.initializer:
-        if t.ByteSize() > 4096:
-            held[t.name] = onnx.TensorProto()
-            held[t.name].CopyFrom(t)
-            t.ClearField("raw_data")
-            for f in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
-                t.ClearField(f)
+    # no initializer data, so it gets the graph with large initializers as stubs (no data), and the new model
+    # takes the old model's Tensor objects back: no copy of the weights is made at all
+    proto = model_to_proto(model, stub_over=_STUB_BYTES)
     try:
         conv = version_converter.convert_version(proto, opset)
     except Exception as e:
         raise QCompilerError(f"cannot raise the model's opset {model.opset} to {opset} (needed for "
                              f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200]}") from None
     del proto
-    for t in conv.graph.initializer:
-        keep = held.pop(t.name, None)
-        if keep is not None and list(keep.dims) == list(t.dims) and keep.data_type == t.data_type:
-            t.CopyFrom(keep)
-    if any(t.name in held for t in conv.graph.initializer):
-        raise QCompilerError(f"raising the opset to {opset} changed initializer shapes; cannot restore them")
-    held.clear()
-    notes.append(f"opset raised from {model.opset} to {opset}")
     new = model_from_proto(conv)
+    del conv
+    for name, v in model.graph.initializers.items():
+        t = v.tensor
+        if t.nbytes <= _STUB_BYTES:
+            continue
+        w = new.graph.initializers.get(name)
+        if w is None or tuple(w.tensor.dims) != tuple(t.dims) or w.tensor.dtype != t.dtype:
+            raise QCompilerError(f"raising the opset to {opset} changed initializer '{name}'; cannot restore it")
+        w.tensor = t   # the stub's Tensor, replaced before anyone reads it (as the importer sets it)
+    notes.append(f"opset raised from {model.opset} to {opset}")
     new.base_dir = model.base_dir
     return new
+
+
+_STUB_BYTES = 4096   # initializers above this size go to the version converter without their data
 
 
 def _config_blocks(cfg) -> bool:
@@ -164,6 +162,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     model = _load(model_or_path)
     t = time.perf_counter()
     _prepare(model, notes)
+    opset_before = model.opset
     bits = _config_bits(config) | {weight_bits, act_bits}
     blocked = bool(weight_block) or _config_blocks(config)
     need = WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
@@ -176,6 +175,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         except QCompilerError:
             pass
     model = _raise_opset(model, need, notes)
+    if model.opset != opset_before:
+        release(collect=True)   # the replaced model: one big cycle, gone only at a full collection (memory.py)
     timings["prepare"] = time.perf_counter() - t
 
     from .data import input_specs, load_samples
@@ -187,6 +188,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                     progress=progress, names=observed_names(model, profile, opts),
                     keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
                     channel_axes=_bias_correction_inputs(model, profile, opts) if bias_correction else None)
+    release()   # the calibration session's freed heap (memory.py)
     timings["calibrate"] = time.perf_counter() - t
 
     t = time.perf_counter()
@@ -195,6 +197,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     if plan.needs_opset() > model.opset:
         # NOTE: value names survive onnx's version converter, so the name-keyed statistics still apply
         model = _raise_opset(model, plan.needs_opset(), notes)
+        release(collect=True)
         plan = build_plan(model, profile, cal.dtypes, stats, opts)
     if load_encodings is not None:
         _freeze(plan, model, load_encodings, notes)
@@ -221,8 +224,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     timings["place_and_insert"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    proto = model_to_proto(model)
-    errors = output_errors(proto, cal.kept)
+    errors = output_errors(model, cal.kept)
+    release()
     timings["report_sqnr"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start
     report = build_report(plan, acts, params, {}, cal, timings, target, scheme, notes, errors=errors,

@@ -70,24 +70,31 @@ class OutputError:
         return float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
 
 
-def output_errors(quant_proto, kept: list) -> Dict[str, OutputError]:
+def output_errors(quant_model, kept: list) -> Dict[str, OutputError]:
     """Per float graph output, the quantized model's error against the float outputs kept during calibration.
 
-    The float references come from the calibration pass itself (no second float run); only the quantized
-    model runs here, and each sample's error is reduced into sums as it arrives. Two single-threaded runs in
-    flight beat one run on two intra-op threads (minilm, 64 samples: 3.4 s vs 7.1 s on a busy 2-core box).
+    `quant_model`: the quantized IR model (or a ModelProto). The float references come from the calibration
+    pass itself (no second float run); only the quantized model runs here, and each sample's error is reduced
+    into sums as it arrives. Two single-threaded runs in flight beat one run on two intra-op threads (minilm,
+    64 samples: 3.4 s vs 7.1 s on a busy 2-core box).
     """
     if not kept:
         return {}
     from .calibrate import make_session
+    sess = None
     try:
-        return _output_errors(make_session(quant_proto, threads=1), kept)
-    except Exception:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
-        import onnxruntime as ort
-        # NOTE: ORT 1.31 fuses int8 blocked DQ->MatMul into QLinearMatMul, which rejects block scales at run
-        # time (other runtimes take the QDQ graph as is): measure the QDQ graph without those fusions
-        sess = make_session(quant_proto, threads=1, opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+        sess = make_session(quant_model, threads=1)
         return _output_errors(sess, kept)
+    except Exception:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
+        pass
+    # NOTE: the failed session is dropped before the second one is built (outside the except block, whose
+    # traceback would keep it alive): two sessions at once doubled the model in memory
+    sess = None
+    import onnxruntime as ort
+    # NOTE: ORT 1.31 fuses int8 blocked DQ->MatMul into QLinearMatMul, which rejects block scales at run
+    # time (other runtimes take the QDQ graph as is): measure the QDQ graph without those fusions
+    sess = make_session(quant_model, threads=1, opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    return _output_errors(sess, kept)
 
 
 def _output_errors(sess, kept: list) -> Dict[str, OutputError]:
@@ -105,9 +112,9 @@ def _output_errors(sess, kept: list) -> Dict[str, OutputError]:
     return errs
 
 
-def output_sqnr(quant_proto, kept: list) -> Dict[str, float]:
-    """Per graph output, SQNR (dB) of the quantized model against the kept float outputs."""
-    return {n: e.sqnr_db() for n, e in output_errors(quant_proto, kept).items()}
+def output_sqnr(quant_model, kept: list) -> Dict[str, float]:
+    """Per graph output, SQNR (dB) of the quantized model (IR or ModelProto) against the kept float outputs."""
+    return {n: e.sqnr_db() for n, e in output_errors(quant_model, kept).items()}
 
 
 def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encoding], sqnr: Dict[str, float],

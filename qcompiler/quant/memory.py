@@ -1,0 +1,34 @@
+"""Giving memory back between quantization stages: collect a replaced IR model, return freed heap to the OS.
+
+Why: an IR model is one big reference cycle (values <-> nodes <-> graph), and the importer's gc_paused leaves
+it in the oldest generation, so a model replaced by its opset-raised copy (minilm: 86 MB) lingered until some
+later full collection. And glibc keeps freed heap (onnxruntime sessions, the calibration worker thread's
+arena) instead of returning it: after calibration minilm held 85 MB of freed but unreturned memory, which the
+next stage's peak was stacked on.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+
+_libc = None
+
+
+def _malloc_trim():
+    global _libc
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _libc.malloc_trim  # glibc only
+        except (OSError, AttributeError):
+            _libc = False
+    if _libc:
+        _libc.malloc_trim(0)
+
+
+def release(collect: bool = False) -> None:
+    """Return freed heap to the OS (glibc malloc_trim; nothing elsewhere); `collect`: run a full gc first."""
+    if collect:
+        gc.collect()
+    _malloc_trim()
