@@ -104,6 +104,11 @@ def _raise_opset(model, opset: int, notes: list):
 
 
 _STUB_BYTES = 4096   # initializers above this size go to the version converter without their data
+COLLECT_OVER_BYTES = 16 << 20   # below this, a full gc (~15 ms) costs more than the replaced model holds
+
+
+def _weight_bytes(model) -> int:
+    return sum(v.tensor.nbytes for v in model.graph.initializers.values())
 
 
 def _config_blocks(cfg) -> bool:
@@ -175,7 +180,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         except QCompilerError:
             pass
     model = _raise_opset(model, need, notes)
-    if model.opset != opset_before:
+    if model.opset != opset_before and _weight_bytes(model) > COLLECT_OVER_BYTES:
         release(collect=True)   # the replaced model: one big cycle, gone only at a full collection (memory.py)
     timings["prepare"] = time.perf_counter() - t
 
