@@ -44,6 +44,29 @@ def canonical_scheme(scheme: str) -> str:
     return name
 
 
+def finite_flat(x, int_dtype=np.float64):
+    """(finite values as a flat float array, their min, their max, how many non-finite were dropped).
+
+    min/max come from one pass; NaN propagates through them, so the finite filter runs only when needed.
+    Integers are cast to `int_dtype`. Empty input gives (empty, 0.0, 0.0, 0).
+    """
+    x = np.asarray(x).reshape(-1)
+    if not np.issubdtype(x.dtype, np.floating):
+        x = x.astype(int_dtype)
+    if x.size == 0:
+        return x, 0.0, 0.0, 0
+    lo, hi = x.min(), x.max()
+    bad = 0
+    if not (np.isfinite(lo) and np.isfinite(hi)):
+        finite = np.isfinite(x)
+        bad = int(x.size - np.count_nonzero(finite))
+        x = x[finite]
+        if x.size == 0:
+            return x, 0.0, 0.0, bad
+        lo, hi = x.min(), x.max()
+    return x, float(lo), float(hi), bad
+
+
 class RangeObserver:
     """min_max observer and base class: running min/max/count/|x| sum plus a float32 magnitude histogram."""
 
@@ -63,21 +86,10 @@ class RangeObserver:
 
     def update(self, x) -> None:
         """Reduce one batch (any shape) into the statistics; NaN/inf are dropped and counted in `nonfinite`."""
-        x = np.asarray(x)
+        x, lo, hi, bad = finite_flat(x, np.float64)
+        self.nonfinite += bad
         if x.size == 0:
             return
-        if not np.issubdtype(x.dtype, np.floating):
-            x = x.astype(np.float64)
-        x = x.reshape(-1)
-        lo, hi = x.min(), x.max()
-        if not (np.isfinite(lo) and np.isfinite(hi)):  # NaN propagates through min/max, so this catches all
-            finite = np.isfinite(x)
-            self.nonfinite += int(x.size - np.count_nonzero(finite))
-            x = x[finite]
-            if x.size == 0:
-                return
-            lo, hi = x.min(), x.max()
-        lo, hi = float(lo), float(hi)
         self.min, self.max = min(self.min, lo), max(self.max, hi)
         self.count += int(x.size)
         self.abs_sum += float(np.abs(x).sum(dtype=np.float64))  # float64: a -3.4e38 mask overflows float32
