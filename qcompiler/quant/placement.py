@@ -34,6 +34,8 @@ MIN_SQNR8_DB = 30.0
 # bits); it integrates over every time step, so 8-bit rounding there compounds. Profiles without a wide grid
 # (trt) keep it float. Hidden states and Y are quantized at the op boundary like any activation.
 CELL_STATE = {"LSTM": {"inputs": (6,), "outputs": (2,)}}
+# ops that read only their input's shape, never its values
+SHAPE_READERS = ("Shape", "Size")
 
 
 def _const(v) -> Optional[np.ndarray]:
@@ -117,6 +119,7 @@ def _mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions)
         for kind, nodes in find_supergroups(g, kinds):
             plan.add_supergroup(kind, [n.name for n in nodes], [v.name for v in _interior_values(nodes)])
     fused = {tuple(p) for p in profile.get("fused_activations", [])}
+    _mark_bias_adds(plan, g, profile)
     # a decomposed activation supergroup (HardSwish) fuses with its producer like the op would (AIMET's
     # Conv+HardSwish supergroup): its input is then interior too
     entry = {}
@@ -136,6 +139,32 @@ def _mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions)
                 plan.add_supergroup(f"{n.op_type}+{entry[cons[0].name]}", [n.name] + [c.name for c in cons],
                                     [v.name])
 
+
+def _mark_bias_adds(plan: QuantPlan, g, profile: dict) -> None:
+    """A linear op whose only reader is an Add of a constant (a bias the exporter split off, torch Linear ->
+    MatMul + Add) forms one unit with it: no quantizer between them (profile `bias_add_ops`).
+
+    NOTE: the product goes on to the Add in float (ORT's MatMulIntegerToFloat takes the bias in; TensorRT fuses
+    it), so a quantizer there only rounds twice: on minilm_l6 removing it raised last_hidden_state from 17.2 to
+    18.7 dB (valid tokens 19.1 -> 20.9) and saved 24 Q/DQ pairs.
+    """
+    ops = set(profile.get("bias_add_ops", ()))
+    if not ops:
+        return
+    for n in g.nodes:
+        if n.op_type not in ops or not n.outputs or n.outputs[0] is None:
+            continue
+        v = n.outputs[0]
+        users = v.uses()
+        if len(users) != 1 or v.is_output_of_any_graph() or not hasattr(users[0].user, "op_type"):
+            continue
+        add = users[0].user
+        if add.op_type != "Add" or len(add.inputs) != 2:
+            continue
+        other = add.inputs[1 - users[0].index]
+        if other is None or other.const_value() is None:
+            continue
+        plan.add_supergroup(f"{n.op_type}+bias", [n.name, add.name], [v.name])
 
 
 def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None) -> List[str]:
@@ -323,6 +352,8 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             else:
                 spec.float_(f"cell state input {slot} of {n.op_type} '{n.name}': no wide grid on this target")
 
+    _drop_needless_quantizers(plan, g, profile)
+
     # bodies of If/Loop/Scan are not quantized yet: say so rather than leave them float silently (§1)
     for n in g.nodes:
         for i, body in enumerate(n.subgraphs()):
@@ -386,7 +417,116 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                     plan.set_use(n.name, slot, QuantSpec(kind="activation", bits=ospec.bits,
                                                          symmetric=ospec.symmetric, source=f"tie:{out.name}"))
     _check_tie_spread(plan, stats, g)
+    _full_range_for_float_kernels(plan, g)
     return plan
+
+
+def _shape_only(v, share: set, memo: dict) -> bool:
+    """Is `v` read only for its shape: by Shape/Size, or by data movement whose outputs are read that way?"""
+    if v is None or v.is_output_of_any_graph():
+        return False
+    if id(v) not in memo:
+        memo[id(v)] = False           # cycles (none in a DAG) answer False
+        users = v.uses()
+        memo[id(v)] = bool(users) and all(
+            getattr(u.user, "op_type", None) in SHAPE_READERS or
+            (getattr(u.user, "op_type", None) in share and u.index == 0 and
+             all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
+            for u in users)
+    return memo[id(v)]
+
+
+def _drop_needless_quantizers(plan: QuantPlan, g, profile: dict) -> None:
+    """Leave out quantizers that carry no information (the values stay exactly what the plan says).
+
+    - A value read only for its shape (by Shape/Size, possibly through data movement) carries no numbers.
+    - A data-movement output whose input is quantized holds values already on that input's grid; when it is
+      read only by ops the profile lists in `float_kernel_ops` (no integer kernel: they dequantize anyway) or
+      for its shape, a second Q/DQ with the same encoding is a no-op that costs a kernel launch each.
+    NOTE: on char_rnn (ort_cpu) both sat between Squeeze/Transpose and LSTM/GRU and between a Transpose and the
+    Shape that reads it, which kept ORT's transpose optimizer from removing two Transposes.
+    """
+    share = set(profile.get("shares_input_encoding", ()))
+    float_kernels = set(profile.get("float_kernel_ops", ()))
+    memo: dict = {}
+    for n in g.nodes:
+        for v in n.outputs:
+            spec = plan.spec(v.name) if v is not None else None
+            if spec is None or spec.keep_float or spec.kind != "activation" or v.is_output_of_any_graph():
+                continue
+            users = v.uses()
+            if _shape_only(v, share, memo):
+                spec.float_("read only for its shape: no values to quantize")
+                continue
+            src = n.inputs[0] if n.op_type in share and n.inputs else None
+            sspec = plan.spec(src.name) if src is not None else None
+            if not float_kernels or sspec is None or sspec.keep_float or sspec.bits != spec.bits:
+                continue
+            if all(getattr(u.user, "op_type", None) in float_kernels or
+                   (getattr(u.user, "op_type", None) in share and u.index == 0 and
+                    all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
+                   for u in users):
+                spec.float_(f"{n.op_type} output: values already on the grid of '{src.name}', read only by "
+                            f"ops without integer kernels (profile float_kernel_ops): no second quantizer")
+
+
+def _group_bits_table(plan: QuantPlan) -> Dict[str, int]:
+    """tie-group root -> bits its activations will carry (a widened member widens its group, calibrate.py)."""
+    table: Dict[str, int] = {}
+    for name, s in plan.values.items():
+        if s.kind == "activation" and not s.keep_float:
+            root = plan.find(name)
+            table[root] = max(table.get(root, 0), s.bits)
+    return table
+
+
+def _act_bits(plan: QuantPlan, table: Dict[str, int], v) -> Optional[int]:
+    """Bits the activation `v` will carry, None when float (or not an activation)."""
+    spec = plan.spec(v.name) if v is not None else None
+    if spec is None or spec.keep_float or spec.kind != "activation":
+        return None
+    return table.get(plan.find(v.name), spec.bits)
+
+
+def _integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
+    """Will the runtime run `node` as an integer kernel (profile `integer_weight_kernels`, read from the plan
+    as prefold.unfused_reason reads it from the exported graph)? Unsure cases answer True."""
+    rule = plan.profile.get("integer_weight_kernels", {}).get(node.op_type)
+    if rule is None:
+        return False
+    bits = rule.get("act_bits", 8)
+    if not node.inputs or _act_bits(plan, table, node.inputs[0]) != bits:
+        return False
+    if rule.get("output_q"):
+        through = set(plan.profile.get("output_q_through", ()))
+        v = node.outputs[0]
+        while v is not None and v.name in plan.interior:
+            cons = v.consumers()
+            if len(cons) != 1 or cons[0].op_type not in through:
+                return True
+            v = cons[0].outputs[0]
+        return v is None or _act_bits(plan, table, v) == bits
+    return True
+
+
+def _full_range_for_float_kernels(plan: QuantPlan, g) -> None:
+    """Weights whose node runs a float kernel use their whole grid: `range_bits` (ORT's reduce_range) exists
+    only because u8 x s8 pairs summed into int16 saturate inside integer kernels (anchors F).
+
+    NOTE: such weights are stored on their int8 grid (prefold.py) and multiplied in float. On minilm_l6 the FFN
+    down projection of layer 0 (16-bit input, so a float MatMul) has one output channel whose largest weight is
+    39x its rms; on the 7-bit grid that channel's small weights rounded so coarsely that padding tokens, which
+    do not fire the large weight's neuron, lost their last_hidden_state (3.3 dB; 17.2 dB with the full grid).
+    """
+    by_name = {n.name: n for n in g.nodes}
+    table = _group_bits_table(plan)
+    for (node_name, slot), spec in plan.uses.items():
+        if spec.kind != "weight" or spec.keep_float or not spec.range_bits or spec.range_bits >= spec.bits:
+            continue
+        node = by_name.get(node_name)
+        if node is not None and not _integer_kernel(plan, table, node):
+            spec.range_bits = spec.bits
+            spec.source += "; full range (float kernel)"
 
 
 def _check_tie_spread(plan: QuantPlan, stats: Dict[str, dict], g) -> None:

@@ -19,6 +19,8 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `wide_activation_bits`: grid used instead of float for activations whose bulk 8 bits cannot resolve
   (field notes §6); None keeps them float (TensorRT has no int16 activations).
 - `fused_activations`: (producer op, activation op) pairs treated as one unit: no quantizer between them.
+- `bias_add_ops`: linear ops whose product, read only by an Add of a constant (an exported Linear's bias),
+  goes on to that Add unquantized (the runtime takes the bias into the kernel; placement._mark_bias_adds).
 - `per_block_weight_bits`: weight bit widths that may be per-block (default 4 and 8); others fall back to
   per-channel and say so.
 - `prefold_unfused_weight_dq`: store a weight whose node cannot fuse its DQ into an integer kernel as float
@@ -26,6 +28,8 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
   op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q: only with a Q on the output,
   possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN) never do.
   `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
+- `float_kernel_ops`: ops that always run a float kernel on the target (they dequantize their inputs): a
+  data-movement output read only by them needs no quantizer of its own (it is on its input's grid already).
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -73,6 +77,7 @@ PROFILES: dict = {
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": _FIXED,
         "fused_activations": _FUSED,
+        "bias_add_ops": ["MatMul", "Gemm"],
         # anchors B, checked on ORT 1.31: Conv->QLinearConv needs an output Q (Relu/Clip before it fold into
         # the Q); MatMul->MatMulIntegerToFloat and Gemm->QGemm take a float output; int16 inputs never fuse
         "prefold_unfused_weight_dq": True,
@@ -80,6 +85,7 @@ PROFILES: dict = {
                                    "MatMul": {"act_bits": 8, "output_q": False},
                                    "Gemm": {"act_bits": 8, "output_q": False}},
         "output_q_through": ["Relu", "Clip"],
+        "float_kernel_ops": ["LSTM", "GRU", "RNN"],
         "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],   # prefold.py: WeightBiasQuantization
     },
     "trt": {
@@ -96,6 +102,7 @@ PROFILES: dict = {
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": {"Sigmoid": [0.0, 1.0], "Tanh": [-1.0, 1.0]},
         "fused_activations": _FUSED,
+        "bias_add_ops": ["MatMul", "Gemm"],
     },
     "qnn_htp": {
         "description": "Qualcomm QNN HTP (as AIMET's htp_quantsim_config_v75): u8 asymmetric activations, s8 "
