@@ -95,7 +95,7 @@ class QuantConfig:
     source: str = "<defaults>"
     format: str = "qcompiler"        # or "aimet"
     target: Optional[str] = None
-    scheme: str = "tf_enhanced"
+    scheme: Optional[str] = None     # None: the caller's default (min_max), so a config never changes it silently
     defaults: NodeSettings = field(default_factory=NodeSettings)
     op_type: dict = field(default_factory=dict)      # op type -> partial NodeSettings updates
     rules: list = field(default_factory=list)
@@ -436,7 +436,7 @@ def _aimet_params(ctx, cfg, d, where) -> dict:
 
 def _parse_aimet(data: dict, source: str) -> QuantConfig:
     ctx = _Ctx(source)
-    cfg = QuantConfig(source=source, format="aimet", scheme="tf_enhanced")
+    cfg = QuantConfig(source=source, format="aimet")
     for k in data:
         if k not in AIMET_REQUIRED:
             cfg.warnings.append(f"{source}: {k}: unknown top-level AIMET key, ignored")

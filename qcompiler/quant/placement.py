@@ -364,17 +364,22 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
     # 4. field notes §6: tensors 8 bits cannot carry (widened to the profile's wide grid, or kept float)
     wide = profile.get("wide_activation_bits")
     for name, spec in plan.values.items():
-        if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None or spec.bits > 8:
+        # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
+        if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
             continue
         st = stats.get(name)
         if not st:
             continue
         absmax = max(abs(st.get("min", 0.0)), abs(st.get("max", 0.0)))
+        headroom = 2.0 ** max(spec.bits - 8, 0)
         if absmax >= SENTINEL_MAGNITUDE:
             spec.float_(f"holds sentinel values of magnitude {absmax:.3g} (an additive mask?): "
-                        f"8 bits cannot carry them together with the rest")
-        elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT:
-            spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: 8 bits would zero the bulk")
+                        f"{spec.bits} bits cannot carry them together with the rest")
+        elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT * headroom:
+            spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: {spec.bits} bits would zero "
+                        f"the bulk")
+        elif spec.bits > 8:
+            pass
         elif st.get("p999_steps", MIN_BULK_STEPS) < MIN_BULK_STEPS * 2 ** (spec.bits - 8) or \
                 (spec.bits == 8 and st.get("sqnr8_db", 99.0) < MIN_SQNR8_DB):
             why = f"an 8-bit grid gives ~{st.get('sqnr8_db', 0):.0f} dB (max|x| {absmax:.3g}"

@@ -181,7 +181,8 @@ def test_integer_index_path_next_to_float_path():
     assert {"emb", "h"} <= quantized_value_names(q)
 
 
-def test_attention_mask_and_softmax_input_stay_float():
+@pytest.mark.parametrize("act_bits", [8, 16])
+def test_attention_mask_and_softmax_input_stay_float(act_bits):
     # scores + (1 - mask) * -3.4e38 -> Softmax: a min/max grid over both zeroes the scores (ORT's minilm
     # failure); the mask product and the masked scores stay float, the Softmax output is quantized [0, 1].
     wq = np.random.default_rng(7).normal(0, 0.5, (8, 8)).astype(np.float32)
@@ -204,11 +205,11 @@ def test_attention_mask_and_softmax_input_stay_float():
         m = np.ones((1, 1, 6), np.int64)
         m[..., rng.integers(3, 6):] = 0
         data.append({"x": rng.normal(0, 1, (1, 6, 8)).astype(np.float32), "mask": m})
-    res = quantize(proto, data)
+    res = quantize(proto, data, act_bits=act_bits)  # a 16-bit grid cannot carry -3.4e38 either
     check_runs_and_sqnr(proto, res, data[:3])
     lf = res.report["left_float"]
     assert "sentinel" in lf["ext"] and "sentinel" in lf["masked"]
-    assert res.encodings["activations"]["p"].scale == pytest.approx(1 / 255)
+    assert res.encodings["activations"]["p"].scale == pytest.approx(1 / (2 ** act_bits - 1))
 
 
 # --- field notes §1: recurrent ops ------------------------------------------------------------------------
