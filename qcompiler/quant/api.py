@@ -27,7 +27,7 @@ from .memory import release
 from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases
 from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, layer_choices, output_errors
 
-PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "canonicalize")
+PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
 PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
 WIDE_INT_OPSET = 21      # int16/int4 QuantizeLinear in the standard domain (anchors B; ORT runs them)
 
