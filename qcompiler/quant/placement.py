@@ -468,6 +468,7 @@ def _drop_needless_quantizers(plan: QuantPlan, g, profile: dict) -> None:
             if not float_kernels or sspec is None or sspec.keep_float or sspec.bits != spec.bits:
                 continue
             if all(getattr(u.user, "op_type", None) in float_kernels or
+                   getattr(u.user, "op_type", None) in SHAPE_READERS or
                    (getattr(u.user, "op_type", None) in share and u.index == 0 and
                     all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
                    for u in users):
