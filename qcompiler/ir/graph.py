@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator, Optional, Sequence, Union
 
-import networkx as nx
 import numpy as np
 import onnx
 
@@ -68,7 +67,7 @@ class Graph:
         self._nodes: dict[Node, None] = {}             # insertion-ordered set
         self._values: dict[str, Value] = {}            # values defined in this graph
         self._by_op: dict[str, dict[Node, None]] = {}
-        self._index: Optional[nx.MultiDiGraph] = None   # built lazily by the `index` property
+        self._index = None   # networkx.MultiDiGraph, built lazily by the `index` property
         # raw pieces kept verbatim for a lossless round trip
         self.sparse_initializers: list = []
         self.quantization_annotation: list = []
@@ -80,15 +79,16 @@ class Graph:
 
     # --- reading ------------------------------------------------------------------------------------------
     @property
-    def index(self) -> nx.MultiDiGraph:
+    def index(self) -> "nx.MultiDiGraph":
         """The networkx index (nodes + SOURCE/SINK, one keyed edge per use); built on first access."""
         if self._index is None:
             self._index = self._build_index()
         return self._index
 
-    def _build_index(self) -> nx.MultiDiGraph:
+    def _build_index(self) -> "nx.MultiDiGraph":
         """Every edge the mutation API would have written for the current uses: node inputs and graph outputs
         of this graph, plus capture edges of this graph's values read from inside bodies."""
+        import networkx as nx  # NOTE: imported on first use: ~0.1 s that a CLI run without index queries saves
         index = nx.MultiDiGraph()
         index.add_node(SOURCE)
         index.add_node(SINK)
@@ -544,25 +544,40 @@ class Graph:
         return copy
 
     # --- order --------------------------------------------------------------------------------------------
+    def _producers_of(self, node: Node):
+        """Nodes of this graph whose outputs `node` reads: directly, or from inside its bodies (captures)."""
+        for v in node.inputs:
+            if v is not None and v.producer is not None and v.producer.graph is self:
+                yield v.producer
+        for sg in node.subgraphs():
+            for inner in sg._nodes:
+                yield from self._producers_of(inner)
+            for v in sg.outputs:
+                if v.producer is not None and v.producer.graph is self:
+                    yield v.producer
+
     def toposort(self) -> bool:
-        """Stable topological sort of the node list (Kahn's algorithm over the index); True if order changed."""
+        """Stable topological sort of the node list (Kahn's algorithm on the use lists); True if order changed.
+
+        NOTE: the same edges as the index (captures included), read from the producers directly so that sorting
+        does not build the networkx index on a graph nobody queried.
+        """
+        import heapq
         order = list(self._nodes)
         pos = {n: i for i, n in enumerate(order)}
-        indeg = {n: 0 for n in order}
-        for u, v in self.index.edges():
-            if v is SINK or u is SOURCE or u is v:
-                continue
-            indeg[v] += 1
-        import heapq
+        indeg = dict.fromkeys(order, 0)
+        succ: dict = {}
+        for n in order:
+            for p in self._producers_of(n):
+                indeg[n] += 1
+                succ.setdefault(p, []).append(n)
         ready = [pos[n] for n in order if indeg[n] == 0]
         heapq.heapify(ready)
         out = []
         while ready:
             n = order[heapq.heappop(ready)]
             out.append(n)
-            for _, m in self.index.out_edges(n):
-                if m is SINK or m is n:
-                    continue
+            for m in succ.get(n, ()):
                 indeg[m] -= 1
                 if indeg[m] == 0:
                     heapq.heappush(ready, pos[m])

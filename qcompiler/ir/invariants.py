@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import networkx as nx
 
 from ..errors import InvariantError
 from .graph import SINK, SOURCE, Graph
@@ -111,6 +110,7 @@ def _compare_edges(g: Graph, expected_edges: Counter, out: list) -> None:
                    f"extra {[k for *_, k in list(extra)[:3]]})")
     if set(g.index.nodes) != set(g._nodes) | {SOURCE, SINK}:
         out.append(f"{where}: index vertices differ from the node list")
+    import networkx as nx
     if not nx.is_directed_acyclic_graph(g.index):
         out.append(f"{where}: the graph has a cycle")
 

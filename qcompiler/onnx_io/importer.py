@@ -248,12 +248,15 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             p = v.producer
             if p is not None and p.graph is g and position[p] >= here:
                 forward_ref = True
-    if forward_ref:  # not topologically sorted: sort (which names the nodes of a cycle, if any)
-        g.toposort()
+    bodies = False
     for n, _, has_graph, _ in nodes:
         if has_graph:
+            bodies = True
             for sg in n.subgraphs():
                 _link_subgraph(sg, n, ctx, scope + [local])
+    # not topologically sorted, or bodies that may capture a value defined later: sort (a cycle is named)
+    if forward_ref or bodies:
+        g.toposort()
     for vi in gp.output:
         v = _lookup(vi.name, local, scope)
         if v is None:

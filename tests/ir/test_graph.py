@@ -94,3 +94,21 @@ def test_subgraph_capture_edges():
     onnx.checker.check_model(out)
     res = run(out, {"x0": np.array([1, -1], np.float32), "y": np.array([1, 1], np.float32), "c": np.array(True)})
     assert np.allclose(res[0], [2, 1])
+
+
+def test_self_loop_is_a_cycle():
+    from qcompiler.errors import InvalidModelError
+    nodes = [helper.make_node("Add", ["x", "a"], ["a"], name="selfloop"),
+             helper.make_node("Relu", ["a"], ["y"], name="r")]
+    with pytest.raises(InvalidModelError, match="cycle.*selfloop"):
+        model_from_proto(make_model(nodes, [tinfo("x", [2])], [tinfo("y", [2])]))
+
+
+def test_toposort_orders_captures_before_the_body_owner():
+    then_g = helper.make_graph([helper.make_node("Neg", ["late"], ["t"], name="neg_in_then")], "then", [], [tinfo("t", [2])])
+    else_g = helper.make_graph([helper.make_node("Abs", ["late"], ["e"], name="abs_in_else")], "else", [], [tinfo("e", [2])])
+    nodes = [helper.make_node("If", ["c"], ["o"], then_branch=then_g, else_branch=else_g, name="if"),
+             helper.make_node("Relu", ["x"], ["late"], name="relu_defined_after")]
+    m = model_from_proto(make_model(nodes, [tinfo("x", [2]), tinfo("c", [], TensorProto.BOOL)], [tinfo("o", [2])]))
+    assert [n.name for n in m.graph] == ["relu_defined_after", "if"]  # sorted on import
+    verify(m.graph)
