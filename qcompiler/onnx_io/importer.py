@@ -21,6 +21,7 @@ from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
 
 EXTERNAL = onnx.TensorProto.EXTERNAL
+_GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
 def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> Model:
@@ -162,10 +163,12 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if meta:
             n.metadata_props = meta
         has_graph = False
-        for a in attributes:
-            if a.type in (AT.GRAPH, AT.GRAPHS):
-                has_graph = True
-                break
+        # NOTE: in the default domain only these ops hold graphs; other nodes skip the per-attribute type reads
+        if attributes and (op_type in _GRAPH_OPS or (domain and domain != "ai.onnx")):
+            for a in attributes:
+                if a.type in (AT.GRAPH, AT.GRAPHS):
+                    has_graph = True
+                    break
         n._attrs = {} if has_graph else None
         n._attr_protos = attributes if attributes else []
         if cut is None:
