@@ -63,7 +63,9 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     from .onnx_io import load_model, save_model
     from .passmanager import PassManager
     from .passmanager.instrumentation import DumpONNX, PrintIR, Statistics, Timing, Verifier
+    from .onnx_io.files import check_output_paths
     pm = PassManager(pipeline)  # unknown pass names fail before the model is read
+    check_output_paths({"-o": output}, (model_path, verify_inputs))
     model = load_model(model_path)
     timing, statistics, verifier = Timing(), Statistics(), None
     if verify_each:

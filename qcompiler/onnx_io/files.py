@@ -68,6 +68,27 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
 
 
+def check_output_paths(outputs: dict, inputs: tuple) -> None:
+    """Refuse, before any work, outputs that would overwrite an input file, collide, or go to a missing folder.
+
+    `outputs` maps an option name (e.g. "-o", "--encodings") to a path or None.
+    """
+    seen: dict = {}
+    for opt, path in outputs.items():
+        if not path:
+            continue
+        for p in inputs:
+            if p and (_same_file(p, path) or os.path.abspath(p) == os.path.abspath(path)):
+                raise QCompilerError(f"{path}: {opt} would overwrite the input file '{p}'; choose another path")
+        key = os.path.abspath(path)
+        if key in seen:
+            raise QCompilerError(f"{path}: given for both {seen[key]} and {opt}")
+        seen[key] = opt
+        folder = os.path.dirname(key) or "."
+        if not os.path.isdir(folder):
+            raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
+
+
 def save_model(model: Model, path: str, external_data: "bool | None" = None, protect: tuple = ()) -> None:
     """Write `model` to `path` atomically; tensors go to `<file>.data` when over 2 GB or when asked.
 

@@ -33,17 +33,20 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                  block_size, encodings_path, encodings_version, load_encodings, report_path, limit):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."""
     from ..onnx_io import save_model, write_atomic
+    from ..onnx_io.files import check_output_paths
     from .api import quantize
     from .report import format_summary
+    inputs = (model_path, calib, config_path, load_encodings)
+    check_output_paths({"-o": output, "--encodings": encodings_path, "--report": report_path}, inputs)
     res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
                    weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
                    limit=limit, weight_block=block_size)
-    save_model(res.model, output, protect=(model_path, calib))
+    save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version)
     if report_path:
         write_atomic(report_path, json.dumps(res.report, indent=1, default=_plain) + "\n",
-                     protect=(model_path, calib, output))
+                     protect=inputs)
     click.echo(format_summary(res.report))
     click.echo(f"wrote {output}")
 

@@ -71,7 +71,7 @@ def test_bad_inputs_one_line_exit_2(tiny, tmp_path):
     # an input file is never overwritten
     src = tmp_path / "in.onnx"
     src.write_bytes(data)
-    assert_one_line_error(qc("run", str(src), "-o", str(src), "--pipeline", "canonicalize"), "refusing to overwrite")
+    assert_one_line_error(qc("run", str(src), "-o", str(src), "--pipeline", "canonicalize"), "would overwrite the input file")
     assert src.read_bytes() == data
 
 
@@ -89,3 +89,30 @@ def test_cycle_and_dangling_input(tmp_path):
     p = tmp_path / "dangling.onnx"
     onnx.save(dang, str(p))
     assert_one_line_error(qc("inspect", str(p)), "add0", "ghost")
+
+
+def test_quantize_refuses_to_overwrite_any_input_before_working(tiny, tmp_path):
+    model, calib = str(tiny / "tiny_cnn.onnx"), str(tiny / "tiny_cnn_calib.npz")
+    before = (open(model, "rb").read(), open(calib, "rb").read())
+    out = str(tmp_path / "q.onnx")
+    assert_one_line_error(qc("quantize", model, "--calib", calib, "-o", out, "--encodings", model),
+                          "--encodings would overwrite the input file")
+    assert_one_line_error(qc("quantize", model, "--calib", calib, "-o", out, "--report", calib),
+                          "--report would overwrite the input file")
+    assert_one_line_error(qc("quantize", model, "--calib", calib, "-o", out, "--report", out), "given for both")
+    assert (open(model, "rb").read(), open(calib, "rb").read()) == before
+    assert not os.path.exists(out)
+
+
+def test_quantize_end_to_end(tiny, tmp_path):
+    out, enc, rep = (str(tmp_path / n) for n in ("q.onnx", "enc.json", "report.json"))
+    r = qc("quantize", str(tiny / "tiny_cnn.onnx"), "--calib", str(tiny / "tiny_cnn_calib.npz"), "-o", out,
+           "--encodings", enc, "--encodings-version", "2.0.0", "--report", rep)
+    assert r.returncode == 0, r.stderr
+    assert "SQNR" in r.stdout and "Traceback" not in r.stderr and "%|" not in r.stderr  # no progress bar off a TTY
+    report = json.load(open(rep))
+    assert report["output_sqnr_db"]["logits"] >= 30
+    assert json.load(open(enc))["version"] == "2.0.0"
+    import onnxruntime as ort
+    x = np.load(str(tiny / "tiny_cnn_calib.npz"))["image"][0]
+    ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"image": x})
