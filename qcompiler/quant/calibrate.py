@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import Callable, Dict, Optional
+from typing import Dict, Optional
 
 import numpy as np
-import onnx
 
 from ..errors import DataError
-from ..onnx_io import model_to_proto
 from .encoding import Encoding, compute_encoding
 from .observers import finite_flat, make_observer, weight_range
 from .plan import QuantPlan
@@ -125,18 +123,6 @@ def candidate_names(model) -> list:
             continue
         names.extend(v.name for v in n.outputs if v is not None)
     return names
-
-
-def calibration_proto(model, names) -> onnx.ModelProto:
-    """A copy of the model whose outputs also list `names` (name-only ValueInfos: onnxruntime infers types)."""
-    proto = model_to_proto(model)
-    present = {o.name for o in proto.graph.output}
-    inputs = {i.name for i in proto.graph.input}
-    for name in names:
-        if name not in present and name not in inputs:
-            proto.graph.output.append(onnx.ValueInfoProto(name=name))
-            present.add(name)
-    return proto
 
 
 def make_session(model, opt_level=None, threads: int = 1, extra_outputs=()):
