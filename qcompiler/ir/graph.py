@@ -17,7 +17,7 @@ protobuf parse (benchmarks/bench_ir.py).
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Optional, Sequence, Union
+from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import numpy as np
 import onnx

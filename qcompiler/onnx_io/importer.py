@@ -6,7 +6,6 @@ Bodies of If/Loop/Scan become nested Graphs that resolve outer names through the
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import onnx
