@@ -19,7 +19,7 @@ import numpy as np
 from qcompiler.ir import Graph, Node
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
-from .scale_folding import _drop_if_dead, apply_plan, plan_producer_fold
+from .scale_folding import apply_plan, plan_producer_fold
 
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add")
 
@@ -82,8 +82,7 @@ def fold_one(g: Graph, bn: Node) -> Optional[str]:
         new.type = y.type  # the graph output keeps its declared type
     g.replace_all_uses(y, new, include_graph_outputs=True)
     g.remove_node(bn)
-    for v in params:
-        _drop_if_dead(v)
+    g.drop_if_unused(params)
     if was_output:
         g.rename_value(new, name)
     return None

@@ -333,17 +333,6 @@ def _plan_add(plan, p, scale, shift, axis, rank, protected):
 
 
 # --- writing ----------------------------------------------------------------------------------------------
-def _drop_if_dead(v: Optional[Value]) -> None:
-    """Remove a constant this rewrite orphaned (an unused initializer or Constant node)."""
-    if v is None or v.uses():
-        return
-    g = v.graph
-    if v.producer is not None and v.producer.op_type == "Constant":
-        g.remove_node(v.producer)
-    elif v.tensor is not None and not v.is_input and g.initializers.get(v.name) is v:
-        g.remove_initializer(v)
-
-
 def write_constant_input(node: Node, index: int, array: np.ndarray, hint: str = "") -> Value:
     """Make input `index` of `node` hold `array` without touching what any other reader sees.
 
@@ -360,7 +349,7 @@ def write_constant_input(node: Node, index: int, array: np.ndarray, hint: str = 
         for i, v in enumerate(node.inputs):
             if v is old:
                 g.set_input(node, i, new)
-        _drop_if_dead(old)
+        g.drop_if_unused([old])
     elif index < len(node.inputs):
         g.set_input(node, index, new)
     else:
@@ -550,6 +539,6 @@ class FoldScaleMul(Pass):
         name = y.name
         g.replace_all_uses(y, x, include_graph_outputs=True)
         g.remove_node(mul)
-        _drop_if_dead(cv)
+        g.drop_if_unused([cv])
         if was_output and x.graph is g and not x.is_input and x.tensor is None:
             g.rename_value(x, name)

@@ -190,7 +190,7 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             g.set_input(node, slot, dq.outputs[0])
         pname = v.name if v.name not in params else dq.outputs[0].name
         params[pname] = enc
-        _drop_if_unused(g, v)
+        g.drop_if_unused([v])
 
     # 2. biases (int32, scale = s_in * s_w)
     for (node_name, slot), (ein, ew) in bias_inputs.items():
@@ -223,7 +223,7 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
                         before=node)
         g.set_input(node, slot, dq.outputs[0])
         params[v.name if v.name not in params else dq.outputs[0].name] = enc
-        _drop_if_unused(g, v)
+        g.drop_if_unused([v])
 
     # 3. activations at producers (one Q/DQ per value, every use reads the DQ)
     for name, spec in list(plan.values.items()):
@@ -243,15 +243,6 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             acts[f"{node.inputs[slot].name}"] = spec.encoding
     g.toposort()
     return acts, params
-
-
-def _drop_if_unused(g, v) -> None:
-    if v.uses():
-        return
-    if v.tensor is not None and not v.is_input and v.name in g.initializers:
-        g.remove_initializer(v)
-    elif v.producer is not None and v.producer.op_type == "Constant" and v.producer.graph is g:
-        g.remove_node(v.producer)
 
 
 # --------------------------------------------------------------------------- bias correction
