@@ -233,7 +233,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     release()
     timings["report_sqnr"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start
-    report = build_report(plan, acts, params, {}, cal, timings, target, scheme, notes, errors=errors,
+    report = build_report(plan, acts, params, cal, timings, target, scheme, notes, errors=errors,
                           layers=layers)
     report["prefolded_params"] = prefolded
     report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,

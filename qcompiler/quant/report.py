@@ -112,21 +112,12 @@ def _output_errors(sess, kept: list) -> Dict[str, OutputError]:
     return errs
 
 
-def output_sqnr(quant_model, kept: list) -> Dict[str, float]:
-    """Per graph output, SQNR (dB) of the quantized model (IR or ModelProto) against the kept float outputs."""
-    return {n: e.sqnr_db() for n, e in output_errors(quant_model, kept).items()}
-
-
-def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encoding], sqnr: Dict[str, float],
-                 calib, timings: dict, target: str, scheme: str, notes=(), errors=None, layers=None) -> dict:
+def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encoding], calib, timings: dict,
+                 target: str, scheme: str, notes=(), errors=None, layers=None) -> dict:
     """The report dict (JSON-serialisable). `errors`: output_errors() (SQNR and max abs error per output);
     `layers`: per-node precision choices (mixed precision, field notes §5)."""
-    if errors is not None:
-        sqnr = {n: e.sqnr_db() for n, e in errors.items()}
-    floats = {}
-    for name, spec in plan.values.items():
-        if spec.keep_float:
-            floats[name] = spec.reason
+    sqnr = {n: e.sqnr_db() for n, e in (errors or {}).items()}
+    floats = plan.float_values()
     for (node, slot), spec in plan.uses.items():
         if spec.keep_float and spec.kind in ("weight", "bias"):
             floats[f"{node}:input{slot}"] = f"{spec.kind}: {spec.reason}"
