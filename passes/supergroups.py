@@ -70,17 +70,6 @@ def supergroups_in(graph) -> dict:
     return out
 
 
-def supergroups_of(model) -> dict:
-    """{supergroup id: [nodes]} as annotated (all graphs)."""
-    out: dict = {}
-    for g in model.graphs():
-        for node in g:
-            sg = node.meta.get("supergroup") if node.meta else None
-            if sg:
-                out.setdefault(sg, []).append(node)
-    return out
-
-
 @register_pass
 class AnnotateSupergroups(Pass):
     name = "annotate-supergroups"
