@@ -111,27 +111,21 @@ def _weight_bytes(model) -> int:
     return sum(v.tensor.nbytes for v in model.graph.initializers.values())
 
 
+def _config_updates(cfg) -> list:
+    """Every settings dict of a config: its defaults, its per-op-type entries and its rules' updates."""
+    if cfg is None:
+        return []
+    return [vars(cfg.defaults)] + list(cfg.op_type.values()) + [r.updates for r in cfg.rules]
+
+
 def _config_blocks(cfg) -> bool:
     """Does any config setting ask for per-block weights (DequantizeLinear block_size: opset 21)?"""
-    if cfg is None:
-        return False
-    ups = [vars(cfg.defaults)] + list(cfg.op_type.values()) + [r.updates for r in cfg.rules]
-    return any(u.get("weight_block") for u in ups)
+    return any(u.get("weight_block") for u in _config_updates(cfg))
 
 
 def _config_bits(cfg) -> set:
-    bits = set()
-    if cfg is None:
-        return bits
-    for s in [cfg.defaults] + [type("U", (), u)() for u in cfg.op_type.values()]:
-        for k in ("act_bits", "weight_bits"):
-            if hasattr(s, k):
-                bits.add(int(getattr(s, k)))
-    for r in cfg.rules:
-        for k in ("act_bits", "weight_bits"):
-            if k in r.updates:
-                bits.add(int(r.updates[k]))
-    return bits
+    """Every activation or weight bit width a config setting asks for."""
+    return {int(u[k]) for u in _config_updates(cfg) for k in ("act_bits", "weight_bits") if k in u}
 
 
 def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
