@@ -89,17 +89,23 @@ def check_output_paths(outputs: dict, inputs: tuple) -> None:
             raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
 
 
+def _output_folder(path: str, protect: tuple, what: str) -> str:
+    """The existing folder `path` will be written in; refuses a path that is one of the `protect` files."""
+    for p in protect:
+        if p and _same_file(p, path):
+            raise QCompilerError(f"{path}: refusing to overwrite {what}; choose another output path")
+    folder = os.path.dirname(os.path.abspath(path)) or "."
+    if not os.path.isdir(folder):
+        raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
+    return folder
+
+
 def save_model(model: Model, path: str, external_data: "bool | None" = None, protect: tuple = ()) -> None:
     """Write `model` to `path` atomically; tensors go to `<file>.data` when over 2 GB or when asked.
 
     `protect` lists input files that must never be overwritten (the CLI passes the model it read).
     """
-    for p in protect:
-        if p and _same_file(p, path):
-            raise QCompilerError(f"{path}: refusing to overwrite the input model; choose another output path")
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(folder):
-        raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
+    folder = _output_folder(path, protect, "the input model")
     # NOTE: protobuf cannot serialize a message over 2 GB; keep 1/32 of that for the graph itself
     use_external = external_data if external_data is not None else \
         _total_tensor_bytes(model) > TWO_GB - TWO_GB // 32
@@ -133,12 +139,7 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
 
 def write_atomic(path: str, data: "bytes | str", protect: tuple = ()) -> None:
     """Write a small output file (JSON, report) atomically, never over an input file."""
-    for p in protect:
-        if p and _same_file(p, path):
-            raise QCompilerError(f"{path}: refusing to overwrite an input file; choose another output path")
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(folder):
-        raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
+    folder = _output_folder(path, protect, "an input file")
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as f:
