@@ -136,16 +136,20 @@ def _no_duplicates(pairs):
     return out
 
 
-def load_json_strict(path: str, what: str = "config"):
-    """Parse JSON rejecting duplicate keys (json keeps the last one silently); errors name the file."""
+def _read_text(path: str, what: str) -> str:
+    """The file's UTF-8 text; errors name the file and what it was meant to hold."""
     try:
         with open(path, "rb") as f:
-            text = f.read().decode("utf-8")
+            return f.read().decode("utf-8")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: {what} is not UTF-8 text") from None
-    return parse_json_strict(text, path)
+
+
+def load_json_strict(path: str, what: str = "config"):
+    """Parse JSON rejecting duplicate keys (json keeps the last one silently); errors name the file."""
+    return parse_json_strict(_read_text(path, what), path)
 
 
 def parse_json_strict(text: str, path: str):
@@ -190,13 +194,7 @@ def _parse_yaml(text: str, path: str):
 
 def load_config(path: str) -> QuantConfig:
     """Read a config file (JSON or YAML), detect its format (AIMET has the six required keys) and parse it."""
-    try:
-        with open(path, "rb") as f:
-            text = f.read().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read config ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: config is not UTF-8 text") from None
+    text = _read_text(path, "config")
     if path.lower().endswith(".json") or text.lstrip().startswith("{"):
         data = parse_json_strict(text, path)
     else:
