@@ -156,7 +156,7 @@ def _mark_bias_adds(plan: QuantPlan, g, profile: dict) -> None:
             continue
         v = n.outputs[0]
         users = v.uses()
-        if len(users) != 1 or v.is_output_of_any_graph() or not hasattr(users[0].user, "op_type"):
+        if len(users) != 1 or v.is_output_of_any_graph():
             continue
         add = users[0].user
         if add.op_type != "Add" or len(add.inputs) != 2:

@@ -41,7 +41,7 @@ def _feeds_8bit_q(node, through) -> bool:
     v = node.outputs[0] if node.outputs else None
     while v is not None:
         users = v.uses()
-        if len(users) != 1 or not hasattr(users[0].user, "op_type"):
+        if len(users) != 1 or users[0].is_graph_output:
             return False
         user = users[0].user
         if user.op_type == "QuantizeLinear":
@@ -116,7 +116,7 @@ def prefold_unfused_param_dq(model, profile: dict) -> Dict[str, str]:
         out = dq.outputs[0]
         unfused = []
         for use in out.uses():
-            if not hasattr(use.user, "op_type"):
+            if use.is_graph_output:
                 continue            # a graph output keeps its DQ
             reason = unfused_reason(use.user, profile)
             if reason is not None and not _runtime_requantizes(use.user, profile):
