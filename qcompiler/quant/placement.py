@@ -433,12 +433,15 @@ def _shape_only(v, share: set, memo: dict) -> bool:
     if id(v) not in memo:
         memo[id(v)] = False           # cycles (none in a DAG) answer False
         users = v.uses()
-        memo[id(v)] = bool(users) and all(
-            getattr(u.user, "op_type", None) in SHAPE_READERS or
-            (getattr(u.user, "op_type", None) in share and u.index == 0 and
-             all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
-            for u in users)
+        memo[id(v)] = bool(users) and all(_use_shape_only(u, share, memo) for u in users)
     return memo[id(v)]
+
+
+def _use_shape_only(u, share: set, memo: dict) -> bool:
+    """Does this use read only the shape: a Shape/Size, or data movement whose outputs are `_shape_only`?"""
+    op = getattr(u.user, "op_type", None)
+    return op in SHAPE_READERS or (op in share and u.index == 0 and
+                                   all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
 
 
 def _drop_needless_quantizers(plan: QuantPlan, g, profile: dict) -> None:
@@ -467,10 +470,7 @@ def _drop_needless_quantizers(plan: QuantPlan, g, profile: dict) -> None:
             sspec = plan.spec(src.name) if src is not None else None
             if not float_kernels or sspec is None or sspec.keep_float or sspec.bits != spec.bits:
                 continue
-            if all(getattr(u.user, "op_type", None) in float_kernels or
-                   getattr(u.user, "op_type", None) in SHAPE_READERS or
-                   (getattr(u.user, "op_type", None) in share and u.index == 0 and
-                    all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
+            if all(getattr(u.user, "op_type", None) in float_kernels or _use_shape_only(u, share, memo)
                    for u in users):
                 spec.float_(f"{n.op_type} output: values already on the grid of '{src.name}', read only by "
                             f"ops without integer kernels (profile float_kernel_ops): no second quantizer")
