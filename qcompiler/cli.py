@@ -71,9 +71,8 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     if verify_each:
         feeds = None
         if verify_inputs:
-            from .quant.data import load_samples
-            inputs = {v.name: (v.dtype, v.shape) for v in model.graph.inputs if v.tensor is None}
-            feeds = next(iter(load_samples(verify_inputs, _np_inputs(inputs))))
+            from .quant.data import input_specs, load_samples
+            feeds = next(iter(load_samples(verify_inputs, input_specs(model.graph))))
         verifier = Verifier(feeds=feeds)
         pm.add_instrumentation(verifier)
     if time_passes:
@@ -94,11 +93,6 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     if stats:
         click.echo(statistics.report(), err=True)
     click.echo(f"wrote {output}", err=True)
-
-
-def _np_inputs(inputs: dict) -> dict:
-    import onnx
-    return {k: (onnx.helper.tensor_dtype_to_np_dtype(dt) if dt else None, shape) for k, (dt, shape) in inputs.items()}
 
 
 @main.command("list-passes")
