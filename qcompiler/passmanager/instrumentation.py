@@ -149,8 +149,8 @@ class Verifier(Instrumentation):
         if self.numeric and p.preserves_semantics and not self._unrunnable:
             self._before = self._last if self._last is not None else self._outputs(model)
 
-    def _outputs(self, model):
-        proto = model_to_proto(model)
+    def _outputs(self, model, proto=None):
+        proto = proto if proto is not None else model_to_proto(model)
         if self.feeds is None:
             self.feeds = random_feeds(proto)
         try:
@@ -162,20 +162,25 @@ class Verifier(Instrumentation):
             return None
 
     def _check_structure(self, p, model):
+        """Raise on broken IR invariants (and, after a pass, on onnx.checker errors); returns the exported
+        proto when the checker ran, so the numerical check need not export the model a second time."""
         where = f"after pass '{p.name}'" if p is not None else "on the input model"
         found = problems(model.graph)
         if found:
             raise PassError(f"IR invariants violated {where}: " + "; ".join(found[:5]))
-        if self.checker:
-            try:
-                onnx.checker.check_model(model_to_proto(model))
-            except onnx.checker.ValidationError as e:
-                if p is not None:
-                    raise PassError(f"onnx.checker fails {where}: {str(e).splitlines()[0]}") from None
-                self.log.append(f"onnx.checker fails on the input model: {str(e).splitlines()[0]}")
+        if not self.checker:
+            return None
+        proto = model_to_proto(model)
+        try:
+            onnx.checker.check_model(proto)
+        except onnx.checker.ValidationError as e:
+            if p is not None:
+                raise PassError(f"onnx.checker fails {where}: {str(e).splitlines()[0]}") from None
+            self.log.append(f"onnx.checker fails on the input model: {str(e).splitlines()[0]}")
+        return proto
 
     def after_pass(self, p, model, result):
-        self._check_structure(p, model)
+        proto = self._check_structure(p, model)
         if not result.modified:
             self.log.append(f"{p.name}: unchanged")
             return
@@ -184,7 +189,7 @@ class Verifier(Instrumentation):
             self.log.append(f"{p.name}: structure verified (no numerical check: "
                             f"{'pass changes semantics' if not p.preserves_semantics else 'onnxruntime cannot run the model'})")
             return
-        after = self._outputs(model)
+        after = self._outputs(model, proto)
         self._last = after
         if after is None:
             raise VerificationError(f"after pass '{p.name}': onnxruntime can no longer run the model")
