@@ -9,16 +9,6 @@ import numpy as np
 from .encoding import Encoding
 
 
-def sqnr_db(ref, got) -> float:
-    """10·log10(Σref² / Σ(ref-got)²); inf when identical."""
-    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    noise = float(np.sum((ref - got) ** 2))
-    if noise == 0.0:
-        return float("inf")
-    signal = float(np.sum(ref ** 2))
-    return float(10 * np.log10(signal / noise)) if signal > 0 else float("-inf")
-
-
 def encoding_summary(enc: Encoding) -> dict:
     """A JSON-friendly view of an encoding (scalars per tensor, lists per channel)."""
     def plain(a):
