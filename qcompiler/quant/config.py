@@ -394,10 +394,6 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
 
 
 # --- AIMET format ----------------------------------------------------------------------------------------
-_AIMET_OP_KEYS = ("is_input_quantized", "is_output_quantized", "is_symmetric", "per_channel_quantization",
-                  "params", "encoding_constraints", "supported_kernels")
-
-
 def _aimet_flags(ctx, cfg, d: dict, where: str, mapping: dict) -> dict:
     out = {}
     for k, v in d.items():
