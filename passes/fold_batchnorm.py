@@ -19,7 +19,7 @@ import numpy as np
 from qcompiler.ir import Graph, Node
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
-from .scale_folding import apply_plan, plan_producer_fold
+from .scale_folding import _rank, apply_plan, plan_producer_fold
 
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add")
 
@@ -71,7 +71,7 @@ def fold_one(g: Graph, bn: Node) -> Optional[str]:
         return reason
     s, t = st
     x, y = bn.inputs[0], bn.outputs[0]
-    rank = next((len(v.shape) for v in (x, y) if v.shape is not None), None)
+    rank = _rank(x, y)
     plan, reason = plan_producer_fold(x, s, t, axis=1, rank=rank)
     if plan is None:
         return f"{bn.name}: {reason}"
