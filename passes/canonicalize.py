@@ -22,17 +22,9 @@ def remove_identities(g: Graph) -> int:
             # NOTE: the output keeps its name, so x must be free to take it over.
             if not y.is_graph_output() or any(u.is_graph_output and u.user is not g for u in y.uses()):
                 continue
-            if x.graph is not g or x.producer is None or x.is_output_of_any_graph():
+            if not g.can_take_name(x):
                 continue
-            g.replace_all_uses(y, x, include_graph_outputs=True)
-            name, typ = y.name, y.type
-            g.remove_node(node)
-            g.rename_value(x, name)
-            if typ is not None:
-                x.type = typ
-        else:
-            g.replace_all_uses(y, x)
-            g.remove_node(node)
+        g.substitute(y, x, remove=[node])
         removed += 1
     return removed
 

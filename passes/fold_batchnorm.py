@@ -76,15 +76,7 @@ def fold_one(g: Graph, bn: Node) -> Optional[str]:
     if plan is None:
         return f"{bn.name}: {reason}"
     new = apply_plan(plan)
-    params = list(bn.inputs[1:])
-    was_output, name = y.is_output_of_any_graph(), y.name
-    if new.type is None:
-        new.type = y.type  # the graph output keeps its declared type
-    g.replace_all_uses(y, new, include_graph_outputs=True)
-    g.remove_node(bn)
-    g.drop_if_unused(params)
-    if was_output:
-        g.rename_value(new, name)
+    g.substitute(y, new, remove=[bn])  # BN parameters nothing else reads go with it
     return None
 
 

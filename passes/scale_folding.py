@@ -534,11 +534,4 @@ class FoldScaleMul(Pass):
 
     @staticmethod
     def _bypass(g: Graph, mul: Node, x: Value, y: Value) -> None:
-        cv = mul.inputs[_const_operand(mul)[0]]
-        was_output = y.is_output_of_any_graph()
-        name = y.name
-        g.replace_all_uses(y, x, include_graph_outputs=True)
-        g.remove_node(mul)
-        g.drop_if_unused([cv])
-        if was_output and x.graph is g and not x.is_input and x.tensor is None:
-            g.rename_value(x, name)
+        g.substitute(y, x, remove=[mul])

@@ -39,13 +39,8 @@ class SimplifyShapeOf(Pass):
                 idx = g.add_constant(np.asarray(perm, np.int64), shape.name + "_perm")
                 gather = g.add_node("Gather", [new_shape.outputs[0], idx], [shape.outputs[0].name + "_permuted"],
                                     {"axis": 0}, name=shape.name + "_permute", before=shape)
-                out = shape.outputs[0]
-                gather.outputs[0].type = out.type
-                keep = out.is_graph_output()
-                g.replace_all_uses(out, gather.outputs[0], include_graph_outputs=True)
-                g.remove_node(shape)
-                if keep:
-                    g.rename_value(gather.outputs[0], out.name)
+                gather.outputs[0].type = shape.outputs[0].type
+                g.substitute(shape.outputs[0], gather.outputs[0], remove=[shape])
                 rewritten += 1
                 if not any(v is not None and v.uses() for v in t.outputs):
                     g.remove_node(t)

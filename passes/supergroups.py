@@ -90,16 +90,9 @@ def _replace_match(g, match, op_type, inputs, attrs, name):
     out = match.outputs[0]
     anchor = match.root
     node = g.add_node(op_type, inputs, [out.name + "_fused"], attrs, name=name, before=anchor)
-    new = node.outputs[0]
-    new.type = out.type
-    keep_name = out.is_graph_output()
-    g.replace_all_uses(out, new, include_graph_outputs=True)
-    read = [v for n in match.nodes for v in n.inputs]
-    for n in reversed(match.nodes):
-        g.remove_node(n)
-    if keep_name:
-        g.rename_value(new, out.name)
-    g.drop_if_unused(read)  # the structure's own constants (epsilon, 0.5, ...) if nothing else reads them
+    node.outputs[0].type = out.type
+    # the structure's own constants (epsilon, 0.5, ...) go too if nothing else reads them
+    g.substitute(out, node.outputs[0], remove=list(reversed(match.nodes)))
     return node
 
 

@@ -17,7 +17,10 @@ protobuf parse (benchmarks/bench_ir.py).
 """
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence, Union
+
+if TYPE_CHECKING:  # pragma: no cover
+    import networkx as nx
 
 import numpy as np
 import onnx
@@ -395,6 +398,37 @@ class Graph:
         for pos, v in enumerate(self.outputs):
             if not self.is_ancestor_of(v.graph):
                 self._remove_use(v, Usage(self, pos))
+
+    def can_take_name(self, value: Value) -> bool:
+        """Can `value` be renamed to stand in for a graph output (a node output of this graph, not itself an
+        input, initializer or output)?"""
+        return value.graph is self and value.producer is not None and not value.is_output_of_any_graph()
+
+    def substitute(self, old: Value, new: Value, remove: Sequence[Node] = ()) -> None:
+        """Let `new` stand for `old`: every use of `old` (node inputs in any body, graph outputs) moves to `new`,
+        the nodes in `remove` (now dead: `old`'s producer and whatever else the rewrite replaced) go, with the
+        constants only they read; if `old` was a graph output, `new` takes over its name and declared type.
+
+        NOTE: this is the one place that keeps a model's interface when a rewrite replaces an output's producer;
+        passes call it instead of juggling replace/remove/rename themselves. `old`'s producer must be in `remove`
+        when `old` is a graph output, so its name is free for `new`.
+        """
+        keep = old.is_output_of_any_graph()
+        if keep and not self.can_take_name(new):
+            raise ValueError(f"'{new.name}' cannot take over graph output '{old.name}' (it is an input, initializer "
+                             f"or output itself, or lives in another graph)")
+        if keep and old.producer not in remove:
+            raise ValueError(f"graph output '{old.name}' keeps its name only if its producer is removed")
+        name, typ = old.name, old.type
+        read = [v for n in remove for v in n.inputs]
+        self.replace_all_uses(old, new, include_graph_outputs=True)
+        for n in remove:
+            n.graph.remove_node(n)
+        self.drop_if_unused(read)
+        if keep:
+            self.rename_value(new, name)
+            if typ is not None:
+                new.type = typ
 
     def drop_if_unused(self, values: Iterable[Optional[Value]]) -> int:
         """Remove those of `values` that are constants (initializers or Constant-node outputs) left without uses.

@@ -112,3 +112,21 @@ def test_toposort_orders_captures_before_the_body_owner():
     m = model_from_proto(make_model(nodes, [tinfo("x", [2]), tinfo("c", [], TensorProto.BOOL)], [tinfo("o", [2])]))
     assert [n.name for n in m.graph] == ["relu_defined_after", "if"]  # sorted on import
     verify(m.graph)
+
+
+def test_substitute_keeps_graph_output_name_and_type():
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Neg", ["r"], ["y"], name="neg")]
+    m = model_from_proto(make_model(nodes, [tinfo("x", [2, 3])], [tinfo("y", [2, 3])]))
+    g = m.graph
+    neg = g.nodes_by_op("Neg")[0]
+    abs_ = g.add_node("Abs", [g.value("r")], ["a"], after=neg)
+    g.substitute(g.value("y"), abs_.outputs[0], remove=[neg])
+    verify(g)
+    assert [v.name for v in g.outputs] == ["y"] and g.outputs[0] is abs_.outputs[0]
+    assert g.outputs[0].shape == (2, 3)
+    x = np.array([[-1, 2, -3], [4, -5, 6]], np.float32)
+    assert np.array_equal(run(m, {"x": x})[0], np.abs(np.maximum(x, 0)))
+    with pytest.raises(ValueError, match="cannot take over graph output"):
+        g.substitute(g.value("y"), g.value("x"), remove=[abs_])  # a graph input cannot be renamed
+    verify(g)
