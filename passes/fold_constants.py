@@ -8,7 +8,6 @@ not here: folding a node whose inputs are all constant is always exact.
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper
 
 from qcompiler.passmanager import Pass, PassResult, register_pass

@@ -175,7 +175,6 @@ def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None
     g = model.graph
     plan = QuantPlan(profile)
     _mark_supergroups(plan, g, profile, opts)
-    not_q = set(profile.get("float_output_ops", ()))
     share = set(profile.get("shares_input_encoding", ()))
     skip = set(plan.interior)
     for n in g.nodes:

@@ -6,7 +6,7 @@ two outputs named `hidden_output` and `hidden_output_1` can never collide (field
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .encoding import Encoding

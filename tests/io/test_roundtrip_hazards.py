@@ -353,7 +353,7 @@ def test_inner_identity_removed_and_dead_nodes_dropped():
 
 # --- §4 shared constants ---------------------------------------------------------------------------------------
 def test_shared_scalar_constant_stays_shared_through_the_round_trip():
-    nodes = [helper.make_node("Mul", [f"x", "half"], [f"m{i}"], name=f"mul{i}") for i in range(3)]
+    nodes = [helper.make_node("Mul", ["x", "half"], [f"m{i}"], name=f"mul{i}") for i in range(3)]
     nodes.append(helper.make_node("Sum", ["m0", "m1", "m2"], ["y"], name="sum"))
     proto = make_model(nodes, [tinfo("x", [2, 3])], [tinfo("y", [2, 3])],
                        [numpy_helper.from_array(np.array(0.5, np.float32), "half")])

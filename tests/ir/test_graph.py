@@ -3,7 +3,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from qcompiler.ir import Graph, Model, verify
+from qcompiler.ir import verify
 from qcompiler.ir.names import NameScope
 from qcompiler.onnx_io import model_from_proto, model_to_proto
 from tests.helpers import make_model, run, tinfo

@@ -5,7 +5,6 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-import qcompiler.passes.fold_batchnorm  # noqa: F401  (registers the pass)
 from qcompiler.ir import verify
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto
 from qcompiler.passes.fold_batchnorm import FoldBatchNorm

@@ -4,7 +4,7 @@ import onnx
 import pytest
 
 from qcompiler.ir import verify
-from qcompiler.onnx_io import model_from_proto, model_to_proto
+from qcompiler.onnx_io import model_from_proto
 from qcompiler.passmanager import run_pipeline
 from qcompiler.passmanager.instrumentation import Verifier
 from tests.helpers import run

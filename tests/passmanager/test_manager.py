@@ -1,7 +1,6 @@
 """Pass manager: registry (incl. entry points), instrumentation hooks, verify-each catching a broken pass."""
 import io
 import os
-import sys
 import textwrap
 
 import numpy as np

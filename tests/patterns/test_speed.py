@@ -1,9 +1,8 @@
 """Pattern counts on a small LLM-shaped graph (the 90k-node timing lives in benchmarks/bench_patterns.py)."""
-import pytest
 
-from benchmarks.llm_graph import NODES_PER_LAYER, layers_for_nodes, make_llm_graph
+from benchmarks.llm_graph import NODES_PER_LAYER, make_llm_graph
 from qcompiler import model_from_proto
-from qcompiler.patterns import all_patterns, find_matches
+from qcompiler.patterns import find_matches
 
 
 def test_small_llm_graph_counts():

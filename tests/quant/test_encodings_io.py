@@ -125,7 +125,7 @@ def test_duplicate_json_key_and_garbage(tmp_path):
 
 def test_v2_entry_drives_onnx_qdq_like_our_reference():
     """y_scale / y_zero_point / output_dtype plug into QuantizeLinear as is (onnxruntime vs numpy reference)."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
 
     from tests.helpers import make_model, run, tinfo
     enc = compute_encoding(-0.7, 3.1, bits=8)

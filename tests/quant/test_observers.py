@@ -1,5 +1,4 @@
 """Range observers: known answers on synthetic data, streaming, per-channel weights, §6 diagnostics, timing."""
-import time
 
 import numpy as np
 import pytest

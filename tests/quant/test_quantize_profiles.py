@@ -6,9 +6,8 @@ import json
 import numpy as np
 import onnx
 from click.testing import CliRunner
-from onnx import helper, numpy_helper
+from onnx import helper
 
-from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
 from qcompiler.quant.profiles import PROFILES, get_profile
 from tests.helpers import make_model, run, sqnr_db, tinfo
