@@ -127,8 +127,14 @@ PROFILES: dict = {
 def get_profile(target) -> dict:
     """The profile named `target` (a deep copy, safe to edit), or a dict/YAML file path given by the user."""
     if isinstance(target, dict):
-        base = copy.deepcopy(PROFILES[target.get("base", "ort_cpu")])
-        base["name"] = target.get("base", "ort_cpu") + "+custom"
+        base_name = target.get("base", "ort_cpu")
+        if base_name not in PROFILES:
+            raise ConfigError(f"profile: unknown base '{base_name}'; known targets: {', '.join(PROFILES)}")
+        base = copy.deepcopy(PROFILES[base_name])
+        unknown = sorted(k for k in target if k not in base and k not in ("base", "name"))
+        if unknown:  # a typo must not be silently ignored
+            raise ConfigError(f"profile: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(base))}")
+        base["name"] = base_name + "+custom"
         base.update(copy.deepcopy(target))
         return base
     if target in PROFILES:
@@ -141,7 +147,9 @@ def get_profile(target) -> dict:
             with open(target) as f:
                 data = yaml.safe_load(f)
         except OSError as e:
-            raise ConfigError(f"profile '{target}': {e}") from None
+            raise ConfigError(f"profile '{target}': {e.strerror or e}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"profile '{target}': not valid YAML ({str(e).splitlines()[0]})") from None
         if not isinstance(data, dict):
             raise ConfigError(f"profile '{target}': expected a mapping at top level")
         return get_profile(data)

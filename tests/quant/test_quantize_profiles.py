@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 from click.testing import CliRunner
 from onnx import helper
 
@@ -84,3 +85,22 @@ def test_cli_quantize_writes_model_encodings_and_report(tmp_path):
     assert sqnr_db(run(proto, feed)[0], run(onnx.load(str(out)), feed)[0]) > 25
     bad = CliRunner().invoke(main, ["quantize", str(mpath), "--calib", str(tmp_path / "none.npz"), "-o", str(out)])
     assert bad.exit_code == 2 and "none.npz" in bad.output
+
+
+def test_profile_file_errors_are_one_line_config_errors(tmp_path):
+    from qcompiler.errors import ConfigError
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("base: ort_cpu\nweight: {symmetric: [\n")
+    with pytest.raises(ConfigError, match="bad.yaml': not valid YAML"):
+        get_profile(str(bad))
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("base: ort_cpu\nweigth_bits: 4\n")
+    with pytest.raises(ConfigError, match="unknown key\\(s\\) weigth_bits"):
+        get_profile(str(typo))
+    with pytest.raises(ConfigError, match="unknown base 'gpu'"):
+        get_profile({"base": "gpu"})
+    with pytest.raises(ConfigError, match="No such file"):
+        get_profile(str(tmp_path / "missing.yaml"))
+    ok = tmp_path / "ok.yaml"
+    ok.write_text("base: trt\n")
+    assert get_profile(str(ok))["name"] == "trt+custom"
