@@ -157,6 +157,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     for what, b in (("weight_bits", weight_bits), ("act_bits", act_bits)):
         if b not in (4, 8, 16):
             raise ConfigError(f"{what}={b}: supported bit widths are 4, 8 and 16")
+    if weight_block is not None and (isinstance(weight_block, bool) or not isinstance(weight_block, int)
+                                     or weight_block < 1):
+        raise ConfigError(f"block size {weight_block!r}: must be a positive number of elements")
 
     model = _load(model_or_path)
     t = time.perf_counter()

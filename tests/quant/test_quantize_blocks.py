@@ -129,3 +129,10 @@ def test_cli_block_size(tmp_path):
     q = onnx.load(str(out))
     assert {a.name: a.i for a in _weight_dq(q).attribute}["block_size"] == BLOCK
     run(q, _feeds(1)[0])
+
+
+@pytest.mark.parametrize("bad", [0, -4, 2.5])
+def test_block_size_must_be_positive(bad):
+    from qcompiler.errors import ConfigError
+    with pytest.raises(ConfigError, match="must be a positive number of elements"):
+        quantize(_matmul_model(_weight()), _feeds(2), weight_block=bad)
