@@ -273,8 +273,8 @@ def _freeze(plan, model, path, notes: list) -> None:
     """Freeze encodings from an AIMET file: those values keep them; everything else is calibrated."""
     from .encodings_io import read_encodings
     g = model.graph
-    param_names = [v.name for v in g.initializers.values()] + \
-        [n.outputs[0].name for n in g.nodes_by_op("Constant")]
+    param_names = [v.name for sg in g.all_graphs() for v in sg.initializers.values()] + \
+        [n.outputs[0].name for sg in g.all_graphs() for n in sg.nodes_by_op("Constant")]
     acts, params = read_encodings(os.fspath(path), param_names=param_names)
     unknown = []
     for name, enc in acts.items():
@@ -285,7 +285,8 @@ def _freeze(plan, model, path, notes: list) -> None:
         enc.frozen = True
         spec.encoding, spec.frozen, spec.keep_float, spec.reason = enc, True, False, ""
         spec.bits, spec.symmetric = enc.bits, enc.symmetric
-    by_name = {n.name: n for n in g.nodes}
+    from .placement import nodes_by_name
+    by_name = nodes_by_name(g)
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight":
             continue

@@ -8,6 +8,9 @@ Rules (issue 3 "placement", field notes §2, §3, §6):
 - Weights (profile `weights` slots holding constants, initializers or Constant-node outputs alike) get
   per-use specs with the op's per-channel axis, so a weight shared by two Gemms with different transB gets two
   copies and one with the same axis gets one DQ. Bias slots become int32 (scale s_in * s_w) in qdq.py.
+- Weights inside If/Loop/Scan bodies (recursively, captured outer weights included) get the same per-use
+  specs (field notes §1); the bodies' activations stay float (calibration does not see inside bodies), and the
+  report says so once per body.
 - Data-movement outputs tie to input 0; Concat inputs tie to its output. Ties never cross a producer that is
   not quantizable (that input gets a per-use quantizer at the Concat instead) and never touch integer tensors.
 """
@@ -209,6 +212,47 @@ def block_axis(node, slot: int, rank: int) -> Optional[int]:
     return None
 
 
+def weight_nodes(g) -> List:
+    """Nodes whose weights placement considers: the main graph's, then those of every If/Loop/Scan body
+    (recursively). Body nodes whose name repeats one seen before are left out: plan keys are node names.
+
+    Field notes §1: bodies are graphs like any other, and their weights need no calibration. A body node reading
+    a weight captured from an outer graph counts as a use like any other (qdq.apply_plan gives it its own DQ
+    inside the body).
+    """
+    out = list(g.nodes)
+    seen = {n.name for n in out}
+    for body in g.subgraphs(recursive=True):
+        for n in body.nodes:
+            if n.name and n.name not in seen:
+                seen.add(n.name)
+                out.append(n)
+    return out
+
+
+def nodes_by_name(g) -> Dict[str, object]:
+    """name -> node over the main graph and every body (the first of a repeated name wins, as in
+    `weight_nodes`), for resolving the plan's (node name, slot) keys."""
+    return {n.name: n for n in weight_nodes(g)}
+
+
+def _report_bodies(plan: QuantPlan, g) -> None:
+    """One report entry per If/Loop/Scan body: its weights are quantized, its activations stay float (§1).
+
+    NOTE: calibration observes main-graph values only (ORT cannot fetch a body's intermediates as outputs), so
+    nothing inside a body has an activation range yet; the body's weights need none.
+    """
+    for owner in [g] + g.subgraphs(recursive=True):
+        for n in owner.nodes:
+            for i, body in enumerate(n.subgraphs()):
+                names = {m.name for m in body.nodes}
+                w = sum(1 for (node, _), spec in plan.uses.items()
+                        if node in names and spec.kind == "weight" and not spec.keep_float)
+                plan.set(f"<body {i} of {n.op_type} '{n.name}'>", QuantSpec(kind="body")).float_(
+                    f"subgraph body of {n.op_type} '{n.name}' ({len(body)} nodes, {w} weights quantized): weights "
+                    f"quantized, activations float: no calibration inside bodies yet")
+
+
 def _propagate_dtypes(g, profile: dict, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
     """Unobserved data-movement outputs carry their input 0's dtype (see `observed_names`)."""
     share = set(profile.get("shares_input_encoding", ()))
@@ -237,9 +281,9 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
 
     _mark_supergroups(plan, g, profile, opts)
 
-    # 2. weights and biases (per use)
+    # 2. weights and biases (per use), in the main graph and inside If/Loop/Scan bodies (field notes §1)
     pc_ops = set(profile.get("per_channel_ops", ()))
-    for n in g.nodes:
+    for n in weight_nodes(g):
         slots = profile["weights"].get(n.op_type, {})
         if not slots:
             continue
@@ -353,12 +397,7 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
 
     _drop_needless_quantizers(plan, g, profile)
 
-    # bodies of If/Loop/Scan are not quantized yet: say so rather than leave them float silently (§1)
-    for n in g.nodes:
-        for i, body in enumerate(n.subgraphs()):
-            plan.set(f"<body {i} of {n.op_type} '{n.name}'>", QuantSpec(kind="body")).float_(
-                f"subgraph body of {n.op_type} '{n.name}' ({len(body)} nodes) left float: bodies are not "
-                f"quantized yet")
+    _report_bodies(plan, g)
 
     # 4. field notes §6: tensors 8 bits cannot carry (widened to the profile's wide grid, or kept float)
     wide = profile.get("wide_activation_bits")
@@ -523,7 +562,7 @@ def _full_range_for_float_kernels(plan: QuantPlan, g) -> None:
     39x its rms; on the 7-bit grid that channel's small weights rounded so coarsely that padding tokens, which
     do not fire the large weight's neuron, lost their last_hidden_state (3.3 dB; 17.2 dB with the full grid).
     """
-    by_name = {n.name: n for n in g.nodes}
+    by_name = nodes_by_name(g)
     table = _group_bits_table(plan)
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or not spec.range_bits or spec.range_bits >= spec.bits:

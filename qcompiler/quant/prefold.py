@@ -100,12 +100,19 @@ def prefold_unfused_param_dq(model, profile: dict) -> Dict[str, str]:
     """Replace each constant-input DequantizeLinear read by an unfused node with its float32 result (in place).
 
     Returns {parameter name: reason} (the name the encodings list it under). A DQ read by fused and unfused nodes alike keeps its DQ for the
-    fused ones. Does nothing unless the profile sets `prefold_unfused_weight_dq`.
+    fused ones. Does nothing unless the profile sets `prefold_unfused_weight_dq`. If/Loop/Scan bodies are
+    visited too: a body's weight DQ is folded inside the body, like the main graph's (field notes §1).
     """
     if not profile.get("prefold_unfused_weight_dq"):
         return {}
-    g = model.graph
     done: Dict[str, str] = {}
+    for g in model.graph.all_graphs():
+        _prefold_graph(g, profile, done)
+    return done
+
+
+def _prefold_graph(g, profile: dict, done: Dict[str, str]) -> None:
+    """`prefold_unfused_param_dq` for the DequantizeLinear nodes of one graph (main graph or body)."""
     for dq in list(g.nodes_by_op("DequantizeLinear")):
         q, scale = dq.inputs[0], dq.inputs[1]
         zp = dq.inputs[2] if len(dq.inputs) > 2 else None
@@ -133,4 +140,3 @@ def prefold_unfused_param_dq(model, profile: dict) -> Dict[str, str]:
         if not out.uses():
             g.remove_node(dq)
             g.drop_if_unused([q, scale, zp])
-    return done

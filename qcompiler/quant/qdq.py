@@ -97,7 +97,8 @@ def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetr
 
 def assign_block_encodings(plan: QuantPlan, model, scheme: str = "min_max") -> int:
     """Give every per-block weight use (spec.block_size) its block encoding; frozen ones stay. Returns the count."""
-    by_name = {n.name: n for n in model.graph.nodes}
+    from .placement import nodes_by_name
+    by_name = nodes_by_name(model.graph)
     done = 0
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or not spec.block_size or spec.axis is None:
@@ -142,9 +143,11 @@ def insert_use_qdq(g, node, slot: int, enc: Encoding):
 
 def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, Encoding]]:
     """Insert every quantizer of `plan` into `model` (in place). Returns (activation, param) encodings by name."""
+    from .placement import nodes_by_name
     g = model.graph
-    by_name = {n.name: n for n in g.nodes}
+    by_name = nodes_by_name(g)      # If/Loop/Scan body nodes too: their weights are quantized inside the body
     acts: Dict[str, Encoding] = {}
+    touched = set()                 # bodies that got a DQ (toposorted at the end)
     params: Dict[str, Encoding] = {}
 
     # encodings seen by each use before the graph changes (for bias scales)
@@ -164,7 +167,10 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             bias_inputs[(node_name, slot)] = (input_encoding(node, 0),
                                               None if wspec is None or wspec.keep_float else wspec.encoding)
 
-    # 1. weights: group uses by (value, grid)
+    # 1. weights: group uses by (value, graph of the reader, grid). A weight read inside an If/Loop/Scan body
+    # gets its int8 copy and DQ inside that body (field notes §1), also when the float original lives in an
+    # outer graph (a captured weight): each body stays self-contained, so the DQ sits next to its reader as in
+    # the main graph (and prefold.py can fold it there); the price is one int8 copy per body reading it.
     groups: Dict[tuple, list] = {}
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or spec.encoding is None:
@@ -172,25 +178,28 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         node = by_name[node_name]
         v = node.inputs[slot]
         enc = spec.encoding
-        key = (id(v), enc.axis, enc.bits, tuple(np.asarray(enc.scale).ravel().tolist()),
+        key = (id(v), id(node.graph), enc.axis, enc.bits, tuple(np.asarray(enc.scale).ravel().tolist()),
                tuple(np.asarray(enc.zero_point).ravel().tolist()))
         groups.setdefault(key, []).append((node, slot, v, enc))
     for k, members in groups.items():
         node0, _, v, enc = members[0]
+        wg = node0.graph
+        if wg is not g:
+            touched.add(id(wg))
         w = v.const_value()
         qarr = _quantize_array(w, enc)
         if enc.bits < 8:
             qarr = _as_int4(qarr, enc.signed)
-        wq = g.add_constant(qarr, f"{v.name}_quantized")
-        scale, zp = _qparams(g, enc, v.name)
+        wq = wg.add_constant(qarr, f"{v.name}_quantized")
+        scale, zp = _qparams(wg, enc, v.name)
         attrs = _dq_attrs(enc)
-        dq = g.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], attrs,
+        dq = wg.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], attrs,
                         name=f"{v.name}_DequantizeLinear", before=node0)
         for node, slot, _, _ in members:
-            g.set_input(node, slot, dq.outputs[0])
+            wg.set_input(node, slot, dq.outputs[0])
         pname = v.name if v.name not in params else dq.outputs[0].name
         params[pname] = enc
-        g.drop_if_unused([v])
+        v.graph.drop_if_unused([v])
 
     # 2. biases (int32, scale = s_in * s_w)
     for (node_name, slot), (ein, ew) in bias_inputs.items():
@@ -215,15 +224,16 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
                        zero_point=np.zeros(np.shape(s), np.int64), bits=32, symmetric=True, signed=True,
                        axis=0 if per_channel else None)
         spec.encoding = enc
-        bq = g.add_constant(q.astype(np.int32), f"{v.name}_quantized")
-        scale = g.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
-        zp = g.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
-        dq = g.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
+        bg = node.graph
+        bq = bg.add_constant(q.astype(np.int32), f"{v.name}_quantized")
+        scale = bg.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
+        zp = bg.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
+        dq = bg.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
                         {"axis": 0} if per_channel else None, name=f"{v.name}_{node_name}_DequantizeLinear",
                         before=node)
-        g.set_input(node, slot, dq.outputs[0])
+        bg.set_input(node, slot, dq.outputs[0])
         params[v.name if v.name not in params else dq.outputs[0].name] = enc
-        g.drop_if_unused([v])
+        v.graph.drop_if_unused([v])
 
     # 3. activations at producers (one Q/DQ per value, every use reads the DQ)
     for name, spec in list(plan.values.items()):
@@ -242,6 +252,9 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             insert_use_qdq(g, node, slot, spec.encoding)
             acts[f"{node.inputs[slot].name}"] = spec.encoding
     g.toposort()
+    for body in g.subgraphs(recursive=True):
+        if id(body) in touched:
+            body.toposort()
     return acts, params
 
 

@@ -148,8 +148,9 @@ def layer_choices(model, plan, config=None) -> Dict[str, dict]:
     """Per node with weights or a matching config rule: its weight grid, output grid and precision, so a mixed
     precision plan (field notes §5: W4A8 here, W8A16 there, a float BatchNorm) reads back node by node.
     Call after encodings are assigned and before QDQ insertion (names are the float model's)."""
+    from .placement import weight_nodes
     out: Dict[str, dict] = {}
-    for n in model.graph.nodes:
+    for n in weight_nodes(model.graph):     # If/Loop/Scan body nodes too (their weights are quantized)
         settings = config.settings_for(n) if config is not None else None
         rules = list(getattr(settings, "matched_rules", ()))
         weights = {slot: s for (name, slot), s in plan.uses.items() if name == n.name and s.kind == "weight"}
