@@ -19,6 +19,7 @@ from .exporter import model_to_byte_pieces, model_to_proto
 from .importer import model_from_proto
 
 TWO_GB = 2 ** 31 - 1
+_WRITE_BUFFER = 1 << 20
 
 
 def load_proto(path: str) -> onnx.ModelProto:
@@ -129,7 +130,9 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
                     os.unlink(os.path.join(tmpdir, f))
                 os.rmdir(tmpdir)
         else:
-            with open(tmp, "wb") as f:
+            # NOTE: a 1 MB buffer: with the default 8 KB one, the ~240k pieces of a 90k-node model (most nodes and
+            # many tensors under 8 KB) went out in ~24k write calls (now ~190), about 0.1 s of bench_ir's Q
+            with open(tmp, "wb", buffering=_WRITE_BUFFER) as f:
                 f.writelines(model_to_byte_pieces(model))
             os.replace(tmp, path)
     finally:
