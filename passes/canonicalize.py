@@ -36,26 +36,34 @@ def eliminate_dead_code(g: Graph) -> tuple:
     worklist instead of rescanning the graph until nothing changes (a 90k-node chain took a scan per step).
     """
     removed_nodes = 0
-    worklist = list(g.nodes)   # popped from the end: reverse graph order, consumers before producers
+    worklist = g.nodes   # a snapshot list, popped from the end: reverse graph order, consumers before producers
     while worklist:
         node = worklist.pop()
         if node.graph is not g or node.op_type in _SIDE_EFFECT_OPS:
             continue
-        if any(v is not None and v.uses() for v in node.outputs):
-            continue
-        read = _values_read(node)
-        g.remove_node(node)
-        removed_nodes += 1
-        for v in read:
-            p = v.producer
-            if p is not None and p.graph is g:
-                worklist.append(p)
+        # NOTE: a plain loop, not any(<generator>): the generator's setup was most of this check's cost
+        for v in node.outputs:
+            if v is not None and v.uses():
+                break
+        else:
+            _remove_dead(g, node, worklist)
+            removed_nodes += 1
     removed_inits = 0
     for name, v in list(g.initializers.items()):
         if not v.uses() and not v.is_input:
             g.remove_initializer(v)
             removed_inits += 1
     return removed_nodes, removed_inits
+
+
+def _remove_dead(g: Graph, node, worklist: list) -> None:
+    """Remove `node` and queue the producers of what it read, which may have just become dead."""
+    read = _values_read(node)
+    g.remove_node(node)
+    for v in read:
+        p = v.producer
+        if p is not None and p.graph is g:
+            worklist.append(p)
 
 
 def _values_read(node) -> list:
