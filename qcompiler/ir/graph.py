@@ -152,6 +152,8 @@ class Graph:
         """Bodies of the nodes of this graph (and of their nodes, if recursive)."""
         out = []
         for n in self._nodes:
+            if not n._attrs:   # never decoded (None) or empty: no bodies (model.graphs(), 90k nodes: 14 -> 2 ms)
+                continue
             for g in n.subgraphs():
                 out.append(g)
                 if recursive:
