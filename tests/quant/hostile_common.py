@@ -45,7 +45,7 @@ def assert_one_line(code_lines, *needles):
     assert len(lines) == 1, lines
     for n in needles:
         assert n in lines[0], (n, lines[0])
-    assert "Traceback" not in lines[0] and len(lines[0]) < 400, lines[0]
+    assert "Traceback" not in lines[0] and len(lines[0]) < 700, lines[0]
     return lines[0]
 
 
