@@ -29,10 +29,10 @@ def short(v, n: int = SHORT_CHARS) -> str:
     if isinstance(v, (str, bytes)):
         r = repr(v[:n + 1])
         return r if len(v) <= n else repr(v[:n]) + "..."
+    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** 30:
+        return f"an integer of {v.bit_length()} bits"
     if v is None or isinstance(v, (bool, int, float)):
-        r = repr(v) if not isinstance(v, int) or isinstance(v, bool) or abs(v) < 10 ** 30 else f"an integer of " \
-            f"{v.bit_length()} bits"
-        return r[:n]
+        return repr(v)[:n]
     return type(v).__name__
 
 
@@ -99,6 +99,8 @@ def parse_yaml(text: str, path: str, error: Type[Exception] = ConfigError):
         raise error(f"{path}: invalid YAML{where}: {str(what)[:120]}") from None
     except RecursionError:
         raise error(f"{path}: YAML nested too deeply") from None
+    except (ValueError, TypeError, OverflowError) as e:   # a constructor's own failure: 5000-digit int, bad date
+        raise error(f"{path}: invalid YAML value ({type(e).__name__}: {str(e)[:80]})") from None
 
 
 class _DuplicateKey(Exception):
@@ -124,6 +126,8 @@ def parse_json(text: str, path: str, error: Type[Exception] = ConfigError, check
         raise error(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise error(f"{path}: JSON nested too deeply") from None
+    except ValueError as e:   # a 5000-digit integer (int's string-conversion limit)
+        raise error(f"{path}: invalid JSON value ({str(e)[:80]})") from None
     if check_depth:
         check_nesting(data, path, error)
     return data

@@ -57,6 +57,14 @@ def test_our_config_fields(tiny, tmp_path, text, needles):
     _cfg(tiny, tmp_path, text, "c.yaml", *needles)
 
 
+def test_values_python_cannot_build_are_one_line(tiny, tmp_path):
+    _cfg(tiny, tmp_path, "activations: {bits: " + "9" * 5000 + "}\n", "c.yaml", "invalid YAML value")
+    _cfg(tiny, tmp_path, '{"activations": {"bits": ' + "9" * 5000 + "}}", "c.json", "invalid JSON value")
+    _cfg(tiny, tmp_path, "target: 2001-13-45\n", "c.yaml", "invalid YAML value")
+    _cfg(tiny, tmp_path, "activations: {bits: " + "9" * 4000 + "}\n", "c.yaml", "an integer of")
+    _cfg(tiny, tmp_path, "a: !!python/object/apply:os.system [echo hi]\n", "c.yaml", "invalid YAML")
+
+
 def test_json_config_nan_and_inf_constraints(tiny, tmp_path):
     for bad in ("NaN", "Infinity", "-Infinity", "1e999"):
         text = '{"rules": [{"match": {"op_type": "Relu"}, "encoding_constraints": {"min": %s, "max": 1}}]}' % bad

@@ -148,6 +148,13 @@ def test_v2_zero_point_outside_the_dtype(base, tmp_path):
     _run(base, tmp_path, _v2(base, "r1", y_zero_point=1000), "'r1'", "y_zero_point outside the uint8 range")
 
 
+def test_numbers_python_cannot_build(base, tmp_path):
+    _run(base, tmp_path, None, "invalid JSON value", raw='{"version": "1.0.0", "activation_encodings": [{"name": '
+         '"r1", "bw": ' + "9" * 5000 + '}], "param_encodings": []}')
+    e = _entry(base["v1"], "w1")
+    _run(base, tmp_path, _v1(base, "w1", scale=[10 ** 400] + e["scale"][1:]), "'w1'", "scale")
+
+
 def test_legacy_bit_width(base, tmp_path):
     doc = {"activation_encodings": {"r1": [{"bitwidth": 64, "scale": 0.1, "offset": 0, "is_symmetric": "False"}]},
            "param_encodings": {}}
