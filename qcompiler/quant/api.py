@@ -328,8 +328,10 @@ def _freeze(plan, model, path, notes: list) -> None:
         spec.encoding, spec.frozen, spec.keep_float = enc, True, False
         spec.axis, spec.bits, spec.block_size = enc.axis, enc.bits, enc.block_size
     if plan.needs_opset() > model.opset:
-        raise ConfigError(f"{path}: int4/int16 or per-block encodings need opset {plan.needs_opset()}, and the "
-                          f"model could not be raised above opset {model.opset} for this target")
+        # NOTE: the opset is chosen before the file is read (from the config, the arguments and the target);
+        # refusing here beats exporting Q/DQ types the model's opset does not have
+        raise ConfigError(f"{path}: int4/int16 or per-block encodings need opset {plan.needs_opset()}, but the "
+                          f"model is at opset {model.opset} for this target and these settings")
     if unknown:
         notes.append(f"{len(unknown)} frozen activation encodings name no quantizable value: "
                      + ", ".join(n[:60] for n in unknown[:5]))

@@ -204,3 +204,18 @@ def test_fifo_does_not_hang(base, tmp_path):
         pytest.fail("quantize hung on a FIFO as --load-encodings")
     lines = err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and "FIFO" in lines[0] and "e.fifo" in lines[0], err
+
+
+def test_int16_entry_on_a_target_left_at_opset_13(base, tmp_path):
+    doc = copy.deepcopy(base["v2"])
+    e = _entry(doc, "r1")
+    e.update({"output_dtype": "uint16", "y_zero_point": 100})
+    path = tmp_path / "bad.encodings"
+    path.write_text(json.dumps(doc))
+    code, lines = quantize_cli(base["model"], base["calib"], tmp_path / "o.onnx", "--load-encodings", path,
+                               "--target", "trt")
+    if code == 0:       # the opset was raised for this target: the model must run
+        feed = {"image": np.zeros((1, 3, 16, 16), np.float32)}
+        assert np.all(np.isfinite(run(onnx.load(str(tmp_path / "o.onnx")), feed)[0]))
+    else:
+        assert_one_line((code, lines), "bad.encodings", "opset")
