@@ -3,7 +3,8 @@
 Resolution order for `config.settings_for(node)`: global defaults, then the AIMET `op_type.<Op>` entry for the
 node's op type, then our `rules` in file order; a later rule overrides what an earlier one set (so put broad
 rules first and exceptions after). A rule's `match` ANDs its selectors: `op_type` (str or list), `name` (exact
-node name, str or list), `regex` (re.search on the node name).
+node name, str or list), `regex` (searched in the node name with RE2, a linear-time engine: a pattern
+RE2 cannot compile, such as a backreference or a lookaround, is refused with one line).
 
 Our format (unknown keys are errors: a typo must not be silently ignored):
     target: ort_cpu
@@ -21,19 +22,21 @@ Our format (unknown keys are errors: a typo must not be silently ignored):
     supergroups: true | [layernorm, gelu, ...]
 AIMET's format (anchors.md A; `aimet_common/quantsim_config/quantsim_config_schema.py`) is detected by its six
 required keys; booleans there are the strings "True"/"False". Its unknown keys become `config.warnings`.
-Duplicate keys are rejected in both JSON and YAML; YAML is read with a safe loader only.
+Duplicate keys are rejected in both JSON and YAML; YAML is read with a safe loader only, with nesting, node
+count and alias expansion bounded (untrusted.py). Bit widths come from bitwidths.py (4, 8, 16; bias 32), numbers
+must be finite, and no message quotes more than ~60 characters of a value from the file.
 """
 from __future__ import annotations
 
 import copy
-import json
-import re
+import math
 from dataclasses import dataclass, field, replace
 from typing import Optional, Union
 
-import yaml
-
 from ..errors import ConfigError
+from ..input_files import read_bounded
+from .bitwidths import BIAS_BITS, INT_BITS, check_bits
+from .untrusted import decode_text, parse_json, parse_yaml, short
 
 AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
 SCHEME_ALIASES = {"post_training_tf": "min_max", "tf": "min_max", "minmax": "min_max",
@@ -74,7 +77,7 @@ class Rule:
     index: int
     op_types: Optional[tuple] = None
     names: Optional[tuple] = None
-    regex: Optional[re.Pattern] = None
+    regex: Optional[object] = None   # a compiled RE2 pattern (see _compile_regex)
     updates: dict = field(default_factory=dict)
 
     def matches(self, node) -> bool:
@@ -123,28 +126,9 @@ class QuantConfig:
 
 
 # --- file reading ---------------------------------------------------------------------------------------
-class _DuplicateKey(Exception):
-    pass
-
-
-def _no_duplicates(pairs):
-    out = {}
-    for k, v in pairs:
-        if k in out:
-            raise _DuplicateKey(k)
-        out[k] = v
-    return out
-
-
 def _read_text(path: str, what: str) -> str:
-    """The file's UTF-8 text; errors name the file and what it was meant to hold."""
-    try:
-        with open(path, "rb") as f:
-            return f.read().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"{path}: cannot read {what} ({e.strerror or e})") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: {what} is not UTF-8 text") from None
+    """The file's UTF-8 text (a regular file within `what`'s size bound); errors name the file."""
+    return decode_text(read_bounded(path, what, ConfigError), path, what)
 
 
 def load_json_strict(path: str, what: str = "config"):
@@ -153,43 +137,30 @@ def load_json_strict(path: str, what: str = "config"):
 
 
 def parse_json_strict(text: str, path: str):
-    try:
-        return json.loads(text, object_pairs_hook=_no_duplicates)
-    except _DuplicateKey as e:
-        raise ConfigError(f"{path}: duplicate key '{e.args[0]}'") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply") from None
-
-
-class _StrictSafeLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that rejects duplicate mapping keys (PyYAML keeps the last one silently)."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=True)
-            try:
-                dup = key in seen
-            except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, f"unhashable key {key!r}",
-                                                        key_node.start_mark) from None
-            if dup:
-                raise ConfigError(f"duplicate key '{key}' (line {key_node.start_mark.line + 1})")
-            seen.add(key)
-        return super().construct_mapping(node, deep)
+    return parse_json(text, path, ConfigError)
 
 
 def _parse_yaml(text: str, path: str):
+    return parse_yaml(text, path, ConfigError)
+
+
+MAX_REGEX_CHARS = 4096
+
+
+def _compile_regex(pattern: str):
+    """An RE2 pattern (linear-time search: `^(a+)+$` on a 5000-character name takes microseconds)."""
+    import re2
+    if len(pattern) > MAX_REGEX_CHARS:
+        raise ValueError(f"pattern of {len(pattern)} characters (at most {MAX_REGEX_CHARS})")
+    opts = re2.Options()
+    opts.log_errors = False      # RE2 would log the failure to stderr ahead of our one line
+    opts.max_mem = 32 << 20
     try:
-        return yaml.load(text, Loader=_StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"{path}: invalid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+        return re2.compile(pattern, opts)
+    except Exception as e:  # noqa: BLE001 - re2.error: unsupported syntax (backreference, lookaround) or too big
+        msg = e.args[0] if e.args else e
+        msg = msg.decode("utf-8", "replace") if isinstance(msg, bytes) else str(msg)
+        raise ValueError(f"{msg[:100]} (RE2 syntax: no backreferences or lookarounds)") from None
 
 
 def load_config(path: str) -> QuantConfig:
@@ -207,7 +178,7 @@ def parse_config(data, source: str = "<dict>") -> QuantConfig:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{source}: config must be a mapping, got {type(data).__name__}")
+        raise ConfigError(f"{source}: config must be a mapping, got {short(data)}")
     if any(k in data for k in ("defaults", "params", "op_type")):
         missing = [k for k in AIMET_REQUIRED if k not in data]
         if missing:
@@ -238,31 +209,41 @@ class _Ctx:
 
     def mapping(self, v, where):
         if not isinstance(v, dict):
-            raise self.err(where, f"expected a mapping, got {type(v).__name__}")
+            raise self.err(where, f"expected a mapping, got {short(v)}")
         return v
 
     def known(self, d: dict, allowed, where):
         for k in d:
             if k not in allowed:
-                raise self.err(f"{where}.{k}" if where else str(k),
-                               f"unknown key '{k}' (allowed: {', '.join(allowed)})")
+                raise self.err(f"{where}.{_key(k)}" if where else _key(k),
+                               f"unknown key {short(k)} (allowed: {', '.join(allowed)})")
 
     def boolean(self, v, where):
         if isinstance(v, bool):
             return v
         if v in ("True", "False"):  # AIMET writes booleans as strings
             return v == "True"
-        raise self.err(where, f"expected true/false, got {v!r}")
+        raise self.err(where, f"expected true/false, got {short(v)}")
 
-    def bits(self, v, where):
-        if isinstance(v, bool) or not isinstance(v, int) or not 2 <= v <= 32:
-            raise self.err(where, f"bits must be an integer in 2..32, got {v!r}")
-        return v
+    def bits(self, v, where, allowed=INT_BITS):
+        return check_bits(v, f"{self.source}: {where}", allowed)
 
     def number(self, v, where):
         if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise self.err(where, f"expected a number, got {v!r}")
-        return float(v)
+            raise self.err(where, f"expected a number, got {short(v)}")
+        try:
+            f = float(v)
+        except OverflowError:
+            f = math.inf
+        if not math.isfinite(f):
+            raise self.err(where, f"expected a finite number, got {short(v)}")
+        return f
+
+
+def _key(k) -> str:
+    """A key from the file as part of a `where` path, at most ~60 characters."""
+    k = k if isinstance(k, str) else short(k)
+    return k if len(k) <= 60 else k[:60] + "..."
 
 
 def _section(ctx: _Ctx, name: str, value, where: str) -> dict:
@@ -273,10 +254,10 @@ def _section(ctx: _Ctx, name: str, value, where: str) -> dict:
     for k, v in d.items():
         w = f"{where}.{k}"
         if k == "bits":
-            out[names[k]] = ctx.bits(v, w)
+            out[names[k]] = ctx.bits(v, w, BIAS_BITS if name == "bias" else INT_BITS)
         elif k == "per_block":
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
-                raise ctx.err(w, f"per_block must be a positive block size or null, got {v!r}")
+                raise ctx.err(w, f"per_block must be a positive block size or null, got {short(v)}")
             out[names[k]] = v
         else:
             out[names[k]] = ctx.boolean(v, w)
@@ -288,7 +269,7 @@ def _str_list(ctx, v, where) -> tuple:
         return (v,)
     if isinstance(v, list) and v and all(isinstance(x, str) for x in v):
         return tuple(v)
-    raise ctx.err(where, f"expected a string or a non-empty list of strings, got {v!r}")
+    raise ctx.err(where, f"expected a string or a non-empty list of strings, got {short(v)}")
 
 
 def _constraints(ctx, v, where) -> dict:
@@ -306,10 +287,10 @@ def _constraints(ctx, v, where) -> dict:
 
 def _scheme(ctx, v, where) -> str:
     if not isinstance(v, str):
-        raise ctx.err(where, f"expected a scheme name, got {v!r}")
+        raise ctx.err(where, f"expected a scheme name, got {short(v)}")
     s = SCHEME_ALIASES.get(v.lower(), v.lower())
     if s not in SCHEMES:
-        raise ctx.err(where, f"unknown scheme '{v}' (known: {', '.join(SCHEMES)}, or AIMET's post_training_tf*)")
+        raise ctx.err(where, f"unknown scheme {short(v)} (known: {', '.join(SCHEMES)}, or AIMET's post_training_tf*)")
     return s
 
 
@@ -330,10 +311,10 @@ def _parse_rule(ctx: _Ctx, i: int, r) -> Rule:
         rule.names = _str_list(ctx, m["name"], f"{where}.match.name")
     if "regex" in m:
         if not isinstance(m["regex"], str):
-            raise ctx.err(f"{where}.match.regex", f"expected a string, got {m['regex']!r}")
+            raise ctx.err(f"{where}.match.regex", f"expected a string, got {short(m['regex'])}")
         try:
-            rule.regex = re.compile(m["regex"])
-        except re.error as e:
+            rule.regex = _compile_regex(m["regex"])
+        except ValueError as e:
             raise ctx.err(f"{where}.match.regex", f"invalid regular expression: {e}") from None
     upd = {}
     for sec in ("weights", "activations", "bias"):
@@ -343,8 +324,8 @@ def _parse_rule(ctx: _Ctx, i: int, r) -> Rule:
         upd["precision"] = "float32" if ctx.boolean(r["keep_float"], f"{where}.keep_float") else "int"
     if "precision" in r:
         p = r["precision"]
-        if p not in PRECISIONS:
-            raise ctx.err(f"{where}.precision", f"unknown precision {p!r} (allowed: {', '.join(PRECISIONS)})")
+        if not isinstance(p, str) or p not in PRECISIONS:
+            raise ctx.err(f"{where}.precision", f"unknown precision {short(p)} (allowed: {', '.join(PRECISIONS)})")
         if r.get("keep_float") is True and p == "int":
             raise ctx.err(where, "keep_float: true contradicts precision: int")
         upd["precision"] = p
@@ -363,7 +344,7 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
     cfg = QuantConfig(source=source, format="qcompiler")
     if "target" in data:
         if data["target"] is not None and not isinstance(data["target"], str):
-            raise ctx.err("target", f"expected a target name, got {data['target']!r}")
+            raise ctx.err("target", f"expected a target name, got {short(data['target'])}")
         cfg.target = data["target"]
     if "scheme" in data:
         cfg.scheme = _scheme(ctx, data["scheme"], "scheme")
@@ -380,7 +361,7 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
                 setattr(cfg, attr, ctx.boolean(d["quantized"], f"{key}.quantized"))
     rules = data.get("rules") or []
     if not isinstance(rules, list):
-        raise ctx.err("rules", f"expected a list of rules, got {type(rules).__name__}")
+        raise ctx.err("rules", f"expected a list of rules, got {short(rules)}")
     cfg.rules = [_parse_rule(ctx, i, r) for i, r in enumerate(rules)]
     if "supergroups" in data:
         sg = data["supergroups"]
@@ -389,7 +370,7 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
         elif isinstance(sg, list) and all(isinstance(x, str) for x in sg):
             cfg.supergroups = list(sg)
         else:
-            raise ctx.err("supergroups", f"expected true/false or a list of supergroup names, got {sg!r}")
+            raise ctx.err("supergroups", f"expected true/false or a list of supergroup names, got {short(sg)}")
     return cfg
 
 
@@ -400,7 +381,7 @@ def _aimet_flags(ctx, cfg, d: dict, where: str, mapping: dict) -> dict:
         if k in mapping:
             out[mapping[k]] = ctx.boolean(v, f"{where}.{k}")
         else:
-            cfg.warnings.append(f"{ctx.source}: {where}.{k}: unknown AIMET key, ignored")
+            cfg.warnings.append(f"{ctx.source}: {where}.{_key(k)}: unknown AIMET key, ignored")
     return out
 
 
@@ -412,7 +393,7 @@ def _aimet_params(ctx, cfg, d, where) -> dict:
     d = ctx.mapping(d, where)
     out = {}
     for pname, pd in d.items():
-        w = f"{where}.{pname}"
+        w = f"{where}.{_key(pname)}"
         pd = ctx.mapping(pd, w)
         if pname not in _PARAM_FLAGS:
             cfg.warnings.append(f"{ctx.source}: {w}: parameter kind not used by qcompiler, ignored")
@@ -420,11 +401,11 @@ def _aimet_params(ctx, cfg, d, where) -> dict:
         for k, v in pd.items():
             attr = _PARAM_FLAGS[pname].get(k, "?")
             if attr == "?":
-                cfg.warnings.append(f"{ctx.source}: {w}.{k}: unknown AIMET key, ignored")
+                cfg.warnings.append(f"{ctx.source}: {w}.{_key(k)}: unknown AIMET key, ignored")
             elif attr is not None:
-                out[attr] = ctx.boolean(v, f"{w}.{k}")
+                out[attr] = ctx.boolean(v, f"{w}.{_key(k)}")
             else:
-                ctx.boolean(v, f"{w}.{k}")
+                ctx.boolean(v, f"{w}.{_key(k)}")
     return out
 
 
@@ -433,14 +414,14 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
     cfg = QuantConfig(source=source, format="aimet")
     for k in data:
         if k not in AIMET_REQUIRED:
-            cfg.warnings.append(f"{source}: {k}: unknown top-level AIMET key, ignored")
+            cfg.warnings.append(f"{source}: {_key(k)}: unknown top-level AIMET key, ignored")
     d = ctx.mapping(data["defaults"], "defaults")
     # AIMET defaults when a key is absent: outputs quantized, inputs not, params quantized (asymmetric).
     s = NodeSettings(weight_symmetric=False, weight_per_channel=False, input_quantized=False,
                      output_quantized=True)
     upd = {}
     for k, v in d.items():
-        w = f"defaults.{k}"
+        w = f"defaults.{_key(k)}"
         if k == "ops":
             upd.update(_aimet_flags(ctx, cfg, ctx.mapping(v, w), w, {
                 "is_input_quantized": "input_quantized", "is_output_quantized": "output_quantized",
@@ -456,7 +437,7 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
             upd["weight_per_channel"] = ctx.boolean(v, w)
         elif k == "hw_version":
             if not isinstance(v, str):
-                raise ctx.err(w, f"expected a string, got {v!r}")
+                raise ctx.err(w, f"expected a string, got {short(v)}")
             cfg.hw_version = v
         elif k == "supported_kernels":
             if not isinstance(v, list):
@@ -469,11 +450,11 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
     cfg.defaults = replace(s, **upd)
     ops = ctx.mapping(data["op_type"], "op_type")
     for op, od in ops.items():
-        w = f"op_type.{op}"
+        w = f"op_type.{_key(op)}"
         od = ctx.mapping(od, w)
         o = {}
         for k, v in od.items():
-            kw = f"{w}.{k}"
+            kw = f"{w}.{_key(k)}"
             if k == "is_input_quantized":
                 o["input_quantized"] = ctx.boolean(v, kw)
             elif k == "is_output_quantized":
@@ -503,7 +484,7 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
             raise ctx.err(f"{w}.op_list", "expected a list of at least two op types")
         for k in g:
             if k != "op_list":
-                cfg.warnings.append(f"{source}: {w}.{k}: unknown AIMET key, ignored")
+                cfg.warnings.append(f"{source}: {w}.{_key(k)}: unknown AIMET key, ignored")
         groups.append(list(ol))
     cfg.supergroups = groups
     mi = ctx.mapping(data["model_input"], "model_input")
@@ -512,13 +493,13 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
         if k == "is_input_quantized":
             cfg.model_input_quantized = ctx.boolean(v, f"model_input.{k}")
         else:
-            cfg.warnings.append(f"{source}: model_input.{k}: unknown AIMET key, ignored")
+            cfg.warnings.append(f"{source}: model_input.{_key(k)}: unknown AIMET key, ignored")
     mo = ctx.mapping(data["model_output"], "model_output")
     for k, v in mo.items():
         if k == "is_output_quantized":
             cfg.model_output_quantized = ctx.boolean(v, f"model_output.{k}")
         else:
-            cfg.warnings.append(f"{source}: model_output.{k}: unknown AIMET key, ignored")
+            cfg.warnings.append(f"{source}: model_output.{_key(k)}: unknown AIMET key, ignored")
     return cfg
 
 

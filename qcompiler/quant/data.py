@@ -12,8 +12,16 @@ r+1 with a leading 1 (dropped).
 Checks, each a one-line DataError naming file, input and sample: missing input, unknown key (the key
 `labels` is ignored), wrong dtype (int32 -> int64 and float64 -> float32 are converted, with a note in
 `notes`), wrong rank, wrong static dim, NaN/Inf, empty set, keys with different sample counts, object arrays,
-corrupted or truncated files. Files are opened with `allow_pickle=False`; shapes and dtypes come from the
-.npy headers, so a folder's length is known without reading its data, and each key is read only when iterated.
+corrupted or truncated files. Shapes and dtypes come from the .npy headers (checked before any data is read),
+so a folder's length is known without reading its data. Nothing is ever unpickled.
+
+Reading is bounded: every file (the .npz, each member of a folder) is opened through input_files.open_regular,
+so a FIFO, a device or a folder named `x.npz` is one line, not a hang. Arrays are read SAMPLE BY SAMPLE: a
+sample of a C-ordered .npy member is one contiguous run of bytes, so each member is streamed (a stored member
+is read in place, a deflated one decompressed as it goes) and only the bytes of the samples used are read:
+`--limit 2` on a member that inflates to 1.6 GB reads two samples' worth. A member's declared size must hold
+what its header claims; a single sample larger than MAX_SAMPLE_BYTES is refused; a Fortran-ordered member
+(rare: np.save of a transposed array) is read whole only up to MAX_FORTRAN_BYTES.
 """
 from __future__ import annotations
 
@@ -26,8 +34,12 @@ import numpy as np
 import onnx
 
 from ..errors import DataError
+from ..input_files import open_regular
 
 IGNORED_KEYS = ("labels",)
+KIND = "calibration data"           # input_files.MAX_BYTES kind of every file read here
+MAX_SAMPLE_BYTES = 2 << 30          # one sample of one input
+MAX_FORTRAN_BYTES = 256 << 20       # a Fortran-ordered member is read whole, so only a small one
 # NOTE: the only conversions we make silently-with-a-note; anything else would hide a preprocessing bug.
 SAFE_CASTS = {(np.dtype(np.int32), np.dtype(np.int64)), (np.dtype(np.float64), np.dtype(np.float32))}
 
@@ -62,24 +74,31 @@ class SampleSet:
     iterator can only be iterated once).
     """
 
-    def __init__(self, source, inputs: Mapping[str, tuple], limit: Optional[int] = None):
+    def __init__(self, source, inputs: Mapping[str, tuple], limit: Optional[int] = None, what: str = KIND):
         self.inputs = {k: (np.dtype(dt) if dt is not None else None, tuple(sh) if sh is not None else None)
                        for k, (dt, sh) in inputs.items()}
         self.limit = limit
+        self.what = what
         self.notes: list[str] = []
         self._files: Optional[list[tuple[str, int]]] = None  # (path, sample count)
         self._iterable = None
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)):
+            raise DataError(f"sample limit must be an integer, got {type(limit).__name__}")
         if limit is not None and limit < 0:
             raise DataError(f"sample limit must be >= 0, got {limit}")
-        if isinstance(source, (str, os.PathLike)):
-            path = os.fspath(source)
+        if isinstance(source, (str, os.PathLike, bytes)):
+            from ..input_files import check_path_text
+            path = check_path_text(source, what, DataError)
             if os.path.isdir(path):
-                names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
+                try:
+                    names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
+                except OSError as e:
+                    raise DataError(f"{path}: cannot list {what} folder ({e.strerror or e})") from None
                 if not names:
                     raise DataError(f"{path}: folder holds no .npz files")
                 files = [os.path.join(path, n) for n in names]
-            elif os.path.isfile(path):
-                files = [path]
+            elif os.path.lexists(path):
+                files = [path]     # open_regular refuses a FIFO, a device, a socket with one line
             else:
                 raise DataError(f"{path}: no such file or folder")
             self._files = [(f, self._check_header(f)) for f in files]
@@ -125,20 +144,9 @@ class SampleSet:
 
     def _iter_files(self) -> Iterator[dict]:
         for path, n in self._files:
-            try:
-                npz = np.load(path, allow_pickle=False)
-            except Exception as e:  # noqa: BLE001 - any failure of a hostile file is a DataError
-                raise DataError(f"{path}: not a readable .npz file ({_short(e)})") from None
-            with npz:
-                arrays = {}
-                for name in self.inputs:
-                    try:
-                        arrays[name] = npz[name]
-                    except Exception as e:  # noqa: BLE001
-                        raise DataError(f"{path}: input '{name}': cannot read array ({_short(e)})") from None
-                arrays = {k: self._convert(path, k, a) for k, a in arrays.items()}
+            with _NpzSamples(path, self.inputs, self.what) as reader:
                 for i in range(n):
-                    feed = {k: self._take(a, k, i) for k, a in arrays.items()}
+                    feed = {k: self._convert(path, k, reader.sample(k, i)) for k in self.inputs}
                     self._check_finite(path, feed, i)
                     yield feed
 
@@ -176,7 +184,7 @@ class SampleSet:
 
     def _check_header(self, path: str) -> int:
         """Validate one file from its .npy headers (no array data read); returns its sample count."""
-        infos = _npz_headers(path)
+        infos = _npz_headers(path, self.what)
         self._check_keys(path, list(infos))
         counts = {}
         for name, (dt, shape) in self.inputs.items():
@@ -229,12 +237,6 @@ class SampleSet:
             raise DataError(f"{where}: input '{name}': float64 values overflow float32")
         raise DataError(f"{where}: input '{name}': dtype {a.dtype}, the model expects {dt}")
 
-    def _take(self, a: np.ndarray, name: str, i: int) -> np.ndarray:
-        shape = self.inputs[name][1]
-        if shape is None or a.ndim == len(shape) + 1:
-            return a[i]
-        return a[i:i + 1]
-
     @staticmethod
     def _check_finite(where: str, feed: dict, i: int) -> None:
         for name, a in feed.items():
@@ -243,41 +245,46 @@ class SampleSet:
                 raise DataError(f"{where}: input '{name}' sample {i}: contains {what}")
 
 
-def load_samples(source, inputs: Mapping[str, tuple], limit: Optional[int] = None) -> SampleSet:
+def load_samples(source, inputs: Mapping[str, tuple], limit: Optional[int] = None, what: str = KIND) -> SampleSet:
     """Samples from an .npz path, a folder of .npz files (sorted by name) or an iterable of feed dicts.
 
     `inputs` maps each graph input to `(numpy dtype, shape)` with dims as int, str or None (see `input_specs`).
     See the module docstring for THE RULE mapping array axes to samples and the checks made.
     """
-    return SampleSet(source, inputs, limit)
+    return SampleSet(source, inputs, limit, what)
 
 
-def _npz_headers(path: str) -> dict:
+def _read_npy_header(f, path: str, key: str):
+    """(shape, fortran_order, dtype) from an open .npy stream positioned at its start."""
+    version = np.lib.format.read_magic(f)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    else:
+        raise DataError(f"{path}: key {_key(key)}: unsupported .npy version {version}")
+    return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype)
+
+
+def _npz_headers(path: str, what: str = KIND) -> dict:
     """`{key: _KeyInfo}` read from the .npy headers inside an .npz, without reading array data."""
     out = {}
     try:
-        with zipfile.ZipFile(path) as zf:
+        with open_regular(path, what, DataError) as fh, zipfile.ZipFile(fh) as zf:
             for info in zf.infolist():
                 if not info.filename.endswith(".npy"):
-                    raise DataError(f"{path}: member '{info.filename}' is not an .npy array")
+                    raise DataError(f"{path}: member {_key(info.filename)} is not an .npy array")
                 key = info.filename[:-4]
                 with zf.open(info) as f:
-                    version = np.lib.format.read_magic(f)
-                    if version == (1, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_1_0(f)
-                    elif version == (2, 0):
-                        shape, _, dtype = np.lib.format.read_array_header_2_0(f)
-                    else:
-                        raise DataError(f"{path}: key '{key}': unsupported .npy version {version}")
+                    shape, _, dtype = _read_npy_header(f, path, key)
                     header_end = f.tell()
-                dtype = np.dtype(dtype)
                 # NOTE: the header's shape decides how much numpy allocates; a hostile file can claim 10^12
                 # elements in a few bytes. The data stored in the archive must be as large as the shape says.
                 need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
-                if any(int(d) < 0 for d in shape) or need > info.file_size - header_end:
-                    raise DataError(f"{path}: key '{key}': header claims shape {tuple(shape)} ({need} bytes) but the "
-                                    f"archive holds {max(info.file_size - header_end, 0)} bytes of data")
-                out[key] = _KeyInfo(dtype, tuple(shape))
+                if any(d < 0 for d in shape) or need > info.file_size - header_end:
+                    raise DataError(f"{path}: key {_key(key)}: header claims shape {_shape(shape)} ({need} bytes) "
+                                    f"but the archive holds {max(info.file_size - header_end, 0)} bytes of data")
+                out[key] = _KeyInfo(dtype, shape)
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - BadZipFile, truncated header, bad dtype descr, ...
@@ -285,6 +292,99 @@ def _npz_headers(path: str) -> dict:
     if not out:
         raise DataError(f"{path}: .npz file holds no arrays")
     return out
+
+
+class _NpzSamples:
+    """Sample-by-sample reader of the members of one .npz (see the module docstring).
+
+    Each member needed is opened once as a stream positioned after its .npy header; `sample(key, i)` reads
+    sample i's bytes (i must not go backwards: samples are read in order) and skips any before it. A stored
+    member's stream seeks in place; a deflated one decompresses only up to the bytes wanted.
+    """
+
+    def __init__(self, path: str, inputs: Mapping[str, tuple], what: str):
+        self.path, self.inputs = path, inputs
+        self.fh = open_regular(path, what, DataError)
+        self.streams = {}
+        try:
+            self.zf = zipfile.ZipFile(self.fh)
+        except Exception as e:  # noqa: BLE001
+            self.fh.close()
+            raise DataError(f"{path}: not a readable .npz file ({_short(e)})") from None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for st in self.streams.values():
+            try:
+                st["f"].close()
+            except Exception:  # noqa: BLE001 - closing a broken stream must not hide the first error
+                pass
+        self.zf.close()
+        self.fh.close()
+
+    def _open(self, key: str) -> dict:
+        path = self.path
+        try:
+            f = self.zf.open(key + ".npy")
+            shape, fortran, dtype = _read_npy_header(f, path, key)
+        except DataError:
+            raise
+        except Exception as e:  # noqa: BLE001
+            raise DataError(f"{path}: input {_key(key)}: cannot read array ({_short(e)})") from None
+        if dtype.hasobject:
+            raise DataError(f"{path}: input {_key(key)}: object arrays are not accepted")
+        want = self.inputs.get(key, (None, None))[1]
+        per = shape[1:] if (want is None or len(shape) == len(want) + 1) else (1,) + shape[1:]
+        nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
+        st = {"f": f, "dtype": dtype, "per": per, "nbytes": nbytes, "next": 0, "whole": None}
+        if nbytes > MAX_SAMPLE_BYTES:
+            raise DataError(f"{path}: input {_key(key)}: one sample is {nbytes} bytes, over the "
+                            f"{MAX_SAMPLE_BYTES}-byte limit")
+        if fortran and len(shape) > 1:
+            total = nbytes * shape[0]
+            if total > MAX_FORTRAN_BYTES:
+                raise DataError(f"{path}: input {_key(key)}: stored in Fortran order ({total} bytes), which cannot "
+                                f"be read sample by sample; save it C-ordered (np.ascontiguousarray)")
+            raw = self._read(st, key, total)
+            st["whole"] = np.frombuffer(raw, dtype=dtype).reshape(shape, order="F")
+        self.streams[key] = st
+        return st
+
+    def _read(self, st: dict, key: str, n: int) -> bytes:
+        try:
+            buf = st["f"].read(n)
+        except Exception as e:  # noqa: BLE001 - zlib.error, BadZipFile (CRC), OSError
+            raise DataError(f"{self.path}: input {_key(key)}: cannot read array ({_short(e)})") from None
+        if len(buf) != n:
+            raise DataError(f"{self.path}: input {_key(key)}: array data is truncated")
+        return buf
+
+    def sample(self, key: str, i: int) -> np.ndarray:
+        st = self.streams.get(key) or self._open(key)
+        if st["whole"] is not None:
+            a = st["whole"][i] if len(st["per"]) == st["whole"].ndim - 1 else st["whole"][i:i + 1]
+            return np.ascontiguousarray(a)
+        skip = (i - st["next"]) * st["nbytes"]
+        if skip < 0:
+            raise DataError(f"{self.path}: input {_key(key)}: samples must be read in order")
+        if skip:
+            try:
+                st["f"].seek(skip, 1)   # stored: a seek; deflated: decompress and discard
+            except Exception as e:  # noqa: BLE001
+                raise DataError(f"{self.path}: input {_key(key)}: cannot read array ({_short(e)})") from None
+        raw = self._read(st, key, st["nbytes"])
+        st["next"] = i + 1
+        return np.frombuffer(bytearray(raw), dtype=st["dtype"]).reshape(st["per"])
+
+
+def _key(k: str) -> str:
+    return repr(k) if len(k) <= 60 else repr(k[:60]) + "..."
+
+
+def _shape(shape) -> str:
+    return str(tuple(shape)) if len(shape) <= 8 else f"({', '.join(map(str, shape[:8]))}, ...) of rank {len(shape)}"
 
 
 def _short(e: Exception) -> str:

@@ -18,7 +18,12 @@ Reading back (the information the formats lack):
   Per-channel entries get axis 0 and `meta["axis_known"] = False`: the caller fixes the axis from the graph
   (Conv weight 0, ConvTranspose 1, MatMul weight 1).
 - 2.0.0: symmetric = signed storage with every zero point 0.
-Every encoding read is `frozen=True`. A malformed file raises ConfigError naming the file and the entry.
+Every encoding read is `frozen=True`. A malformed file raises ConfigError naming the file and the entry: bit
+widths outside bitwidths.py's table (INT 4/8/16, FLOAT 16/32; float8, bfloat16, 33 or 64 bits are refused),
+NaN/Inf/zero/negative scales, offsets or zero points outside the grid. Before use, `fit_param_encoding` and
+`check_activation_encoding` check each entry against the model (quant/api.py `_freeze`): the axis in range for
+the weight's rank, one scale per channel on that axis, a block size no larger than the blocked dim and the
+scale count ceil(dim / block_size) per block row (ONNX DequantizeLinear's rule; a last block may be partial).
 """
 from __future__ import annotations
 
@@ -28,11 +33,18 @@ from typing import Iterable, Optional
 import numpy as np
 
 from ..errors import ConfigError
+from .bitwidths import BIAS_BITS, FLOAT_BITS, INT_BITS
 from .config import load_json_strict
 from .encoding import Encoding
+from .untrusted import short
 
 VERSIONS = ("1.0.0", "2.0.0")
 _FLOAT_DTYPES = {16: "float16", 32: "float32"}
+_FLOAT_NAMES = {v: k for k, v in _FLOAT_DTYPES.items() if k in FLOAT_BITS}
+MAX_NAME_CHARS = 60
+# what a file may hold: weight/activation grids and int32 biases (as written by write_encodings); an int32 entry
+# used for a weight or an activation is refused when it is checked against the model
+READ_INT_BITS = tuple(sorted(set(INT_BITS) | set(BIAS_BITS)))
 
 
 # --- writing ----------------------------------------------------------------------------------------------
@@ -121,28 +133,42 @@ class _Reader:
         self.path = path
 
     def err(self, entry: str, msg: str) -> ConfigError:
-        return ConfigError(f"{self.path}: encoding '{entry}': {msg}")
+        return ConfigError(f"{self.path}: encoding {_name(entry)}: {msg}")
 
     def scale(self, v, entry, nested=False) -> np.ndarray:
         try:
             a = np.asarray(v, dtype=np.float64)
-        except (TypeError, ValueError):
-            raise self.err(entry, f"scale must be numbers, got {str(v)[:60]}") from None
-        if a.size == 0 or not np.all(np.isfinite(a)) or np.any(a <= 0):
-            raise self.err(entry, "scale must be finite, positive and non-empty")
-        return a.astype(np.float32)
+        except (TypeError, ValueError, OverflowError):
+            raise self.err(entry, f"scale must be numbers, got {short(v)}") from None
+        if a.size == 0:
+            raise self.err(entry, "scale must be finite, positive and non-empty (it is empty)")
+        if not np.all(np.isfinite(a)):
+            raise self.err(entry, "scale must be finite, positive and non-empty (found NaN or Inf)")
+        if np.any(a <= 0):
+            raise self.err(entry, "scale must be finite, positive and non-empty (found a zero or negative scale)")
+        f32 = a.astype(np.float32)
+        if not np.all(np.isfinite(f32)) or np.any(f32 <= 0):
+            raise self.err(entry, "scale overflows or underflows float32")
+        return f32
 
     def ints(self, v, entry, what) -> np.ndarray:
-        a = np.asarray(v)
-        if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(a == np.round(a)):
+        try:
+            a = np.asarray(v)
+        except (TypeError, ValueError, OverflowError):
+            raise self.err(entry, f"{what} must be integers, got {short(v)}") from None
+        if a.dtype.kind == "f" and np.all(np.isfinite(a)) and np.all(np.abs(a) < 2.0 ** 53) \
+                and np.all(a == np.round(a)):
             a = a.astype(np.int64)
         if a.size == 0 or a.dtype.kind not in "iu":
-            raise self.err(entry, f"{what} must be integers, got {str(v)[:60]}")
+            raise self.err(entry, f"{what} must be integers, got {short(v)}")
+        if a.dtype.kind == "u" and np.any(a > np.iinfo(np.int64).max):
+            raise self.err(entry, f"{what} outside the integer range")
         return a.astype(np.int64)
 
-    def bits(self, v, entry) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64:
-            raise self.err(entry, f"bit width must be an integer, got {v!r}")
+    def bits(self, v, entry, allowed=READ_INT_BITS, dtype="INT") -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v not in allowed:
+            raise self.err(entry, f"bit width {short(v)} is not supported for dtype {dtype} "
+                           f"(supported: {', '.join(map(str, allowed))})")
         return v
 
     def boolean(self, v, entry, key) -> bool:
@@ -150,7 +176,12 @@ class _Reader:
             return v
         if v in ("True", "False", "true", "false"):
             return v in ("True", "true")
-        raise self.err(entry, f"'{key}' must be a boolean, got {v!r}")
+        raise self.err(entry, f"'{key}' must be a boolean, got {short(v)}")
+
+
+def _name(entry) -> str:
+    """An entry's name for a message: quoted, at most ~60 characters."""
+    return short(entry, MAX_NAME_CHARS) if isinstance(entry, str) else short(entry)
 
 
 def _from_aimet_offset(r: _Reader, entry: str, scale, offset, bits: int, sym: bool, **kw) -> Encoding:
@@ -171,23 +202,23 @@ def _from_aimet_offset(r: _Reader, entry: str, scale, offset, bits: int, sym: bo
 
 def _read_v1_entry(r: _Reader, e) -> tuple:
     if not isinstance(e, dict) or not isinstance(e.get("name"), str):
-        raise ConfigError(f"{r.path}: encoding entry without a string 'name': {str(e)[:80]}")
+        raise ConfigError(f"{r.path}: encoding entry without a string 'name': {short(e)}")
     name = e["name"]
     for k in ("bw",):
         if k not in e:
             raise r.err(name, f"missing '{k}'")
-    bits = r.bits(e["bw"], name)
     dtype = e.get("dtype", "INT")
-    if dtype not in ("INT", "FLOAT"):
-        raise r.err(name, f"dtype must be INT or FLOAT, got {dtype!r}")
+    if not isinstance(dtype, str) or dtype not in ("INT", "FLOAT"):
+        raise r.err(name, f"dtype must be INT or FLOAT, got {short(dtype)}")
+    bits = r.bits(e["bw"], name, FLOAT_BITS if dtype == "FLOAT" else READ_INT_BITS, dtype)
     if dtype == "FLOAT":
         return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float", frozen=True)
     for k in ("scale", "offset", "is_sym", "enc_type"):
         if k not in e:
             raise r.err(name, f"missing '{k}'")
     enc_type = e["enc_type"]
-    if enc_type not in ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK"):
-        raise r.err(name, f"enc_type {enc_type!r} is not supported (PER_TENSOR, PER_CHANNEL, PER_BLOCK)")
+    if not isinstance(enc_type, str) or enc_type not in ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK"):
+        raise r.err(name, f"enc_type {short(enc_type)} is not supported (PER_TENSOR, PER_CHANNEL, PER_BLOCK)")
     scale = r.scale(e["scale"], name).reshape(-1)
     kw = {}
     if enc_type == "PER_TENSOR" and scale.size != 1:
@@ -197,7 +228,7 @@ def _read_v1_entry(r: _Reader, e) -> tuple:
     if enc_type == "PER_BLOCK":
         bs = e.get("block_size")
         if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
-            raise r.err(name, f"PER_BLOCK needs a positive 'block_size', got {bs!r}")
+            raise r.err(name, f"PER_BLOCK needs a positive 'block_size', got {short(bs)}")
         kw["block_size"] = bs
     sym = r.boolean(e["is_sym"], name, "is_sym")
     return name, _from_aimet_offset(r, name, scale, e["offset"], bits, sym, **kw)
@@ -208,7 +239,7 @@ def _read_v1(r: _Reader, doc: dict) -> tuple:
     for key in ("activation_encodings", "param_encodings"):
         lst = doc.get(key, [])
         if not isinstance(lst, list):
-            raise ConfigError(f"{r.path}: '{key}' must be a list in version {doc.get('version')}")
+            raise ConfigError(f"{r.path}: '{key}' must be a list in version 1.0.0, got {short(lst)}")
         d = {}
         for e in lst:
             name, enc = _read_v1_entry(r, e)
@@ -221,23 +252,23 @@ def _read_v1(r: _Reader, doc: dict) -> tuple:
 
 def _read_v2_entry(r: _Reader, e) -> tuple:
     if not isinstance(e, dict) or not isinstance(e.get("name"), str):
-        raise ConfigError(f"{r.path}: encoding entry without a string 'name': {str(e)[:80]}")
+        raise ConfigError(f"{r.path}: encoding entry without a string 'name': {short(e)}")
     name = e["name"]
     od = e.get("output_dtype")
     if not isinstance(od, str):
         raise r.err(name, "missing 'output_dtype'")
-    if od.startswith("float") or od.startswith("bfloat"):
-        bits = int("".join(c for c in od if c.isdigit())[:2] or 16)
-        return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float",
+    if od in _FLOAT_NAMES:
+        return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=_FLOAT_NAMES[od], dtype="float",
                               frozen=True, meta={"output_dtype": od})
+    supported = [f"{p}{b}" for b in READ_INT_BITS for p in ("int", "uint")] + list(_FLOAT_NAMES)
     if od.startswith("uint"):
         signed, b = False, od[4:]
     elif od.startswith("int"):
         signed, b = True, od[3:]
     else:
-        raise r.err(name, f"output_dtype {od!r} is not supported")
-    if not b.isdigit() or not 2 <= int(b) <= 32:
-        raise r.err(name, f"output_dtype {od!r} is not supported")
+        raise r.err(name, f"output_dtype {short(od)} is not supported (supported: {', '.join(supported)})")
+    if not b.isdigit() or len(b) > 3 or int(b) not in READ_INT_BITS:
+        raise r.err(name, f"output_dtype {short(od)} is not supported (supported: {', '.join(supported)})")
     bits = int(b)
     if "y_scale" not in e:
         raise r.err(name, "missing 'y_scale'")
@@ -258,14 +289,14 @@ def _read_v2_entry(r: _Reader, e) -> tuple:
     if "axis" in e:
         ax = e["axis"]
         if isinstance(ax, bool) or not isinstance(ax, int):
-            raise r.err(name, f"axis must be an integer, got {ax!r}")
+            raise r.err(name, f"axis must be an integer, got {short(ax)}")
         enc.axis = ax
     elif scale.ndim > 0 and scale.size > 1:
         raise r.err(name, "several scales but no 'axis'")
     if "block_size" in e:
         bs = e["block_size"]
         if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
-            raise r.err(name, f"block_size must be a positive integer, got {bs!r}")
+            raise r.err(name, f"block_size must be a positive integer, got {short(bs)}")
         enc.block_size = bs
     if enc.axis is None and scale.ndim > 0:
         enc.scale, enc.zero_point = scale.reshape(()), zp.reshape(())
@@ -297,15 +328,21 @@ def _read_legacy(r: _Reader, doc: dict) -> tuple:
         for name, items in section.items():
             if isinstance(items, dict):
                 items = [items]
+            if not isinstance(name, str):
+                raise ConfigError(f"{r.path}: legacy '{key}' has a non-string name {short(name)}")
             if not isinstance(items, list) or not items or not all(isinstance(i, dict) for i in items):
                 raise r.err(name, "expected a non-empty list of {bitwidth, scale, offset, ...}")
             for k in ("bitwidth", "scale", "offset"):
                 if any(k not in i for i in items):
                     raise r.err(name, f"missing '{k}'")
-            bits = r.bits(items[0]["bitwidth"], name)
-            if any(i["bitwidth"] != bits for i in items):
-                raise r.err(name, "channels with different bit widths")
-            if str(items[0].get("dtype", "int")).lower() == "float":
+            dt = items[0].get("dtype", "int")
+            if not isinstance(dt, str) or dt.lower() not in ("int", "float"):
+                raise r.err(name, f"dtype must be int or float, got {short(dt)}")
+            is_float = dt.lower() == "float"
+            bits = r.bits(items[0]["bitwidth"], name, FLOAT_BITS if is_float else READ_INT_BITS, dt.upper())
+            if any(i["bitwidth"] != bits or i.get("dtype", "int") != dt for i in items):
+                raise r.err(name, "channels with different bit widths or dtypes")
+            if is_float:
                 d[name] = Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float",
                                    frozen=True)
                 continue
@@ -336,7 +373,82 @@ def read_encodings(path: str, param_names: Optional[Iterable[str]] = None) -> tu
     if "activation_encodings" not in doc and "param_encodings" not in doc:
         raise ConfigError(f"{path}: not an AIMET encodings file (no 'activation_encodings', 'param_encodings' "
                           f"or 'encodings')")
-    raise ConfigError(f"{path}: encodings version {version!r} is not supported (1.0.0, 2.0.0, legacy 0.6.1)")
+    raise ConfigError(f"{path}: encodings version {short(version)} is not supported (1.0.0, 2.0.0, legacy 0.6.1)")
 
 
-__all__ = ["write_encodings", "read_encodings"]
+# --- checking against the model -----------------------------------------------------------------------------
+def _weight_or_activation_bits(path, name, enc, what):
+    if enc.bits not in INT_BITS:
+        raise ConfigError(f"{path}: encoding {_name(name)}: {enc.bits}-bit grid for {what}; supported: "
+                          f"{', '.join(map(str, INT_BITS))} bits ({', '.join(map(str, BIAS_BITS))} is for biases)")
+
+
+def check_activation_encoding(path: str, name: str, enc: Encoding) -> None:
+    """An activation's encoding must be one scale (qcompiler quantizes activations per tensor)."""
+    if enc.dtype == "float":
+        return
+    _weight_or_activation_bits(path, name, enc, "an activation")
+    if enc.block_size or np.size(enc.scale) != 1:
+        raise ConfigError(f"{path}: encoding {_name(name)}: {np.size(enc.scale)} scales"
+                          f"{' per block' if enc.block_size else ''} for an activation; activations are "
+                          f"quantized per tensor (one scale)")
+    enc.scale = np.asarray(enc.scale, np.float32).reshape(())
+    enc.zero_point = np.asarray(enc.zero_point, np.int64).reshape(())
+    enc.axis = None
+
+
+def fit_param_encoding(path: str, name: str, enc: Encoding, shape, axis_hint: Optional[int] = None) -> Encoding:
+    """Check a weight's encoding against the weight's `shape` and fix its axis; ConfigError names the entry.
+
+    1.0.0 and legacy files record no axis (`meta["axis_known"]` False): `axis_hint` (the axis placement chose
+    for this weight) is used, else 0. The scale count must be the channel count on the axis (per-channel) or
+    ceil(dim / block_size) times the other dims (per-block); the scale is reshaped to what Q/DQ expects.
+    Only shapes and counts are compared: no weight data is read.
+    """
+    if enc.dtype == "float":
+        return enc
+    _weight_or_activation_bits(path, name, enc, "a weight")
+
+    def err(msg):
+        return ConfigError(f"{path}: encoding {_name(name)}: {msg}")
+    n = int(np.size(enc.scale))
+    if enc.axis is None and not enc.block_size:
+        if n != 1:
+            raise err(f"{n} scales but no axis")
+        return enc
+    if shape is None or any(not isinstance(d, (int, np.integer)) or d < 0 for d in shape):
+        raise err("per-channel or per-block encoding for a weight whose shape is not known")
+    shape = tuple(int(d) for d in shape)
+    rank = len(shape)
+    if rank == 0:
+        raise err("per-channel or per-block encoding for a scalar weight")
+    if enc.meta.get("axis_known", True) is False:
+        axis = axis_hint if axis_hint is not None else 0
+    else:
+        axis = enc.axis
+    if not -rank <= axis < rank:
+        raise err(f"axis {axis} is out of range for the weight's rank {rank} (shape {shape})")
+    axis %= rank
+    dim = shape[axis]
+    zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), np.shape(enc.scale))
+    if enc.block_size:
+        bs = int(enc.block_size)
+        if bs > dim:
+            raise err(f"block_size {bs} is larger than dim {axis} of the weight ({dim}, shape {shape})")
+        want = shape[:axis] + (-(-dim // bs),) + shape[axis + 1:]
+        if n != int(np.prod(want, dtype=np.int64)) or (np.ndim(enc.scale) > 1 and np.shape(enc.scale) != want):
+            raise err(f"{n} scales of shape {np.shape(enc.scale)} do not fit block_size {bs} on axis {axis} of a "
+                      f"weight of shape {shape} (expected shape {want})")
+    else:
+        if n != dim:
+            raise err(f"{n} scales but the weight has {dim} channels on axis {axis} (shape {shape})")
+        want = (dim,)
+    enc.scale = np.asarray(enc.scale, np.float32).reshape(want)
+    enc.zero_point = np.array(zp, np.int64).reshape(want)
+    enc.axis = axis
+    if "axis_known" in enc.meta:
+        enc.meta["axis_known"] = True
+    return enc
+
+
+__all__ = ["write_encodings", "read_encodings", "fit_param_encoding", "check_activation_encoding"]

@@ -35,9 +35,12 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Optional
 
 from ..errors import ConfigError
+from .bitwidths import check_bits
+from .untrusted import short
 
 DATA_MOVEMENT = ["Reshape", "Transpose", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze", "Flatten",
                  "MaxPool", "Expand", "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth",
@@ -125,35 +128,184 @@ PROFILES: dict = {
 
 
 def get_profile(target) -> dict:
-    """The profile named `target` (a deep copy, safe to edit), or a dict/YAML file path given by the user."""
+    """The profile named `target` (a deep copy, safe to edit), or a dict/YAML/JSON file path given by the user.
+
+    A user's profile (dict or file) names a `base` (default ort_cpu) and overrides its keys; every key's type
+    and range is checked (`check_profile`), so a bad value is one ConfigError line naming the file and key.
+    """
+    return _get_profile(target, "profile")
+
+
+def _get_profile(target, source: str) -> dict:
     if isinstance(target, dict):
         base_name = target.get("base", "ort_cpu")
-        if base_name not in PROFILES:
-            raise ConfigError(f"profile: unknown base '{base_name}'; known targets: {', '.join(PROFILES)}")
+        if not isinstance(base_name, str) or base_name not in PROFILES:
+            raise ConfigError(f"{source}: unknown base {short(base_name)}; known targets: {', '.join(PROFILES)}")
         base = copy.deepcopy(PROFILES[base_name])
-        unknown = sorted(k for k in target if k not in base and k not in ("base", "name"))
+        unknown = [_key(k) for k in target if k not in base and k not in ("base", "name")]
         if unknown:  # a typo must not be silently ignored
-            raise ConfigError(f"profile: unknown key(s) {', '.join(unknown)}; known: {', '.join(sorted(base))}")
+            raise ConfigError(f"{source}: unknown key(s) {', '.join(sorted(unknown)[:5])}; "
+                              f"known: {', '.join(sorted(base))}")
         base["name"] = base_name + "+custom"
         base.update(copy.deepcopy(target))
-        return base
-    if target in PROFILES:
+        return check_profile(base, source)
+    if isinstance(target, str) and target in PROFILES:
         prof = copy.deepcopy(PROFILES[target])
         prof["name"] = target
         return prof
     if isinstance(target, str) and target.endswith((".yaml", ".yml", ".json")):
-        import yaml
-        try:
-            with open(target) as f:
-                data = yaml.safe_load(f)
-        except OSError as e:
-            raise ConfigError(f"profile '{target}': {e.strerror or e}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"profile '{target}': not valid YAML ({str(e).splitlines()[0]})") from None
+        from ..input_files import read_bounded
+        from .untrusted import decode_text, parse_json, parse_yaml
+        text = decode_text(read_bounded(target, "profile", ConfigError), target, "profile")
+        src = f"profile '{target}'"
+        if target.endswith(".json"):
+            data = parse_json(text, src, ConfigError)
+        else:
+            data = parse_yaml(text, src, ConfigError)
         if not isinstance(data, dict):
-            raise ConfigError(f"profile '{target}': expected a mapping at top level")
-        return get_profile(data)
-    raise ConfigError(f"unknown target '{target}'; known targets: {', '.join(PROFILES)}")
+            raise ConfigError(f"{src}: expected a mapping at top level, got {short(data)}")
+        return _get_profile(data, src)
+    if not isinstance(target, str):
+        raise ConfigError(f"target must be a profile name, a profile file path or a dict, got {short(target)}")
+    raise ConfigError(f"unknown target {short(target)}; known targets: {', '.join(PROFILES)}")
+
+
+def _key(k) -> str:
+    k = k if isinstance(k, str) else short(k)
+    return k if len(k) <= 60 else k[:60] + "..."
+
+
+class _Check:
+    """Type and range checks of one profile's keys; each failure is `source: key: what was expected`."""
+
+    def __init__(self, source: str):
+        self.source = source
+
+    def err(self, where: str, msg: str) -> ConfigError:
+        return ConfigError(f"{self.source}: {where}: {msg}")
+
+    def mapping(self, v, where) -> dict:
+        if not isinstance(v, dict):
+            raise self.err(where, f"expected a mapping, got {short(v)}")
+        return v
+
+    def boolean(self, v, where) -> bool:
+        if not isinstance(v, bool):
+            raise self.err(where, f"expected true/false, got {short(v)}")
+        return v
+
+    def names(self, v, where) -> list:
+        if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+            raise self.err(where, f"expected a list of op type names, got {short(v)}")
+        return list(v)
+
+    def slot(self, v, where) -> int:
+        if isinstance(v, str) and v.isdigit() and len(v) < 6:   # JSON keys are strings
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 1024:
+            raise self.err(where, f"expected an input/output slot number (0..1023), got {short(v)}")
+        return v
+
+    def number(self, v, where) -> float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
+            raise self.err(where, f"expected a finite number, got {short(v)}")
+        return float(v)
+
+    def grid(self, v, where, keys) -> dict:
+        d = self.mapping(v, where)
+        for k in d:
+            if k not in keys:
+                raise self.err(f"{where}.{_key(k)}", f"unknown key (allowed: {', '.join(keys)})")
+        for k in keys:
+            if k not in d:
+                raise self.err(where, f"missing '{k}'")
+        out = {"bits": check_bits(d["bits"], f"{self.source}: {where}.bits"),
+               "symmetric": self.boolean(d["symmetric"], f"{where}.symmetric")}
+        if "range_bits" in d:
+            rb = d["range_bits"]
+            if isinstance(rb, bool) or not isinstance(rb, int) or not 2 <= rb <= out["bits"]:
+                raise self.err(f"{where}.range_bits", f"expected an integer in 2..{out['bits']} (bits), "
+                               f"got {short(rb)}")
+            out["range_bits"] = rb
+        return out
+
+
+_NAME_LISTS = ("per_channel_ops", "float_output_ops", "shares_input_encoding", "tie_inputs_and_output",
+               "bias_add_ops", "output_q_through", "float_kernel_ops", "requantizes_float_weights")
+_BOOLS = ("quantize_data_movement_outputs", "prefold_unfused_weight_dq")
+
+
+def check_profile(p: dict, source: str = "profile") -> dict:
+    """`p` with every key's type and range checked (JSON slot keys made ints); ConfigError names the key."""
+    c = _Check(source)
+    for k in ("name", "description", "base"):
+        if k in p and not isinstance(p[k], str):
+            raise c.err(k, f"expected a string, got {short(p[k])}")
+    p["activation"] = c.grid(p.get("activation"), "activation", ("bits", "symmetric"))
+    p["weight"] = c.grid(p.get("weight"), "weight", ("bits", "symmetric", "range_bits")
+                         if "range_bits" in c.mapping(p.get("weight"), "weight") else ("bits", "symmetric"))
+    wab = p.get("wide_activation_bits")
+    if wab is not None:
+        check_bits(wab, f"{source}: wide_activation_bits")
+    if "per_block_weight_bits" in p:
+        pb = p["per_block_weight_bits"]
+        if not isinstance(pb, list):
+            raise c.err("per_block_weight_bits", f"expected a list of bit widths, got {short(pb)}")
+        for i, b in enumerate(pb):
+            check_bits(b, f"{source}: per_block_weight_bits[{i}]")
+    weights = {}
+    for op, slots in c.mapping(p.get("weights", {}), "weights").items():
+        w = f"weights.{_key(op)}"
+        rules = {}
+        for slot, rule in c.mapping(slots, w).items():
+            s = c.slot(slot, f"{w} slot")
+            if rule != "gemm_transB" and (isinstance(rule, bool) or not isinstance(rule, int)
+                                          or not -8 <= rule < 8):
+                raise c.err(f"{w}.{_key(slot)}", f"expected an axis (-8..7) or 'gemm_transB', got {short(rule)}")
+            rules[s] = rule
+        weights[op] = rules
+    p["weights"] = weights
+    p["bias"] = {op: c.slot(s, f"bias.{_key(op)}") for op, s in c.mapping(p.get("bias", {}), "bias").items()}
+    for k in _NAME_LISTS:
+        if k in p:
+            p[k] = c.names(p[k], k)
+    for k in _BOOLS:
+        if k in p:
+            c.boolean(p[k], k)
+    if "float_outputs" in p:
+        fo = {}
+        for op, slots in c.mapping(p["float_outputs"], "float_outputs").items():
+            w = f"float_outputs.{_key(op)}"
+            if not isinstance(slots, list):
+                raise c.err(w, f"expected a list of output slots, got {short(slots)}")
+            fo[op] = [c.slot(s, w) for s in slots]
+        p["float_outputs"] = fo
+    if "fixed_output_range" in p:
+        for op, r in c.mapping(p["fixed_output_range"], "fixed_output_range").items():
+            w = f"fixed_output_range.{_key(op)}"
+            if not isinstance(r, list) or len(r) != 2:
+                raise c.err(w, f"expected [min, max], got {short(r)}")
+            lo, hi = c.number(r[0], w), c.number(r[1], w)
+            if not lo < hi:
+                raise c.err(w, "min must be below max")
+    if "fused_activations" in p:
+        fa = p["fused_activations"]
+        if not isinstance(fa, list) or not all(isinstance(x, list) and len(x) == 2
+                                               and all(isinstance(y, str) for y in x) for x in fa):
+            raise c.err("fused_activations", f"expected a list of [producer op, activation op] pairs, "
+                        f"got {short(fa)}")
+    if "integer_weight_kernels" in p:
+        for op, rule in c.mapping(p["integer_weight_kernels"], "integer_weight_kernels").items():
+            w = f"integer_weight_kernels.{_key(op)}"
+            rule = c.mapping(rule, w)
+            for k, v in rule.items():
+                if k == "act_bits":
+                    check_bits(v, f"{source}: {w}.act_bits")
+                elif k == "output_q":
+                    c.boolean(v, f"{w}.output_q")
+                else:
+                    raise c.err(f"{w}.{_key(k)}", "unknown key (allowed: act_bits, output_q)")
+    return p
 
 
 def weight_axis(profile: dict, node, slot: int, rank: int) -> Optional[int]:
