@@ -25,8 +25,11 @@ def require_model(value, what: str = "model"):
     """`value` must be a qcompiler IR Model; returns it."""
     from .ir.model import Model
     if not isinstance(value, Model):
-        hint = " (load it with qcompiler.onnx_io.load_model)" if isinstance(value, (str, os.PathLike)) or \
-            hasattr(value, "SerializeToString") else ""
+        hint = ""
+        if isinstance(value, (str, os.PathLike)):
+            hint = " (load it with qcompiler.onnx_io.load_model)"
+        elif hasattr(value, "SerializeToString"):
+            hint = " (convert it with qcompiler.onnx_io.model_from_proto)"
         raise ArgumentError(f"{what} must be a qcompiler Model, got {got(value)}{hint}")
     return value
 

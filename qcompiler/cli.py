@@ -39,14 +39,11 @@ def _fail(msg: str, code: int, prefix: str = "error") -> None:
 
 def _crash_report(exc: BaseException) -> str:
     """Write the traceback (with the command line and versions) to a new private file; returns its path, or a
-    short reason why it could not be written."""
+    short reason in parentheses why it could not be written."""
     import datetime
     import platform
     import tempfile
     import traceback
-    folder = os.environ.get("QCOMPILER_CRASH_DIR") or tempfile.gettempdir()
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = os.path.join(folder, f"qcompiler-crash-{stamp}-{os.getpid()}.txt")
     try:
         from importlib.metadata import version
         versions = []
@@ -58,13 +55,27 @@ def _crash_report(exc: BaseException) -> str:
         text = (f"qcompiler internal error\ncommand: {' '.join(map(repr, sys.argv))}\n"
                 f"python {platform.python_version()} on {platform.platform()}; {', '.join(versions)}\n\n"
                 + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
-        # NOTE: O_EXCL and O_NOFOLLOW: in a shared /tmp a planted file or symlink of that name is never written
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
-        return path
-    except Exception as e:  # noqa: BLE001 - a full disk or a read-only folder: still one line, never a second traceback
+    except Exception as e:  # noqa: BLE001 - never a second traceback
         return f"(not saved: {type(e).__name__}: {_one_line(e)[:120]})"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folders = [f for f in (os.environ.get("QCOMPILER_CRASH_DIR"), tempfile.gettempdir()) if f]
+    problem = "no folder"
+    for folder in folders:
+        for k in range(3):
+            path = os.path.join(folder, f"qcompiler-crash-{stamp}-{os.getpid()}{f'-{k}' if k else ''}.txt")
+            try:
+                # NOTE: O_EXCL and O_NOFOLLOW: in a shared /tmp a planted file or symlink of that name is never
+                # written through; 0600 because the command line and paths in it are the user's business
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+                    f.write(text)
+                return path
+            except FileExistsError:
+                continue
+            except Exception as e:  # noqa: BLE001 - a full disk or a read-only folder: try the next one
+                problem = f"{type(e).__name__}: {_one_line(e)[:120]}"
+                break
+    return f"(not saved: {problem})"
 
 
 def _internal_error(exc: BaseException) -> None:
@@ -92,7 +103,14 @@ class _Group(click.Group):
         except QCompilerError as e:
             _fail(str(e) if str(e).strip() else type(e).__name__, 2)
         except PassError as e:
-            _fail(str(e) if str(e).strip() else type(e).__name__, 1)
+            msg = str(e) if str(e).strip() else type(e).__name__
+            cause = e.__cause__
+            if cause is not None and not isinstance(cause, (PassError, QCompilerError)):
+                # a pass crashed (a bug in it): keep the traceback of what it raised
+                where = _crash_report(e)
+                msg = _one_line(msg)[:MESSAGE_CHARS - 200] + (
+                    f"; full traceback in {where}" if not where.startswith("(") else f"; traceback {where[1:-1]}")
+            _fail(msg, 1)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
