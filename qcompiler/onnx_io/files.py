@@ -47,6 +47,8 @@ def load_proto(path: str) -> onnx.ModelProto:
 
 def load_model(path: str) -> Model:
     """Load an ONNX file into the IR (external data resolved lazily against the file's folder)."""
+    from ..arguments import require_path
+    path = require_path(path, "model")   # an int would be opened as the caller's file descriptor, then closed
     proto = load_proto(path)
     return model_from_proto(proto, os.path.dirname(os.path.abspath(path)))
 

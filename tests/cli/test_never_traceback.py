@@ -408,3 +408,16 @@ def test_save_model_of_a_non_model_is_an_argument_error(tmp_path):
         with pytest.raises(ArgumentError, match=f"save_model: model must be a qcompiler Model, got .*{hint}"):
             save_model(bad, str(tmp_path / "o.onnx"))
     assert os.listdir(tmp_path) == []
+
+
+def test_load_model_of_an_integer_leaves_the_callers_descriptor_open(tmp_path):
+    from qcompiler.onnx_io import load_model
+    onnx.save(_relu(17), str(tmp_path / "m.onnx"))
+    fd = os.open(str(tmp_path / "m.onnx"), os.O_RDONLY)
+    try:
+        for bad in (fd, None, 2.5):
+            with pytest.raises(ArgumentError, match="model must be a path"):
+                load_model(bad)
+        os.fstat(fd)   # still open
+    finally:
+        os.close(fd)
