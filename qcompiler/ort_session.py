@@ -71,12 +71,13 @@ def _short_path(name) -> str:
     return name if len(name) <= 80 else "..." + name[-77:]
 
 
-def model_name(role: str = "") -> str:
-    """How messages name the model: the `model_label` path (or 'the model'), plus `role` in parentheses."""
+def model_prefix(role: str = "") -> str:
+    """How a message starts: the `model_label` path and `role` ("m.onnx: ", "m.onnx (quantized): "), or ""
+    when no label is set (the message then says "the model" itself)."""
     base = _LABEL.get()
-    if base and role:
-        return f"{base} ({role})"
-    return base or role or "the model"
+    if not base:
+        return ""
+    return f"{base} ({role}): " if role else f"{base}: "
 
 
 _CODE = re.compile(r"\[ONNXRuntimeError\] : \d+ : [A-Z_]+ : ")
@@ -141,8 +142,8 @@ class Session:
     Same `get_inputs`/`get_outputs`/`run(names, feed)` as onnxruntime's, so callers need not know the wrapper.
     """
 
-    def __init__(self, sess, label: str):
-        self._sess, self.label = sess, label
+    def __init__(self, sess, prefix: str, role: str = ""):
+        self._sess, self._prefix, self._role = sess, prefix, role
 
     def get_inputs(self):
         return self._sess.get_inputs()
@@ -162,10 +163,48 @@ class Session:
             if "input" not in str(e):
                 raise
             reason = ort_reason(e)
-        at = f" on {where}" if where else ""
-        err = DataError(f"{self.label}: onnxruntime failed{at}: {reason}")
+        if self._prefix:
+            at = f" on {where}" if where else ""
+        else:
+            at = f" on {where}" if where else f" on the {self._role} model" if self._role else ""
+        err = DataError(f"{self._prefix}onnxruntime failed{at}: {reason}")
         err.reason = reason
         raise err
+
+
+SESSION_PREFIX = "qcompiler-session-"
+_swept = False
+
+
+def _sweep_leftovers() -> None:
+    """Once per process: remove the session folders a killed qcompiler left in the temporary folder (SIGKILL
+    runs no `finally`; each holds a copy of a model). Only our user's folders whose process is gone."""
+    global _swept
+    if _swept:
+        return
+    _swept = True
+    try:
+        with os.scandir(tempfile.gettempdir()) as it:
+            for entry in it:
+                if not entry.name.startswith(SESSION_PREFIX):
+                    continue
+                pid = entry.name[len(SESSION_PREFIX):].split("-", 1)[0]
+                if not pid.isdigit() or int(pid) == os.getpid() or _alive(int(pid)):
+                    continue
+                if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_uid == os.getuid():
+                    shutil.rmtree(entry.path, ignore_errors=True)
+    except OSError:
+        pass   # an unreadable temporary folder: nothing to sweep, and no reason to fail the run
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def create_session(model, role: str = "", opt_level=None, threads: Optional[int] = 1, extra_outputs=()) -> Session:
@@ -178,7 +217,8 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
     NOTE: the model goes to onnxruntime as a file, not as bytes: from bytes it keeps ~90 MB more for minilm (210 vs
     126 MB after load, 262 vs 140 MB peak), and an IR model is written tensor by tensor (exporter.write_model), so
     no serialized copy of the weights is held here. The file sits alone in a private temporary folder, so an
-    external-data location the importer missed resolves to nothing rather than to a file beside it.
+    external-data location the importer missed resolves to nothing rather than to a file beside it; the folder
+    is named by our pid, so a later run removes what a killed one left (`_sweep_leftovers`).
     """
     ort = _ort()
     so = ort.SessionOptions()
@@ -187,8 +227,9 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         so.intra_op_num_threads = threads
     if opt_level is not None:
         so.graph_optimization_level = opt_level
-    label = model_name(role)
-    folder = tempfile.mkdtemp(prefix="qcompiler-session-")
+    prefix = model_prefix(role)
+    _sweep_leftovers()
+    folder = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-")
     try:
         path = os.path.join(folder, "model.onnx")
         with open(path, "wb") as f:
@@ -204,8 +245,9 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         except ort_errors() as e:
             reason = ort_reason(e)
         else:
-            return Session(sess, label)
-        err = OnnxRuntimeError(f"{label}: onnxruntime refuses the model: {reason}")
+            return Session(sess, prefix, role)
+        what = "the model" if prefix or not role else f"the {role} model"
+        err = OnnxRuntimeError(f"{prefix}onnxruntime refuses {what}: {reason}")
         err.reason = reason   # onnxruntime's reason alone, for callers that word their own line
         raise err
     finally:

@@ -161,7 +161,7 @@ class Verifier(Instrumentation):
     def _input_outputs(self, model, proto=None):
         """The outputs of the model as it came in (or as the last unverified pass left it) on the feeds."""
         from ..errors import DataError, InvalidModelError
-        from ..ort_session import create_session, model_name
+        from ..ort_session import create_session, model_prefix
         proto = proto if proto is not None else model_to_proto(model)
         sess = create_session(proto, threads=None)   # a refusal is the input's fault: OnnxRuntimeError, exit 2
         given = self.feeds is not None
@@ -172,7 +172,7 @@ class Verifier(Instrumentation):
         except DataError as e:
             if given:
                 raise
-            raise InvalidModelError(f"{model_name()}: onnxruntime cannot run the model on random inputs "
+            raise InvalidModelError(f"{model_prefix()}onnxruntime cannot run the model on random inputs "
                                     f"({e.reason}); pass real inputs with --verify-inputs") from None
 
     def _outputs_after(self, p, proto):
@@ -200,8 +200,8 @@ class Verifier(Instrumentation):
             if p is not None:
                 raise PassError(f"onnx.checker fails {where}: {reason}") from None
             from ..errors import InvalidModelError
-            from ..ort_session import model_name
-            raise InvalidModelError(f"{model_name()}: onnx.checker rejects the model: {reason}") from None
+            from ..ort_session import model_prefix
+            raise InvalidModelError(f"{model_prefix()}onnx.checker rejects the model: {reason}") from None
         return proto
 
     def after_pass(self, p, model, result):

@@ -151,6 +151,10 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     """
     _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
                      load_encodings, progress, limit, bias_correction, weight_block)
+    # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
+    model_or_path, calib, target, config, load_encodings = (
+        os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a
+        for a in (model_or_path, calib, target, config, load_encodings))
     from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
         return _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -174,7 +178,7 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
         hint = " (a single feed dict: wrap it in a list)" if isinstance(calib, dict) else ""
         raise ArgumentError(f"calib must be an .npz path, a folder of .npz files or an iterable of feed dicts, "
                             f"got {got(calib)}{hint}")
-    if target is not None and not isinstance(target, (str, dict)):
+    if target is not None and not isinstance(target, (str, dict, os.PathLike)):
         raise ArgumentError(f"target must be a profile name, a profile YAML path or a dict, got {got(target)}")
     if scheme is not None and not isinstance(scheme, str):
         raise ArgumentError(f"scheme must be a scheme name (e.g. 'min_max'), got {got(scheme)}")
