@@ -85,6 +85,22 @@ def _short_data():
     return _model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv")], [X], [Y], [_weight(5)])
 
 
+def _recursive_function():
+    opsets = [helper.make_opsetid("", 17), helper.make_opsetid("local", 1)]
+    f = helper.make_function("local", "Rec", ["a"], ["b"], [helper.make_node("Rec", ["a"], ["b"], domain="local")],
+                             opsets)
+    g = helper.make_graph([helper.make_node("Rec", ["x"], ["y"], domain="local", name="rec")], "g", [X], [Y])
+    m = helper.make_model(g, opset_imports=opsets, functions=[f])
+    m.ir_version = 8
+    return m
+
+
+def _undefined_dtype():
+    t = helper.make_tensor("w", TP.FLOAT, [1], [1.0])
+    t.data_type = TP.UNDEFINED
+    return _model([helper.make_node("Add", ["x", "w"], ["y"], name="add")], [X], [Y], [t])
+
+
 # name -> (model, what the one line must mention besides the file name)
 HOSTILE = {
     "short_data": (_short_data, "5"),
@@ -97,6 +113,8 @@ HOSTILE = {
     "group_0": (lambda: _conv(group=0), "group"),
     "input_without_type": (_no_type, "type"),
     "empty_op_type": (_empty_op, "op_type"),
+    "recursive_function": (_recursive_function, "ecursive"),
+    "undefined_dtype": (_undefined_dtype, "type"),
 }
 
 # one process runs every case through the CLI with fd 2 sent to a file per case: onnxruntime's C++ logger writes
