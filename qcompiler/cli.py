@@ -167,7 +167,7 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
         if verify_inputs:
             from .quant.data import input_specs, load_samples
             feeds = next(iter(load_samples(verify_inputs, input_specs(model.graph))))
-        verifier = Verifier(feeds=feeds)
+        verifier = Verifier(feeds=feeds, feeds_name=verify_inputs)
         pm.add_instrumentation(verifier)
     if time_passes:
         pm.add_instrumentation(timing)

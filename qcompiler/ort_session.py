@@ -53,14 +53,14 @@ def ort_errors() -> tuple:
 @contextlib.contextmanager
 def model_label(name):
     """Within the block, onnxruntime's refusals name the model `name` (a path is cut to its last 80 chars)."""
-    token = _LABEL.set(_short_path(name))
+    token = _LABEL.set(short_path(name))
     try:
         yield
     finally:
         _LABEL.reset(token)
 
 
-def _short_path(name) -> str:
+def short_path(name) -> str:
     if isinstance(name, os.PathLike):
         name = os.fspath(name)
     if isinstance(name, bytes):

@@ -137,8 +137,9 @@ class Verifier(Instrumentation):
     """
 
     def __init__(self, numeric: bool = True, feeds: Optional[dict] = None, rtol: float = 1e-3, atol: float = 1e-4,
-                 checker: bool = True):
+                 checker: bool = True, feeds_name: Optional[str] = None):
         self.numeric, self.feeds, self.rtol, self.atol, self.checker = numeric, feeds, rtol, atol, checker
+        self.feeds_name = feeds_name   # where `feeds` came from (the --verify-inputs file), for messages
         self._before = None
         self._last = None   # outputs after the previous pass: the next pass's "before", computed once
         self._changed_by = None   # the last pass that changed the model
@@ -161,14 +162,18 @@ class Verifier(Instrumentation):
     def _input_outputs(self, model, proto=None):
         """The outputs of the model as it came in (or as the last unverified pass left it) on the feeds."""
         from ..errors import DataError, InvalidModelError
-        from ..ort_session import create_session, model_prefix
+        from ..ort_session import create_session, model_prefix, short_path
         proto = proto if proto is not None else model_to_proto(model)
         sess = create_session(proto, threads=None)   # a refusal is the input's fault: OnnxRuntimeError, exit 2
         given = self.feeds is not None
         if not given:
             self.feeds = random_feeds(proto)
+        where = None
+        if given:
+            where = f"the verification inputs '{short_path(self.feeds_name)}'" if self.feeds_name else \
+                "the verification inputs"
         try:
-            return sess.run(None, self.feeds, where="the verification inputs" if given else None)
+            return sess.run(None, self.feeds, where=where)
         except DataError as e:
             if given:
                 raise

@@ -204,6 +204,19 @@ def test_gather_out_of_range_token_ids_exactly_one_stderr_line(tmp_path):
     assert len(line) < 400
 
 
+def test_verify_inputs_that_onnxruntime_cannot_run_name_the_file(tmp_path):
+    emb = helper.make_tensor("emb", TP.FLOAT, [10, 4], np.ones(40, np.float32))
+    m = _model([helper.make_node("Gather", ["emb", "ids"], ["y"], name="lookup")], [_vi("ids", [1, 3], TP.INT64)],
+               [_vi("y", [1, 3, 4])], [emb])
+    onnx.save(m, str(tmp_path / "tok.onnx"))
+    np.savez(tmp_path / "ids.npz", ids=np.array([[1, 2, 99]], np.int64))
+    r = CliRunner().invoke(main, ["run", str(tmp_path / "tok.onnx"), "--pipeline", "canonicalize", "--verify-each",
+                                  "--verify-inputs", str(tmp_path / "ids.npz"), "-o", str(tmp_path / "o.onnx")])
+    _assert_one_line(r.stderr, r.exit_code, 2, "tok.onnx: onnxruntime failed on the verification inputs", "ids.npz",
+                     "idx=99")
+    assert not os.path.exists(tmp_path / "o.onnx")
+
+
 def test_session_refusal_logs_nothing_of_its_own(tmp_path):
     onnx.save(_short_data(), str(tmp_path / "short.onnx"))
     np.savez(tmp_path / "x.npz", x=np.ones((1, 1, 3, 4, 4), np.float32))
