@@ -405,6 +405,7 @@ def _feeds():
     ({"limit": 2.5}, "limit must be a positive integer, got 2.5"),
     ({"limit": -1}, "got -1"),
     ({"limit": True}, "got True"),
+    ({"weight_bits": 10 ** 100}, "weight_bits=a number of 101 digits"),
     ({"target": 5}, "target must be"),
     ({"scheme": 3}, "scheme must be"),
     ({"config": 5}, "config must be a path"),
