@@ -1,21 +1,99 @@
 """The `qcompiler` command line: inspect, run, list-passes, match (and quantize).
 
-Bad input (not ONNX, truncated, cycle, dangling input, unknown pass or pattern, bad data) gets one line on
-stderr naming the problem and exit code 2, never a traceback; a pass that fails or breaks the model exits 1.
+Exit codes: 0 success; 2 bad input (not ONNX, truncated, cycle, dangling input, unknown pass or pattern, bad
+data, a model onnxruntime refuses): one line on stderr naming the problem, never a traceback; 1 a pass that
+fails or breaks the model (one line), or a bug: one line naming the exception and a file holding the full
+traceback (`$QCOMPILER_CRASH_DIR`, else the system's temporary folder); 130 interrupted (Ctrl-C). click's own
+usage errors keep click's form (usage line, exit 2).
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
 from .errors import PassError, QCompilerError
 
+MESSAGE_CHARS = 1000   # a safety net: messages cut untrusted values themselves (~80 chars each)
 
-def _fail(msg: str, code: int) -> None:
-    click.echo(f"qcompiler: error: {msg}", err=True)
+
+def _one_line(msg: str) -> str:
+    """The first line of `msg`, control characters (terminal escapes from a hostile model's names) shown as
+    \\xNN, at most MESSAGE_CHARS long."""
+    try:
+        text = str(msg)
+    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets its line
+        text = type(msg).__name__
+    lines = text.strip().splitlines()
+    line = lines[0] if lines else ""
+    line = "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in line)
+    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 3] + "..."
+
+
+def _fail(msg: str, code: int, prefix: str = "error") -> None:
+    click.echo(f"qcompiler: {prefix}: {_one_line(msg)}", err=True)
     sys.exit(code)
+
+
+def _crash_report(exc: BaseException) -> str:
+    """Write the traceback (with the command line and versions) to a new private file; returns its path, or a
+    short reason in parentheses why it could not be written."""
+    import datetime
+    import platform
+    import tempfile
+    import traceback
+    try:
+        from importlib.metadata import version
+        versions = []
+        for pkg in ("qcompiler", "onnx", "onnxruntime", "numpy"):
+            try:
+                versions.append(f"{pkg} {version(pkg)}")
+            except Exception:  # noqa: BLE001 - a missing distribution is no reason to lose the traceback
+                versions.append(f"{pkg} ?")
+        text = (f"qcompiler internal error\ncommand: {' '.join(map(repr, sys.argv))}\n"
+                f"python {platform.python_version()} on {platform.platform()}; {', '.join(versions)}\n\n"
+                + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    except Exception as e:  # noqa: BLE001 - never a second traceback
+        return f"(not saved: {type(e).__name__}: {_one_line(e)[:120]})"
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    folders = [f for f in (os.environ.get("QCOMPILER_CRASH_DIR"), tempfile.gettempdir()) if f]
+    problem = "no folder"
+    for folder in folders:
+        for k in range(3):
+            path = os.path.join(folder, f"qcompiler-crash-{stamp}-{os.getpid()}{f'-{k}' if k else ''}.txt")
+            try:
+                # NOTE: O_EXCL and O_NOFOLLOW: in a shared /tmp a planted file or symlink of that name is never
+                # written through; 0600 because the command line and paths in it are the user's business
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
+                    f.write(text)
+                return path
+            except FileExistsError:
+                continue
+            except Exception as e:  # noqa: BLE001 - a full disk or a read-only folder: try the next one
+                problem = f"{type(e).__name__}: {_one_line(e)[:120]}"
+                break
+    return f"(not saved: {problem})"
+
+
+def _internal_error(exc: BaseException) -> None:
+    where = _crash_report(exc)
+    first = _one_line(exc)[:200]
+    what = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    saved = f"full traceback in {where}" if not where.startswith("(") else f"traceback {where[1:-1]}"
+    _fail(f"{what}; {saved}", 1, prefix="internal error")
+
+
+def _broken_pipe() -> None:
+    """stdout went to a reader that quit (`qcompiler inspect m.onnx | head`): stop quietly, as `cat` would."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    sys.exit(141)   # 128 + SIGPIPE, as a shell reports a process killed by it
 
 
 class _Group(click.Group):
@@ -23,11 +101,27 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except QCompilerError as e:
-            _fail(str(e).splitlines()[0] if str(e) else type(e).__name__, 2)
+            _fail(str(e) if str(e).strip() else type(e).__name__, 2)
         except PassError as e:
-            _fail(str(e).splitlines()[0], 1)
+            msg = str(e) if str(e).strip() else type(e).__name__
+            cause = e.__cause__
+            if cause is not None and not isinstance(cause, (PassError, QCompilerError)):
+                # a pass crashed (a bug in it): keep the traceback of what it raised
+                where = _crash_report(e)
+                msg = _one_line(msg)[:MESSAGE_CHARS - 200] + (
+                    f"; full traceback in {where}" if not where.startswith("(") else f"; traceback {where[1:-1]}")
+            _fail(msg, 1)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise   # click's usage errors, --help and --version: click prints them its own way
+        except MemoryError as e:
+            detail = _one_line(e)[:160]
+            _fail("ran out of memory" + (f" ({detail})" if detail else ""), 1)
+        except BrokenPipeError:
+            _broken_pipe()
+        except Exception as e:  # noqa: BLE001 - a bug: one line and a file with the traceback, never a traceback
+            _internal_error(e)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,7 +167,7 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
         if verify_inputs:
             from .quant.data import input_specs, load_samples
             feeds = next(iter(load_samples(verify_inputs, input_specs(model.graph))))
-        verifier = Verifier(feeds=feeds)
+        verifier = Verifier(feeds=feeds, feeds_name=verify_inputs)
         pm.add_instrumentation(verifier)
     if time_passes:
         pm.add_instrumentation(timing)
@@ -83,7 +177,9 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
         pm.add_instrumentation(PrintIR(print_after))
     if dump_dir:
         pm.add_instrumentation(DumpONNX(dump_dir))
-    pm.run(model)
+    from .ort_session import model_label
+    with model_label(model_path):   # onnxruntime's refusals of the input (--verify-each) name MODEL
+        pm.run(model)
     save_model(model, output, protect=(model_path,))
     if verifier is not None:
         for line in verifier.log:

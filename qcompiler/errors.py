@@ -1,7 +1,9 @@
 """Exception kinds of qcompiler.
 
-User-facing failures (bad model, bad data, unknown pass) derive from `QCompilerError`: the CLI prints their
-message as one line and exits with code 2. Anything else is a bug and keeps its traceback.
+User-facing failures (bad model, bad data, unknown pass, a wrong argument to the Python API) derive from
+`QCompilerError`: the CLI prints their message as one line and exits with code 2. `PassError` (a pass failed or
+broke the graph) is one line and exit 1. Anything else is a bug: the CLI prints one line naming the exception
+and a file holding the full traceback, and exits 1 (cli.py).
 """
 
 
@@ -25,12 +27,24 @@ class PatternError(QCompilerError):
     """A pattern name or pattern definition is unknown or malformed."""
 
 
+class OnnxRuntimeError(InvalidModelError):
+    """onnxruntime refuses to load the model (unknown op, domain or opset, an attribute of the wrong type, tensor
+    data that does not fit its shape, an input without a type); the message names the model and gives
+    onnxruntime's reason (qcompiler/ort_session.py)."""
+
+
 class DataError(QCompilerError):
     """Calibration or verification data does not fit the model (names the input and sample)."""
 
 
 class ConfigError(QCompilerError):
     """A quantization config file is malformed (names the file and key)."""
+
+
+class ArgumentError(ConfigError):
+    """A Python API call got an argument of the wrong type or out of range (`quantize(None, ...)`,
+    `weight_bits=8.0`, `per_channel='no'`, `limit=-1`); the message names the argument and what it accepts.
+    A ConfigError because the arguments of `quantize` are the settings a config file would give."""
 
 
 class InvariantError(AssertionError):

@@ -47,6 +47,8 @@ def load_proto(path: str) -> onnx.ModelProto:
 
 def load_model(path: str) -> Model:
     """Load an ONNX file into the IR (external data resolved lazily against the file's folder)."""
+    from ..arguments import require_path
+    path = require_path(path, "model")   # an int would be opened as the caller's file descriptor, then closed
     proto = load_proto(path)
     return model_from_proto(proto, os.path.dirname(os.path.abspath(path)))
 
@@ -106,6 +108,8 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
 
     `protect` lists input files that must never be overwritten (the CLI passes the model it read).
     """
+    from ..arguments import require_model
+    require_model(model, "save_model: model")   # 'str' or a ModelProto: one ArgumentError line, not AttributeError
     folder = _output_folder(path, protect, "the input model")
     # NOTE: protobuf cannot serialize a message over 2 GB; keep 1/32 of that for the graph itself
     use_external = external_data if external_data is not None else \

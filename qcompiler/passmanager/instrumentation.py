@@ -120,50 +120,77 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
     return feeds
 
 
-def run_onnxruntime(proto: onnx.ModelProto, feeds: dict) -> list:
-    import onnxruntime as ort
-    ort.set_default_logger_severity(3)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
+def run_onnxruntime(proto: onnx.ModelProto, feeds: dict, role: str = "") -> list:
+    """Every output of `proto` on `feeds`, through a quiet session (qcompiler.ort_session): a refusal raises
+    OnnxRuntimeError, a failed run DataError, each one line naming the model and onnxruntime's reason."""
+    from ..ort_session import create_session
+    return create_session(proto, role=role, threads=None).run(None, feeds)
 
 
 class Verifier(Instrumentation):
     """After each pass: IR invariants, onnx.checker, and (for semantics-preserving passes) a numerical check with
-    onnxruntime against the outputs before the pass, naming the first output that differs and by how much."""
+    onnxruntime against the outputs before the pass, naming the first output that differs and by how much.
+
+    The input model is checked first: onnx.checker rejecting it, or onnxruntime refusing it or failing on the
+    feeds (with `numeric`), is bad input (InvalidModelError, OnnxRuntimeError, DataError; exit 2), never blamed on
+    the first pass. Messages name the model by `qcompiler.ort_session.model_label` (the CLI's MODEL path).
+    """
 
     def __init__(self, numeric: bool = True, feeds: Optional[dict] = None, rtol: float = 1e-3, atol: float = 1e-4,
-                 checker: bool = True):
+                 checker: bool = True, feeds_name: Optional[str] = None):
         self.numeric, self.feeds, self.rtol, self.atol, self.checker = numeric, feeds, rtol, atol, checker
+        self.feeds_name = feeds_name   # where `feeds` came from (the --verify-inputs file), for messages
         self._before = None
         self._last = None   # outputs after the previous pass: the next pass's "before", computed once
-        self._unrunnable = False
+        self._changed_by = None   # the last pass that changed the model
         self.log: list = []
 
     def before_pipeline(self, passes, model):
-        self._check_structure(None, model)
+        proto = self._check_structure(None, model)
+        if self.numeric:
+            self._last = self._input_outputs(model, proto)
 
     def before_pass(self, p, model):
         self._before = None
-        if self.numeric and p.preserves_semantics and not self._unrunnable:
-            self._before = self._last if self._last is not None else self._outputs(model)
+        if self.numeric and p.preserves_semantics:
+            if self._last is None and self._changed_by is None:   # before_pipeline did not run
+                self._last = self._input_outputs(model)
+            elif self._last is None:   # a semantics-changing pass ran since the outputs were last taken
+                self._last = self._outputs_after(self._changed_by, model_to_proto(model))
+            self._before = self._last
 
-    def _outputs(self, model, proto=None):
+    def _input_outputs(self, model, proto=None):
+        """The outputs of the model as it came in (or as the last unverified pass left it) on the feeds."""
+        from ..errors import DataError, InvalidModelError
+        from ..ort_session import create_session, model_prefix, short_path
         proto = proto if proto is not None else model_to_proto(model)
-        if self.feeds is None:
+        sess = create_session(proto, threads=None)   # a refusal is the input's fault: OnnxRuntimeError, exit 2
+        given = self.feeds is not None
+        if not given:
             self.feeds = random_feeds(proto)
+        where = None
+        if given:
+            where = f"the verification inputs '{short_path(self.feeds_name)}'" if self.feeds_name else \
+                "the verification inputs"
+        try:
+            return sess.run(None, self.feeds, where=where)
+        except DataError as e:
+            if given:
+                raise
+            raise InvalidModelError(f"{model_prefix()}onnxruntime cannot run the model on random inputs "
+                                    f"({e.reason}); pass real inputs with --verify-inputs") from None
+
+    def _outputs_after(self, p, proto):
+        from ..errors import DataError, OnnxRuntimeError
         try:
             return run_onnxruntime(proto, self.feeds)
-        except Exception as e:
-            self._unrunnable = True
-            self.log.append(f"numerical checks skipped: onnxruntime cannot run the model on these inputs "
-                            f"({str(e).splitlines()[0][:160]}); pass real inputs with --verify-inputs")
-            return None
+        except (OnnxRuntimeError, DataError) as e:
+            raise VerificationError(f"after pass '{p.name}': onnxruntime can no longer run the model: "
+                                    f"{e.reason}") from None
 
     def _check_structure(self, p, model):
-        """Raise on broken IR invariants (and, after a pass, on onnx.checker errors); returns the exported
-        proto when the checker ran, so the numerical check need not export the model a second time."""
+        """Raise on broken IR invariants and on onnx.checker errors; returns the exported proto when the checker
+        ran, so the numerical check need not export the model a second time."""
         where = f"after pass '{p.name}'" if p is not None else "on the input model"
         found = problems(model.graph)
         if found:
@@ -174,9 +201,12 @@ class Verifier(Instrumentation):
         try:
             onnx.checker.check_model(proto)
         except onnx.checker.ValidationError as e:
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
             if p is not None:
-                raise PassError(f"onnx.checker fails {where}: {str(e).splitlines()[0]}") from None
-            self.log.append(f"onnx.checker fails on the input model: {str(e).splitlines()[0]}")
+                raise PassError(f"onnx.checker fails {where}: {reason}") from None
+            from ..errors import InvalidModelError
+            from ..ort_session import model_prefix
+            raise InvalidModelError(f"{model_prefix()}onnx.checker rejects the model: {reason}") from None
         return proto
 
     def after_pass(self, p, model, result):
@@ -185,14 +215,13 @@ class Verifier(Instrumentation):
             self.log.append(f"{p.name}: unchanged")
             return
         self._last = None
+        self._changed_by = p
         if self._before is None:
-            self.log.append(f"{p.name}: structure verified (no numerical check: "
-                            f"{'pass changes semantics' if not p.preserves_semantics else 'onnxruntime cannot run the model'})")
+            why = "pass changes semantics" if not p.preserves_semantics else "numerical checks are off"
+            self.log.append(f"{p.name}: structure verified (no numerical check: {why})")
             return
-        after = self._outputs(model, proto)
+        after = self._outputs_after(p, proto if proto is not None else model_to_proto(model))
         self._last = after
-        if after is None:
-            raise VerificationError(f"after pass '{p.name}': onnxruntime can no longer run the model")
         names = [v.name for v in model.graph.outputs]
         for name, a, b in zip(names, self._before, after):
             a, b = np.asarray(a), np.asarray(b)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..errors import ConfigError, QCompilerError, UnknownPassError
+from ..errors import ArgumentError, ConfigError, QCompilerError, UnknownPassError
 from ..ir import verify
 from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .calibrate import assign_encodings, calibrate
@@ -141,7 +141,66 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     empirical bias correction of Conv/Gemm weights (qdq.correct_biases); off by default because on ppocr_cls it
     helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR). `weight_block`:
     per-block weight scales of this many elements along the reduction axis (placement.block_axis; opset 21).
+
+    Errors (all subclasses of qcompiler.errors.QCompilerError, one line naming the file, argument or sample):
+    ArgumentError for an argument of the wrong type or out of range (`_check_arguments`); ModelLoadError /
+    InvalidModelError for a model that cannot be read or is not a valid graph; OnnxRuntimeError when
+    onnxruntime refuses the model (its reason); DataError for calibration data that does not fit the model or
+    that onnxruntime cannot run (names the sample); ConfigError for a bad config, profile or encodings file.
+    Anything else is a bug.
     """
+    _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
+                     load_encodings, progress, limit, bias_correction, weight_block)
+    # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
+    model_or_path, calib, target, config, load_encodings = (
+        os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a
+        for a in (model_or_path, calib, target, config, load_encodings))
+    from ..ort_session import model_label
+    with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
+        return _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
+                         load_encodings, progress, limit, bias_correction, weight_block)
+
+
+def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
+                     load_encodings, progress, limit, bias_correction, weight_block) -> None:
+    """Every argument of `quantize`, by type and range, before any work: one ArgumentError line naming it."""
+    from ..arguments import got, require_bool, require_int, require_path
+    from ..ir.model import Model
+    from .bitwidths import check_bits
+    import onnx
+    if isinstance(model_or_path, (str, bytes, os.PathLike)):
+        require_path(model_or_path, "model")
+    elif not isinstance(model_or_path, (onnx.ModelProto, Model)):
+        raise ArgumentError(f"model must be a path, an onnx.ModelProto or a qcompiler Model, got {got(model_or_path)}")
+    if isinstance(calib, (str, bytes, os.PathLike)):
+        require_path(calib, "calib")
+    elif isinstance(calib, dict) or not hasattr(calib, "__iter__"):
+        hint = " (a single feed dict: wrap it in a list)" if isinstance(calib, dict) else ""
+        raise ArgumentError(f"calib must be an .npz path, a folder of .npz files or an iterable of feed dicts, "
+                            f"got {got(calib)}{hint}")
+    if target is not None and not isinstance(target, (str, dict, os.PathLike)):
+        raise ArgumentError(f"target must be a profile name, a profile YAML path or a dict, got {got(target)}")
+    if scheme is not None and not isinstance(scheme, str):
+        raise ArgumentError(f"scheme must be a scheme name (e.g. 'min_max'), got {got(scheme)}")
+    require_bool(per_channel, "per_channel")
+    check_bits(weight_bits, "weight_bits", error=ArgumentError)
+    check_bits(act_bits, "act_bits", error=ArgumentError)
+    if config is not None and not hasattr(config, "settings_for"):
+        require_path(config, "config")
+    if load_encodings is not None:
+        require_path(load_encodings, "load_encodings")
+    if progress is not None:
+        require_bool(progress, "progress")
+    if limit is not None:
+        require_int(limit, "limit", lo=1)
+    require_bool(bias_correction, "bias_correction")
+    if weight_block is not None and (isinstance(weight_block, bool) or not isinstance(weight_block, int)
+                                     or weight_block < 1):
+        raise ArgumentError(f"block size {got(weight_block)}: must be a positive number of elements")
+
+
+def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config, load_encodings,
+              progress, limit, bias_correction, weight_block) -> QuantizeResult:
     t_start = time.perf_counter()
     timings, notes = {}, []
     if config is not None and not hasattr(config, "settings_for"):
@@ -154,12 +213,6 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         scheme = config.scheme if config is not None and config.scheme else "min_max"
     from .observers import canonical_scheme
     scheme = canonical_scheme(scheme)
-    for what, b in (("weight_bits", weight_bits), ("act_bits", act_bits)):
-        if b not in (4, 8, 16):
-            raise ConfigError(f"{what}={b}: supported bit widths are 4, 8 and 16")
-    if weight_block is not None and (isinstance(weight_block, bool) or not isinstance(weight_block, int)
-                                     or weight_block < 1):
-        raise ConfigError(f"block size {weight_block!r}: must be a positive number of elements")
 
     model = _load(model_or_path)
     t = time.perf_counter()

@@ -125,35 +125,15 @@ def candidate_names(model) -> list:
     return names
 
 
-def make_session(model, opt_level=None, threads: int = 1, extra_outputs=()):
-    """A CPU session for an IR model or a ModelProto. One intra-op thread: the observers run on the other core,
-    and per-run thread wake-ups cost more than they gain on small models (char_rnn calibration 0.17 s -> 0.10 s,
-    minilm 5.3 s -> 3.9 s). `extra_outputs`: value names added as graph outputs (IR models only).
-
-    NOTE: the model goes to onnxruntime as a temporary file, not as bytes: from bytes it keeps ~90 MB more for
-    minilm (210 vs 126 MB after load, 262 vs 140 MB peak), and an IR model is written tensor by tensor
-    (exporter.write_model), so no serialized copy of the weights is ever held here.
+def make_session(model, opt_level=None, threads: int = 1, extra_outputs=(), role: str = ""):
+    """A quiet CPU session for an IR model or a ModelProto (qcompiler.ort_session: a refusal is one line naming
+    the model and onnxruntime's reason; a failed run one line naming the sample). One intra-op thread: the
+    observers run on the other core, and per-run thread wake-ups cost more than they gain on small models
+    (char_rnn calibration 0.17 s -> 0.10 s, minilm 5.3 s -> 3.9 s). `extra_outputs`: value names added as graph
+    outputs (IR models only); `role`: which copy the messages name ("quantized").
     """
-    import os
-    import tempfile
-    import onnxruntime as ort
-    from ..onnx_io.exporter import write_model
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    if threads:
-        so.intra_op_num_threads = threads
-    if opt_level is not None:
-        so.graph_optimization_level = opt_level
-    fd, path = tempfile.mkstemp(prefix="qcompiler-session-", suffix=".onnx")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if hasattr(model, "SerializeToString"):
-                f.write(model.SerializeToString())
-            else:
-                write_model(model, f, extra_outputs)
-        return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
-    finally:
-        os.unlink(path)
+    from ..ort_session import create_session
+    return create_session(model, role=role, opt_level=opt_level, threads=threads, extra_outputs=extra_outputs)
 
 
 def extra_output_names(model, names) -> list:
@@ -200,11 +180,7 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     opts = dict(observer_opts or {})
 
     def run(i, feed):
-        try:
-            return sess.run(out_names, feed)
-        except Exception as e:  # onnxruntime's own message names the input; add the sample
-            raise DataError(f"calibration sample {i}: onnxruntime failed: "
-                            f"{str(e).splitlines()[0][:300]}") from None
+        return sess.run(out_names, feed, where=f"calibration sample {i}")   # DataError naming the sample
 
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = None

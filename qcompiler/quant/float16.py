@@ -76,7 +76,6 @@ def _is_float32(v, dtypes) -> bool:
 @lru_cache(maxsize=64)
 def _ort_runs_fp16(op_type: str, n_inputs: int, opset: int) -> bool:
     """Can onnxruntime's CPU EP create a session for `op_type` with all-fp16 tensors? (kernel lookup only)"""
-    import onnxruntime as ort
     names = [f"i{k}" for k in range(n_inputs)]
     node = onnx.helper.make_node(op_type, names, ["y"])
     inputs = [onnx.helper.make_tensor_value_info(nm, FLOAT16, None) for nm in names]
@@ -84,10 +83,9 @@ def _ort_runs_fp16(op_type: str, n_inputs: int, opset: int) -> bool:
                                    [onnx.helper.make_tensor_value_info("y", FLOAT16, None)])
     m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", max(opset, 7))])
     m.ir_version = 10
-    so = ort.SessionOptions()
-    so.log_severity_level = 4
+    from ..ort_session import create_session
     try:
-        ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        create_session(m, threads=None)
         return True
     except Exception:  # noqa: BLE001 - NOT_IMPLEMENTED (no kernel) or a type error: both mean "not here"
         return False

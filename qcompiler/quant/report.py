@@ -73,7 +73,7 @@ def output_errors(quant_model, kept: list) -> Dict[str, OutputError]:
     from .calibrate import make_session
     sess = None
     try:
-        sess = make_session(quant_model, threads=1)
+        sess = make_session(quant_model, threads=1, role="quantized")
         return _output_errors(sess, kept)
     except Exception:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
         pass
@@ -83,7 +83,7 @@ def output_errors(quant_model, kept: list) -> Dict[str, OutputError]:
     import onnxruntime as ort
     # NOTE: ORT 1.31 fuses int8 blocked DQ->MatMul into QLinearMatMul, which rejects block scales at run
     # time (other runtimes take the QDQ graph as is): measure the QDQ graph without those fusions
-    sess = make_session(quant_model, threads=1, opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    sess = make_session(quant_model, threads=1, role="quantized", opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
     return _output_errors(sess, kept)
 
 
