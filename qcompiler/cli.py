@@ -6,6 +6,7 @@ stderr naming the problem and exit code 2, never a traceback; a pass that fails 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -65,7 +66,10 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     from .passmanager.instrumentation import DumpONNX, PrintIR, Statistics, Timing, Verifier
     from .onnx_io.files import check_output_paths
     pm = PassManager(pipeline)  # unknown pass names fail before the model is read
-    check_output_paths({"-o": output}, (model_path, verify_inputs))
+    inputs = (model_path, verify_inputs)
+    outputs = [("-o", output)] + [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(pm.passes)
+                                  if dump_dir is not None]
+    check_output_paths(outputs, inputs, models=(model_path,), new_folders={"--dump-dir": dump_dir})
     model = load_model(model_path)
     timing, statistics, verifier = Timing(), Statistics(), None
     if verify_each:
@@ -82,9 +86,9 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     if print_after:
         pm.add_instrumentation(PrintIR(print_after))
     if dump_dir:
-        pm.add_instrumentation(DumpONNX(dump_dir))
+        pm.add_instrumentation(DumpONNX(dump_dir, protect=inputs))
     pm.run(model)
-    save_model(model, output, protect=(model_path,))
+    save_model(model, output, protect=inputs)
     if verifier is not None:
         for line in verifier.log:
             click.echo(f"verify: {line}", err=True)
