@@ -520,7 +520,12 @@ def write_pair(target: Target, write: Callable) -> None:
                               f"({e.strerror or e})") from None
         try:
             tmp_model = os.path.join(tmpdir, target.base)
+            # NOTE: onnx creates the .data file mode 0600; made here first, it gets the umask's permissions
+            tmp_data = os.path.join(tmpdir, target.base + ".data")
+            os.close(os.open(tmp_data, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666))
             write(tmp_model)
+            if os.path.getsize(tmp_data) == 0:
+                os.unlink(tmp_data)   # no tensor went out: no .data file
             names = os.listdir(tmpdir)
             for n in names:
                 _fsync_path(os.path.join(tmpdir, n))
