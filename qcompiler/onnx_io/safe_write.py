@@ -41,6 +41,9 @@ _SPECIAL_ROOTS = ("/proc", "/sys")
 _TMP_RE = re.compile(r"^\..*\.qcompiler-(\d+)-([0-9a-f]{6})-[0-9a-f]{8}\.tmp$", re.S)
 _LOCK_RE = re.compile(r"^\..*\.qcompiler\.lock$", re.S)
 _cleaned: set = set()     # folders this process has already swept for leftovers
+# errors of the place written to (full disk, read-only, no permission...): one line, not a traceback
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR, errno.ENOTDIR,
+                 errno.ENAMETOOLONG, errno.ELOOP, errno.EFBIG, errno.EIO, errno.ETXTBSY}
 
 
 def show(path: str, keep: int = 80) -> str:
@@ -489,7 +492,7 @@ def write_file(target: Target, write: Callable) -> None:
             sig.committing = True
             os.replace(tmp, target.path)
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR):
+            if e.errno in _WRITE_ERRNOS:
                 raise OutputError(f"{show(target.path)}: cannot write ({e.strerror})") from None
             raise
         finally:
@@ -534,7 +537,7 @@ def write_pair(target: Target, write: Callable) -> None:
                 for n in sorted(names, key=lambda n: n == target.base):   # the model last: it commits the pair
                     os.replace(os.path.join(tmpdir, n), os.path.join(target.folder, n))
         except OSError as e:
-            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EISDIR):
+            if e.errno in _WRITE_ERRNOS:
                 raise OutputError(f"{show(target.path)}: cannot write ({e.strerror})") from None
             raise
         finally:
