@@ -67,8 +67,9 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     from .onnx_io.files import check_output_paths
     pm = PassManager(pipeline)  # unknown pass names fail before the model is read
     inputs = (model_path, verify_inputs)
-    outputs = [("-o", output)] + [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(pm.passes)
-                                  if dump_dir is not None]
+    outputs = [("-o", output)]
+    if dump_dir is not None:   # every dump is an output too, checked now rather than after some passes ran
+        outputs += [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(pm.passes)]
     check_output_paths(outputs, inputs, models=(model_path,), new_folders={"--dump-dir": dump_dir})
     model = load_model(model_path)
     timing, statistics, verifier = Timing(), Statistics(), None

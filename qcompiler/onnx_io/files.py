@@ -12,12 +12,13 @@ import onnx
 from google.protobuf.message import DecodeError
 
 from ..errors import InvalidModelError, ModelLoadError, OutputError, QCompilerError
+from ..input_files import check_path_text
 from ..ir.model import Model
 from ..ir.tensor import _itemsize
 from .exporter import model_to_byte_pieces, model_to_proto
 from .importer import model_from_proto
-from .safe_write import (Protected, check_output_folder, output_target, show, write_file, write_pair,
-                         write_through)
+from .safe_write import (Protected, check_output_folder, data_target, output_target, show, write_file,
+                         write_pair, write_through)
 
 TWO_GB = 2 ** 31 - 1
 _WRITE_BUFFER = 1 << 20
@@ -112,7 +113,8 @@ def check_output_paths(outputs, inputs: tuple = (), models: tuple = (), new_fold
     for opt, path in pairs:
         if path is None:
             continue
-        missing_ok = os.path.abspath(os.path.dirname(os.fspath(path)) or ".") in new
+        path = check_path_text(path, opt, OutputError)
+        missing_ok = os.path.abspath(os.path.dirname(path) or ".") in new
         target = output_target(path, opt, folder_may_be_missing=missing_ok)
         guard.refuse(target.path, opt)
         if target.device:
@@ -121,7 +123,7 @@ def check_output_paths(outputs, inputs: tuple = (), models: tuple = (), new_fold
         if opt in model_outputs:
             data = target.path + ".data"
             what = f"the external-data file of {opt}"
-            output_target(data, what, folder_may_be_missing=missing_ok)
+            data_target(data, what, folder_may_be_missing=missing_ok)
             guard.refuse(data, what)
             claim(data, what)
 
@@ -145,7 +147,7 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
         if target.device:
             raise OutputError(f"{show(target.path)}: cannot write external data beside a device; give a file path")
         data = target.path + ".data"
-        output_target(data, "the output's external-data file")
+        data_target(data, "the output's external-data file")
         guard.refuse(data, "the output's external-data file")
         location = target.base + ".data"
 

@@ -182,7 +182,12 @@ class Protected:
 
 # --- what an output is ---------------------------------------------------------------------------------------
 class Target:
-    """A checked output path: `device` outputs are written through, others replaced atomically in `folder`."""
+    """A checked output path: `device` outputs are written through, others replaced atomically in `folder`.
+
+    NOTE: an output that is a symlink to a regular file is replaced by the new file (the link itself, as `mv`
+    and `sed -i` do), never written through: the link's target may be anywhere, and the rename is what makes
+    the write atomic. A link that points at an input is refused before that (`Protected` compares targets).
+    """
 
     __slots__ = ("path", "folder", "base", "device")
 
@@ -220,6 +225,14 @@ def output_target(path, opt: str = "output", folder_may_be_missing: bool = False
     if not folder_may_be_missing and not os.path.isdir(folder):
         raise OutputError(f"{show(path)}: {opt}: output folder '{show(folder)}' does not exist")
     return Target(path, device=False)
+
+
+def data_target(path: str, opt: str, folder_may_be_missing: bool = False) -> Target:
+    """The `.data` file beside a model output: always renamed into place, so a device there is refused too."""
+    t = output_target(path, opt, folder_may_be_missing)
+    if t.device:
+        raise OutputError(f"{show(path)}: {opt} is a character device, not a regular file; refusing to replace it")
+    return t
 
 
 def check_output_folder(folder, opt: str) -> str:

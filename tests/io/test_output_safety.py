@@ -377,6 +377,12 @@ def test_api_argument_errors_are_our_kinds(work):
         write_atomic(str(work / "tiny_cnn_calib.npz"), "{}", protect=(str(work),))   # a folder protects its files
     with pytest.raises(OutputError, match="device"):
         qcompiler.save_model(m, "/dev/null", external_data=True)
+    os.mkfifo(work / "x.onnx.data")
+    with pytest.raises(OutputError, match="x.onnx.data: the output's external-data file is a FIFO"):
+        qcompiler.save_model(m, str(work / "x.onnx"), external_data=True)
+    with pytest.raises(OutputError, match="must be a str"):
+        files.check_output_paths({"-o": 5}, ())
+    assert not os.path.exists(work / "x.onnx")
 
 
 # --- permissions ----------------------------------------------------------------------------------------------
