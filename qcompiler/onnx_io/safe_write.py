@@ -118,6 +118,8 @@ class Protected:
     def __init__(self, paths: Iterable = (), models: Iterable = ()):
         self.ids: dict = {}
         self.real: dict = {}
+        if isinstance(paths, (str, bytes, os.PathLike)):
+            paths = (paths,)   # protect="in.onnx" means that file, not its characters
         for p in paths:
             self.add(p)
         for m in models:

@@ -375,6 +375,8 @@ def test_api_argument_errors_are_our_kinds(work):
         write_atomic(str(work / "fifo"), "{}")
     with pytest.raises(OutputError, match="would overwrite"):
         write_atomic(str(work / "tiny_cnn_calib.npz"), "{}", protect=(str(work),))   # a folder protects its files
+    with pytest.raises(OutputError, match="would overwrite"):
+        write_atomic(str(work / "tiny_cnn_calib.npz"), "{}", protect=str(work / "tiny_cnn_calib.npz"))   # one path
     with pytest.raises(OutputError, match="device"):
         qcompiler.save_model(m, "/dev/null", external_data=True)
     os.mkfifo(work / "x.onnx.data")
