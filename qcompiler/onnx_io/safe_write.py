@@ -355,9 +355,10 @@ class _Interrupted(BaseException):
         self.signum = signum
 
 
-class _SignalCleanup:
+class SignalCleanup:
     """Around one write: SIGINT/SIGTERM interrupt it (temp files are removed), then the previous handlers are put
     back and the signal is delivered again to them, so the process ends as it would have without us.
+    Use: `with SignalCleanup(): try: <write a temp file> finally: <remove it>`.
 
     Only in the main thread (Python runs signal handlers there); a signal whose handler is SIG_IGN stays ignored.
     While `committing` (the renames), a signal is only recorded and delivered once the renames are done.
@@ -393,6 +394,8 @@ class _SignalCleanup:
             return False
         signum, self.got = self.got, None
         signal.raise_signal(signum)   # SIG_DFL ends the process with this signal; Python's SIGINT handler raises
+        if et is None:
+            return False   # the signal came during the renames: the write is complete, the handler has run
         # the previous handler returned: the write was abandoned, say so the way the signal would have
         if signum == getattr(signal, "SIGINT", None):
             raise KeyboardInterrupt
@@ -493,7 +496,7 @@ def write_file(target: Target, write: Callable) -> None:
     """Write `target` atomically: `write(f)` fills a temp file beside it, which then replaces the final name."""
     remove_leftovers(target.folder)
     tmp = os.path.join(target.folder, _tmp_name(target.base))
-    with _SignalCleanup() as sig:
+    with SignalCleanup() as sig:
         try:
             fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666)
         except OSError as e:
@@ -530,7 +533,7 @@ def write_pair(target: Target, write: Callable) -> None:
     """
     remove_leftovers(target.folder)
     tmpdir = os.path.join(target.folder, _tmp_name(target.base))
-    with _SignalCleanup() as sig:
+    with SignalCleanup() as sig:
         try:
             os.mkdir(tmpdir, 0o700)
         except OSError as e:

@@ -247,3 +247,24 @@ def test_ignored_signal_stays_ignored(tmp_path, monkeypatch, main_thread_signals
     assert qcompiler.load_model(str(out)).graph.value("w").const_value().shape == (64, 64)
     write_atomic(str(tmp_path / "r.json"), "{}")
     assert not _ours(tmp_path)
+
+
+def test_signal_during_the_renames_is_held_until_they_are_done(tmp_path, monkeypatch, main_thread_signals):
+    """With external data the model and its .data are renamed as a pair: a SIGTERM between them must not split it."""
+    from qcompiler.onnx_io import safe_write
+    seen, replaced = [], []
+    signal.signal(signal.SIGTERM, lambda s, f: seen.append((s, len(replaced))))
+    real = os.replace
+
+    def replace(a, b):
+        if not replaced:
+            os.kill(os.getpid(), signal.SIGTERM)   # arrives just before the first rename
+        real(a, b)
+        replaced.append(b)
+    monkeypatch.setattr(safe_write.os, "replace", replace)
+    out = tmp_path / "out.onnx"
+    qcompiler.save_model(_small_model(), str(out), external_data=True)
+    monkeypatch.undo()
+    assert replaced == [str(out) + ".data", str(out)] and seen == [(signal.SIGTERM, 2)], (replaced, seen)
+    assert qcompiler.load_model(str(out)).graph.value("w").const_value().shape == (64, 64)
+    assert not _ours(tmp_path)
