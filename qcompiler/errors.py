@@ -33,10 +33,6 @@ class ConfigError(QCompilerError):
     """A quantization config file is malformed (names the file and key)."""
 
 
-class OutputError(QCompilerError):
-    """An output cannot be written safely: it would land on an input, is not a regular file, or has no folder."""
-
-
 class InvariantError(AssertionError):
     """The IR's structural invariants do not hold: a bug in a pass or in the IR itself."""
 
@@ -47,3 +43,7 @@ class PassError(Exception):
 
 class VerificationError(PassError):
     """A pass changed the model's numerical results although it claims to preserve semantics."""
+
+
+class OutputError(QCompilerError):
+    """An output cannot be written safely: it would land on an input, is not a regular file, or has no folder."""
