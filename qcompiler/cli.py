@@ -159,14 +159,18 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     from .passmanager.instrumentation import DumpONNX, PrintIR, Statistics, Timing, Verifier
     from .onnx_io.files import check_output_paths
     pm = PassManager(pipeline)  # unknown pass names fail before the model is read
-    check_output_paths({"-o": output}, (model_path, verify_inputs))
+    inputs = (model_path, verify_inputs)
+    outputs = [("-o", output)]
+    if dump_dir is not None:   # every dump is an output too, checked now rather than after some passes ran
+        outputs += [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(pm.passes)]
+    check_output_paths(outputs, inputs, models=(model_path,), new_folders={"--dump-dir": dump_dir})
     model = load_model(model_path)
     timing, statistics, verifier = Timing(), Statistics(), None
     if verify_each:
         feeds = None
         if verify_inputs:
             from .quant.data import input_specs, load_samples
-            feeds = next(iter(load_samples(verify_inputs, input_specs(model.graph))))
+            feeds = next(iter(load_samples(verify_inputs, input_specs(model.graph), what="verification inputs")))
         verifier = Verifier(feeds=feeds, feeds_name=verify_inputs)
         pm.add_instrumentation(verifier)
     if time_passes:
@@ -176,11 +180,11 @@ def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_afte
     if print_after:
         pm.add_instrumentation(PrintIR(print_after))
     if dump_dir:
-        pm.add_instrumentation(DumpONNX(dump_dir))
+        pm.add_instrumentation(DumpONNX(dump_dir, protect=inputs))
     from .ort_session import model_label
     with model_label(model_path):   # onnxruntime's refusals of the input (--verify-each) name MODEL
         pm.run(model)
-    save_model(model, output, protect=(model_path,))
+    save_model(model, output, protect=inputs)
     if verifier is not None:
         for line in verifier.log:
             click.echo(f"verify: {line}", err=True)

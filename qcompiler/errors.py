@@ -57,3 +57,7 @@ class PassError(Exception):
 
 class VerificationError(PassError):
     """A pass changed the model's numerical results although it claims to preserve semantics."""
+
+
+class OutputError(QCompilerError):
+    """An output cannot be written safely: it would land on an input, is not a regular file, or has no folder."""

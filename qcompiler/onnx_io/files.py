@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from ..errors import InvalidModelError, ModelLoadError, QCompilerError
+from ..errors import InvalidModelError, ModelLoadError, OutputError
+from ..input_files import check_path_text
 from ..ir.model import Model
 from ..ir.tensor import _itemsize
 from .exporter import model_to_byte_pieces, model_to_proto
 from .importer import model_from_proto
+from .safe_write import (Protected, check_output_folder, data_target, output_target, show, write_file,
+                         write_pair, write_through)
 
 TWO_GB = 2 ** 31 - 1
 _WRITE_BUFFER = 1 << 20
@@ -68,93 +70,108 @@ def _total_tensor_bytes(model: Model) -> int:
 
 
 def _same_file(a: str, b: str) -> bool:
-    return os.path.exists(a) and os.path.exists(b) and os.path.samefile(a, b)
+    """Do `a` and `b` name the same existing file (device and inode, links resolved)?"""
+    try:
+        sa, sb = os.stat(a), os.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def check_output_paths(outputs: dict, inputs: tuple) -> None:
-    """Refuse, before any work, outputs that would overwrite an input file, collide, or go to a missing folder.
+def check_output_paths(outputs, inputs: tuple = (), models: tuple = (), new_folders: "dict | None" = None,
+                       model_outputs: tuple = ("-o", "--dump-dir")) -> None:
+    """Refuse, before any work, outputs that would land on a file any input reads, collide with each other, or
+    cannot be written (folder, FIFO, /proc, missing folder): one line naming the option and both paths.
 
-    `outputs` maps an option name (e.g. "-o", "--encodings") to a path or None.
+    `outputs` maps an option name (e.g. "-o", "--encodings") to a path or None, or is a list of such pairs.
+    `inputs` are the files the command reads (a folder stands for every file in it: a calibration folder);
+    `models` are model files (or loaded models) whose external-data files are protected too. Outputs named in
+    `model_outputs` may also write `<path>.data`, which counts as an output. `new_folders` maps an option to a
+    folder it creates (e.g. "--dump-dir"); outputs inside it may be in a folder that does not exist yet.
     """
+    pairs = list(outputs.items()) if isinstance(outputs, dict) else list(outputs)
+    new = set()
+    for opt, folder in (new_folders or {}).items():
+        if folder is not None:
+            new.add(os.path.abspath(check_output_folder(folder, opt)))
+    guard = Protected(inputs, models)
     seen: dict = {}
-    for opt, path in outputs.items():
-        if not path:
+
+    def claim(path: str, opt: str) -> None:   # `opt` is also the name used in messages
+        keys = [("path", os.path.realpath(path))]
+        try:
+            st = os.stat(path)
+            keys.append(("id", st.st_dev, st.st_ino))
+        except (OSError, ValueError):
+            pass
+        for key in keys:
+            if key in seen and seen[key] != opt:
+                raise OutputError(f"{show(path)}: given for both {seen[key]} and {opt}")
+            if key in seen:
+                raise OutputError(f"{show(path)}: {opt} names this file twice")
+        for key in keys:
+            seen[key] = opt
+
+    for opt, path in pairs:
+        if path is None:
             continue
-        for p in inputs:
-            if p and (_same_file(p, path) or os.path.abspath(p) == os.path.abspath(path)):
-                raise QCompilerError(f"{path}: {opt} would overwrite the input file '{p}'; choose another path")
-        key = os.path.abspath(path)
-        if key in seen:
-            raise QCompilerError(f"{path}: given for both {seen[key]} and {opt}")
-        seen[key] = opt
-        folder = os.path.dirname(key) or "."
-        if not os.path.isdir(folder):
-            raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
-
-
-def _output_folder(path: str, protect: tuple, what: str) -> str:
-    """The existing folder `path` will be written in; refuses a path that is one of the `protect` files."""
-    for p in protect:
-        if p and _same_file(p, path):
-            raise QCompilerError(f"{path}: refusing to overwrite {what}; choose another output path")
-    folder = os.path.dirname(os.path.abspath(path)) or "."
-    if not os.path.isdir(folder):
-        raise QCompilerError(f"{path}: output folder '{folder}' does not exist")
-    return folder
+        path = check_path_text(path, opt, OutputError)
+        missing_ok = os.path.abspath(os.path.dirname(path) or ".") in new
+        target = output_target(path, opt, folder_may_be_missing=missing_ok)
+        guard.refuse(target.path, opt)
+        if target.device:
+            continue
+        claim(target.path, opt)
+        if opt in model_outputs:
+            data = target.path + ".data"
+            what = f"the external-data file of {opt}"
+            data_target(data, what, folder_may_be_missing=missing_ok)
+            guard.refuse(data, what)
+            claim(data, what)
 
 
 def save_model(model: Model, path: str, external_data: "bool | None" = None, protect: tuple = ()) -> None:
     """Write `model` to `path` atomically; tensors go to `<file>.data` when over 2 GB or when asked.
 
-    `protect` lists input files that must never be overwritten (the CLI passes the model it read).
+    Never writes over a file an input reads: the files in `protect` (the CLI passes every input it read), the
+    file `model` was loaded from and its external-data files (by identity, links resolved). A character device
+    such as /dev/null is written through; any other non-regular output is refused with one line.
     """
     from ..arguments import require_model
     require_model(model, "save_model: model")   # 'str' or a ModelProto: one ArgumentError line, not AttributeError
-    folder = _output_folder(path, protect, "the input model")
+    target = output_target(path, "output model")
+    guard = Protected(protect, models=(model,))
+    guard.refuse(target.path, "the output model")
     # NOTE: protobuf cannot serialize a message over 2 GB; keep 1/32 of that for the graph itself
     use_external = external_data if external_data is not None else \
         _total_tensor_bytes(model) > TWO_GB - TWO_GB // 32
-    base = os.path.basename(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=folder)
-    os.close(fd)
-    try:
-        if use_external:
-            location = base + ".data"
-            tmpdir = tempfile.mkdtemp(prefix=f".{base}.", dir=folder)
-            try:
-                tmp_model = os.path.join(tmpdir, base)
-                onnx.save_model(model_to_proto(model), tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
-                                location=location, size_threshold=1024)
-                data_src = os.path.join(tmpdir, location)
-                if os.path.exists(data_src):
-                    os.replace(data_src, os.path.join(folder, location))
-                os.replace(tmp_model, path)
-            finally:
-                for f in os.listdir(tmpdir):
-                    os.unlink(os.path.join(tmpdir, f))
-                os.rmdir(tmpdir)
-        else:
-            # NOTE: a 1 MB buffer: with the default 8 KB one, the ~240k pieces of a 90k-node model (most nodes and
-            # many tensors under 8 KB) went out in ~24k write calls (now ~190), about 0.1 s of bench_ir's Q
-            with open(tmp, "wb", buffering=_WRITE_BUFFER) as f:
-                f.writelines(model_to_byte_pieces(model))
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    if use_external:
+        if target.device:
+            raise OutputError(f"{show(target.path)}: cannot write external data beside a device; give a file path")
+        data = target.path + ".data"
+        data_target(data, "the output's external-data file")
+        guard.refuse(data, "the output's external-data file")
+        location = target.base + ".data"
+
+        def write_external(tmp_model: str) -> None:
+            onnx.save_model(model_to_proto(model), tmp_model, save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=location, size_threshold=1024)
+        write_pair(target, write_external)
+        return
+
+    # NOTE: a 1 MB buffer: with the default 8 KB one, the ~240k pieces of a 90k-node model (most nodes and
+    # many tensors under 8 KB) went out in ~24k write calls (now ~190), about 0.1 s of bench_ir's Q
+    def write_inline(f) -> None:
+        f.writelines(model_to_byte_pieces(model))
+    (write_through if target.device else write_file)(target, write_inline)
 
 
 def write_atomic(path: str, data: "bytes | str", protect: tuple = ()) -> None:
-    """Write a small output file (JSON, report) atomically, never over an input file."""
-    folder = _output_folder(path, protect, "an input file")
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """Write a small output file (JSON, report) atomically, never over a file in `protect` (by identity)."""
+    target = output_target(path, "output")
+    Protected(protect).refuse(target.path, "the output")
+    payload = data.encode() if isinstance(data, str) else bytes(data)
+    (write_through if target.device else write_file)(target, lambda f: f.write(payload))
 
 
 __all__ = ["load_model", "load_proto", "save_model", "write_atomic", "model_from_proto", "model_to_proto",

@@ -33,23 +33,38 @@ class PrintIR(Instrumentation):
 
 
 class DumpONNX(Instrumentation):
-    """Write the model as ONNX after each pass into a folder: 00_input.onnx, 01_<pass>.onnx, ..."""
+    """Write the model as ONNX after each pass into a folder: 00_input.onnx, 01_<pass>.onnx, ...
 
-    def __init__(self, folder: str):
-        self.folder = folder
+    The folder is made if missing (a file, a path under /proc or /sys, or one that cannot be made is one
+    line). No dump is written over a file in `protect` or over the model's own files (see `save_model`);
+    `file_names(passes)` gives the names in advance, so a command can check them before any work.
+    """
+
+    def __init__(self, folder: str, protect: Sequence = ()):
+        from ..onnx_io.safe_write import make_output_folder
+        self.folder = make_output_folder(folder, "--dump-dir")
+        self.protect = tuple(protect)
         self.n = 0
-        os.makedirs(folder, exist_ok=True)
+
+    @staticmethod
+    def _name(n: int, label: str) -> str:
+        return f"{n:02d}_{label.replace('/', '_')}.onnx"
+
+    @classmethod
+    def file_names(cls, passes) -> list:
+        """The files a pipeline of `passes` dumps, in order."""
+        return [cls._name(0, "input")] + [cls._name(i + 1, p.name) for i, p in enumerate(passes)]
 
     def _write(self, model, label):
         from ..onnx_io import save_model
-        save_model(model, os.path.join(self.folder, f"{self.n:02d}_{label}.onnx"))
+        save_model(model, os.path.join(self.folder, self._name(self.n, label)), protect=self.protect)
         self.n += 1
 
     def before_pipeline(self, passes, model):
         self._write(model, "input")
 
     def after_pass(self, p, model, result):
-        self._write(model, p.name.replace("/", "_"))
+        self._write(model, p.name)
 
 
 class Timing(Instrumentation):

@@ -42,15 +42,23 @@ class QuantizeResult:
     stats: dict = field(default_factory=dict)
     plan: object = None
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, external_data: Optional[bool] = None, protect: tuple = ()) -> None:
+        """Write the QDQ model atomically; never over the float model it came from, its external data, or a file
+        in `protect` (see `save_model`)."""
         from ..onnx_io import save_model
-        save_model(self.model, path)
+        save_model(self.model, path, external_data=external_data, protect=protect)
 
-    def write_encodings(self, path: Optional[str], version: str = "1.0.0") -> dict:
+    def write_encodings(self, path: Optional[str], version: str = "1.0.0", protect: tuple = ()) -> dict:
+        """The encodings document; written atomically to `path` when given, never over the float model it came
+        from, its external data, or a file in `protect`."""
         from .encodings_io import write_encodings
+        if path is not None:
+            from ..onnx_io.safe_write import model_input_files
+            protect = tuple(protect) + tuple(model_input_files(self.model))
         args = self.report.get("quantizer_args", {})
         return write_encodings(path, self.encodings["activations"], self.encodings["params"], version=version,
-                               quantizer_args=args, excluded_layers=sorted(self.report["left_float"]))
+                               quantizer_args=args, excluded_layers=sorted(self.report["left_float"]),
+                               protect=protect)
 
 
 def _load(model_or_path):
@@ -61,6 +69,7 @@ def _load(model_or_path):
     # an IR Model: work on a private copy, the caller's model stays float
     m = model_from_proto(model_to_proto(model_or_path))
     m.base_dir = getattr(model_or_path, "base_dir", None)
+    m.source_path = getattr(model_or_path, "source_path", None)   # the file save_model must never write over
     return m
 
 
@@ -100,6 +109,7 @@ def _raise_opset(model, opset: int, notes: list):
         w.tensor = t   # the stub's Tensor, replaced before anyone reads it (as the importer sets it)
     notes.append(f"opset raised from {model.opset} to {opset}")
     new.base_dir = model.base_dir
+    new.source_path = getattr(model, "source_path", None)   # the file save_model must never write over
     return new
 
 

@@ -36,14 +36,15 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     from ..onnx_io.files import check_output_paths
     from .api import quantize
     from .report import format_summary
-    inputs = (model_path, calib, config_path, load_encodings)
-    check_output_paths({"-o": output, "--encodings": encodings_path, "--report": report_path}, inputs)
+    inputs = (model_path, calib, config_path, load_encodings, target)
+    check_output_paths({"-o": output, "--encodings": encodings_path, "--report": report_path}, inputs,
+                       models=(model_path,))
     res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
                    weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
                    limit=limit, weight_block=block_size)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
-        res.write_encodings(encodings_path, encodings_version)
+        res.write_encodings(encodings_path, encodings_version, protect=inputs)
     if report_path:
         write_atomic(report_path, json.dumps(res.report, indent=1, default=_plain) + "\n",
                      protect=inputs)

@@ -99,8 +99,9 @@ def _entry_v2(name: str, enc: Encoding) -> dict:
 
 
 def write_encodings(path: Optional[str], activations: dict, params: dict, version: str = "1.0.0",
-                    quantizer_args: Optional[dict] = None, excluded_layers: Iterable = ()) -> dict:
-    """The encodings JSON dict for `version`; also written atomically to `path` when one is given."""
+                    quantizer_args: Optional[dict] = None, excluded_layers: Iterable = (), protect: tuple = ()) -> dict:
+    """The encodings JSON dict for `version`; also written atomically to `path` when one is given (never over a
+    file in `protect`)."""
     if version not in VERSIONS:
         raise ConfigError(f"encodings version '{version}' is not supported (use {' or '.join(VERSIONS)})")
     for name, enc in list(activations.items()) + list(params.items()):
@@ -123,7 +124,7 @@ def write_encodings(path: Optional[str], activations: dict, params: dict, versio
         doc = {"version": "2.0.0", "encodings": entries}
     if path is not None:
         from ..onnx_io import write_atomic
-        write_atomic(path, json.dumps(doc, indent=2) + "\n")
+        write_atomic(path, json.dumps(doc, indent=2) + "\n", protect=protect)
     return doc
 
 
