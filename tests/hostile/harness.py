@@ -9,7 +9,8 @@ before and after. `check(run)` then asserts:
   negative a signal (the rlimit, an abort, a segfault);
 - not killed by the wall timeout (a FIFO or a bomb must never hang) and no MemoryError (the rlimit);
 - on exit 2 stderr is exactly one line starting "qcompiler: error:"; no "Traceback" ever;
-- no input file changed (and none vanished).
+- no input file changed (and none vanished): same sha256, mode, inode and mtime, so even a write of identical
+  bytes onto an input counts.
 """
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ def snapshot(paths) -> dict:
                 for name in files:
                     out.update(snapshot([os.path.join(root, name)]))
         elif stat.S_ISREG(st.st_mode):
-            out[p] = ("file", _hash_file(p), stat.S_IMODE(st.st_mode))
+            # inode and mtime too: a write that lands on an input with the same bytes is still a write on it
+            out[p] = ("file", _hash_file(p), stat.S_IMODE(st.st_mode), st.st_ino, st.st_mtime_ns)
         else:
             out[p] = ("special", stat.S_IFMT(st.st_mode), st.st_rdev)
     return out
