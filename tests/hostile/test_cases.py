@@ -213,6 +213,16 @@ def _c(ctx):
                 after=lambda r: _loads_and_runs(model))
 
 
+@case("2-api-save-model-over-the-model-it-was-loaded-from")
+def _c(ctx):
+    return _api(ctx, "qcompiler.save_model(qcompiler.load_model(MODEL), MODEL)")
+
+
+@case("2-api-quantize-result-save-over-its-input")
+def _c(ctx):
+    return _api(ctx, "quantize(MODEL, CALIB).save(MODEL)")
+
+
 def _loads_and_runs(path):
     import onnxruntime as ort
     ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
