@@ -71,13 +71,12 @@ def _child(req: dict, out_path: str, err_path: str) -> None:
 
 
 def serve() -> None:
-    import qcompiler.cli  # noqa: F401  - the expensive imports, done once
-    import qcompiler.quant.api  # noqa: F401
-    import qcompiler.quant.cli_quantize  # noqa: F401
-    try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        pass
+    import importlib
+    for name in ("qcompiler.cli", "qcompiler.quant.api", "qcompiler.quant.cli_quantize", "onnxruntime"):
+        try:  # the expensive imports, done once; a module that moved only costs its import in each child
+            importlib.import_module(name)
+        except ImportError:
+            pass
     tmp = tempfile.mkdtemp(prefix="qc-forkserver-")
     out_path, err_path = os.path.join(tmp, "out"), os.path.join(tmp, "err")
     reply = sys.stdout

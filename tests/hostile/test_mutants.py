@@ -61,11 +61,14 @@ def _valid_output(path: str, cmd: str) -> "str | None":
     return None
 
 
-def check_mutant(tmp_path, src_name: str, kind: str, seed: int) -> None:
+def run_mutant(tmp_path, src_name: str, kind: str, seed: int):
+    """Write mutant (src_name, kind, seed) under tmp_path and run the three commands on it.
+
+    Returns (mutant, [(command, Run, [problems])], [leftover files]); (None, [], []) where the kind does not apply."""
     outside = tmp_path / OUTSIDE
     mut = mutant(src_name, kind, seed, outside_abs=str(outside))
     if mut is None:
-        pytest.skip(f"{kind} does not apply to {src_name}")
+        return None, [], []
     src = source(src_name)
     d = tmp_path / "m"
     d.mkdir()
@@ -88,19 +91,28 @@ def check_mutant(tmp_path, src_name: str, kind: str, seed: int) -> None:
     cwd.mkdir()
     inputs = [d, outside, calib]
     refuse = (2,) if mut.must_refuse else None
-    runs = [("inspect", ["inspect", model], (0, 2)),
-            ("run", ["run", model, "-o", out / "run.onnx", "--pipeline", PIPELINE], refuse or (0, 2)),
-            ("quantize", ["quantize", model, "--calib", calib, "-o", out / "q.onnx", "--limit", "2"],
+    runs = [("inspect", ["inspect", model], None, (0, 2)),
+            ("run", ["run", model, "-o", out / "run.onnx", "--pipeline", PIPELINE], out / "run.onnx", refuse or (0, 2)),
+            ("quantize", ["quantize", model, "--calib", calib, "-o", out / "q.onnx", "--limit", "2"], out / "q.onnx",
              refuse or (0, 2, 3))]
-    failures = []
-    for cmd, args, allowed in runs:
+    results = []
+    for cmd, args, output, allowed in runs:
         r = run_cli(args, inputs=inputs, cwd=cwd)
         bad = problems(r, allowed)
-        if r.rc == 0 and cmd != "inspect" and not bad:
-            bad += [p for p in [_valid_output(str(args[3]), cmd)] if p]
-        if bad:
-            failures.append(f"[{cmd}] " + "; ".join(bad) + "\n    " + r.describe().replace("\n", "\n    "))
-    leftovers = [n for n in os.listdir(out) if n not in ("run.onnx", "q.onnx")]
+        if r.rc == 0 and output is not None and not bad:
+            bad += [p for p in [_valid_output(str(output), cmd)] if p]
+        results.append((cmd, r, bad))
+    wrote = {"run.onnx", "q.onnx"} | ({"run.onnx.data"} if results[1][1].rc == 0 else set())
+    leftovers = [n for n in os.listdir(out) if n not in wrote]
+    return mut, results, leftovers
+
+
+def check_mutant(tmp_path, src_name: str, kind: str, seed: int) -> None:
+    mut, results, leftovers = run_mutant(tmp_path, src_name, kind, seed)
+    if mut is None:
+        pytest.skip(f"{kind} does not apply to {src_name}")
+    failures = [f"[{cmd}] " + "; ".join(bad) + "\n    " + r.describe().replace("\n", "\n    ")
+                for cmd, r, bad in results if bad]
     if leftovers:
         failures.append(f"leftover files beside the outputs: {leftovers}")
     assert not failures, f"mutant {mut.id}: {mut.what}\n" + "\n".join(failures)
