@@ -672,7 +672,7 @@ def _c(ctx):
     for i in range(1, 9):
         p = f"*a{i - 1}"
         levels.append(f"&a{i} [{p},{p},{p},{p},{p},{p},{p},{p}]")
-    return _quant_cfg(ctx, "c.yaml", "scheme: [" + ", ".join(levels) + "]\n", word="scheme")
+    return _quant_cfg(ctx, "c.yaml", "scheme: [" + ", ".join(levels) + "]\n", word="alias")
 
 
 @case("10-regex-redos")
