@@ -22,12 +22,30 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from typing import Optional
 
 from .errors import DataError, OnnxRuntimeError
 
 LOG_FATAL_ONLY = 4   # onnxruntime severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
 REASON_CHARS = 240   # onnxruntime's reason quotes node and value names from the model: keep it short
+
+RUN_TIMEOUT_ENV = "QCOMPILER_RUN_TIMEOUT"
+RUN_TIMEOUT_S = 600.0   # one onnxruntime run (one sample); generous: a 0.5 B decoder runs a sample in seconds
+
+
+def run_timeout() -> float:
+    """Seconds one run may take: $QCOMPILER_RUN_TIMEOUT when it is a positive number, else RUN_TIMEOUT_S."""
+    try:
+        v = float(os.environ.get(RUN_TIMEOUT_ENV, ""))
+    except ValueError:
+        return RUN_TIMEOUT_S
+    return v if 0 < v < float("inf") else RUN_TIMEOUT_S
+
+
+def _terminate(ro) -> None:
+    ro.terminate = True
+
 
 _LABEL: contextvars.ContextVar = contextvars.ContextVar("qcompiler_model_label", default="")
 _quieted = False
@@ -155,14 +173,25 @@ class Session:
         ort = _ort()
         ro = run_options if run_options is not None else ort.RunOptions()
         ro.log_severity_level = LOG_FATAL_ONLY
+        limit = run_timeout()
+        # NOTE: a Loop whose condition never turns false (or a trip count of 2^62) runs forever; a timer sets
+        # onnxruntime's terminate flag, which every kernel checks, so one run is bounded in wall time
+        timer = threading.Timer(limit, _terminate, (ro,))
+        timer.daemon = True
+        timer.start()
         try:
             return self._sess.run(output_names, feed, ro)
         except ort_errors() as e:
             reason = ort_reason(e)
+            if ro.terminate:
+                reason = (f"the run took longer than {limit:g} s and was stopped (a Loop that never ends?); "
+                          f"set {RUN_TIMEOUT_ENV} to allow longer runs")
         except ValueError as e:   # onnxruntime's Python layer: "Required inputs ([...]) are missing from input feed"
             if "input" not in str(e):
                 raise
             reason = ort_reason(e)
+        finally:
+            timer.cancel()
         if self._prefix:
             at = f" on {where}" if where else ""
         else:
