@@ -10,13 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 import click
 
 from .errors import PassError, QCompilerError
 
-MESSAGE_CHARS = 1000   # a safety net: messages cut untrusted values themselves (~80 chars each)
+MESSAGE_CHARS = 600   # a safety net: messages cut untrusted values themselves (~80 chars each)
+TOKEN_CHARS = 160     # one run of non-blank characters (a 100k-character node name, a path): head...tail
+_LONG_TOKEN = re.compile(r"\S{%d,}" % (TOKEN_CHARS + 1))
+
+
+def _cut_token(m) -> str:
+    t = m.group(0)
+    return f"{t[:TOKEN_CHARS - 50]}...{t[-47:]}"
 
 
 def _one_line(msg: str) -> str:
@@ -29,6 +37,7 @@ def _one_line(msg: str) -> str:
     lines = text.strip().splitlines()
     line = lines[0] if lines else ""
     line = "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in line)
+    line = _LONG_TOKEN.sub(_cut_token, line)
     return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 3] + "..."
 
 
