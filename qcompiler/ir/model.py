@@ -23,6 +23,7 @@ class Model:
         self.training_info: list = []       # TrainingInfoProtos, kept verbatim
         self.configuration: list = []       # DeviceConfigurationProtos (newer IR), kept verbatim
         self.base_dir: Optional[str] = None  # folder of the file it came from (external data)
+        self.source_path: Optional[str] = None  # absolute path of the file load_model read it from
 
     @property
     def opset(self) -> int:

@@ -3,6 +3,8 @@
 Nodes are created in two sweeps per graph (outputs first, then inputs), so a graph whose node list is not
 topologically sorted still imports; a name that nothing defines is reported with the node and slot.
 Bodies of If/Loop/Scan become nested Graphs that resolve outer names through their parent.
+Every tensor the model holds goes through `tensor_check` (size against shape, external data inside the model's
+folder only) before anything uses it; tensors outside initializers get their external bytes inlined.
 """
 from __future__ import annotations
 
@@ -15,19 +17,26 @@ from ..ir.graph import Graph
 from ..ir.model import Model
 from ..ir.names import NameScope
 from ..ir.node import AT, Attr, Node
-from ..ir.tensor import Tensor, resolve_external
+from ..ir.tensor import Tensor
 from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
-
-EXTERNAL = onnx.TensorProto.EXTERNAL
-_GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+from .tensor_check import check_sparse, check_tensor, scan_attributes, scan_model_extras, short
 
 
-def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> Model:
-    """Build a Model from a ModelProto; external tensors are resolved (lazily) against `base_dir`."""
+
+def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, data_stubs: bool = False) -> Model:
+    """Build a Model from a ModelProto; external tensors are resolved against `base_dir` (initializers lazily,
+    any other tensor inlined now); with no `base_dir`, a tensor that uses external data is refused.
+
+    The caller's proto is never changed. `data_stubs`: initializers with no data at all are accepted (graph-only
+    copies made for onnx's version converter, whose tensors the caller puts back before anyone reads them).
+    """
+    if not isinstance(proto, onnx.ModelProto):
+        raise ModelLoadError(f"expected an onnx.ModelProto, got {type(proto).__name__}")
+    functions, training_info = scan_model_extras(proto.functions, proto.training_info, base_dir)
     names, node_names = NameScope(), NameScope()
     graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
-    ctx = _Ctx(base_dir)
+    ctx = _Ctx(base_dir, data_stubs)
     with gc_paused():
         _fill_graph(graph, proto.graph, ctx, [])
     opsets = {}
@@ -40,8 +49,8 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> 
     model.model_version = proto.model_version
     model.doc_string = proto.doc_string
     model.metadata_props = {p.key: p.value for p in proto.metadata_props}
-    model.functions = list(proto.functions)
-    model.training_info = list(proto.training_info)
+    model.functions = functions
+    model.training_info = training_info
     if hasattr(proto, "configuration"):
         model.configuration = list(proto.configuration)
     model.base_dir = base_dir
@@ -49,18 +58,25 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> 
 
 
 class _Ctx:
-    __slots__ = ("base_dir",)
+    __slots__ = ("base_dir", "stubs")
 
-    def __init__(self, base_dir):
-        self.base_dir = base_dir
+    def __init__(self, base_dir, stubs=False):
+        self.base_dir, self.stubs = base_dir, stubs
 
 
-def _tensor(p: onnx.TensorProto, ctx: _Ctx) -> Tensor:
-    if p.data_location == EXTERNAL:
-        if ctx.base_dir is None:
-            raise ModelLoadError(f"tensor '{p.name}' uses external data but the model has no folder to read it from")
-        return Tensor(proto=p, external=resolve_external(p, ctx.base_dir))
-    return Tensor(proto=p)
+def _tensor(p: onnx.TensorProto, name: str, g: Graph, ctx: _Ctx) -> Tensor:
+    """A checked initializer; external data stays a lazy, checked reference."""
+    dt, dims, ref = check_tensor(p, lambda: f"initializer '{short(name)}' of graph '{short(g.name)}'", ctx.base_dir,
+                                 ctx.stubs)
+    return Tensor._imported(p, dt, dims, ref)
+
+
+def _inlined_node(np_: onnx.NodeProto, where, ctx: _Ctx) -> onnx.NodeProto:
+    """A copy of `np_` whose attribute tensors hold their external bytes inline (the caller's proto unchanged)."""
+    c = onnx.NodeProto()
+    c.CopyFrom(np_)
+    scan_attributes(c.attribute, where, ctx.base_dir, inline=True)
+    return c
 
 
 def _define(g: Graph, local: dict, name: str):
@@ -95,7 +111,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     for vi in gp.input:
         v = _define(g, local, vi.name)
         if v is None:
-            raise InvalidModelError(f"graph '{g.name}': input name '{vi.name}' is listed twice")
+            raise InvalidModelError(f"graph '{short(g.name)}': input name '{short(vi.name)}' is listed twice")
         v.type = vi.type if vi.HasField("type") else None
         v.is_input = True
         v.doc_string = vi.doc_string
@@ -112,10 +128,19 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 used_names.add(name)
                 v = values[name] = local[name] = Value(name, g)
         elif v.tensor is not None:
-            raise InvalidModelError(f"graph '{g.name}': initializer '{name}' is listed twice")
-        v.tensor = _tensor(tp, ctx)
+            raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(name)}' is listed twice")
+        v.tensor = _tensor(tp, name, g, ctx)
         initializers[v.name] = v
-    g.sparse_initializers = list(gp.sparse_initializer)
+    sparse = list(gp.sparse_initializer)
+    for i, sp in enumerate(sparse):
+        def where(sp=sp):
+            return f"sparse initializer '{short(sp.values.name)}' of graph '{short(g.name)}'"
+        if check_sparse(sp, where, ctx.base_dir):
+            c = onnx.SparseTensorProto()
+            c.CopyFrom(sp)
+            check_sparse(c, where, ctx.base_dir, inline=True)
+            sparse[i] = c
+    g.sparse_initializers = sparse
     # sweep 1: nodes and their outputs
     # NOTE: one ListFields() call per node reads every set field at once; separate attribute reads on upb
     # messages cost about a microsecond each, which dominated importing a 90k-node graph.
@@ -170,12 +195,14 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if meta:
             n.metadata_props = meta
         has_graph = False
-        # NOTE: in the default domain only these ops hold graphs; other nodes skip the per-attribute type reads
-        if attributes and (op_type in _GRAPH_OPS or (domain and domain != "ai.onnx")):
-            for a in attributes:
-                if a.type in (AT.GRAPH, AT.GRAPHS):
-                    has_graph = True
-                    break
+        if attributes:
+            # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
+            def where(name=name, op_type=op_type):
+                return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
+            has_graph, external = scan_attributes(attributes, where, ctx.base_dir)
+            if external:
+                np_ = _inlined_node(np_, where, ctx)
+                attributes = list(np_.attribute)
         n._attrs = {} if has_graph else None
         n._attr_protos = attributes if attributes else []
         if cut is None:
@@ -196,8 +223,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 n_outputs.append(None)
                 continue
             if oname in local:
-                raise InvalidModelError(f"graph '{g.name}': node '{name}' ({op_type}) output '{oname}' "
-                                        f"is already defined (duplicate name)")
+                raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
+                                        f"'{short(oname)}' is already defined (duplicate name)")
             if oname in used_names:   # shadows an outer-scope name: fresh unique name (see _define)
                 v = _define(g, local, oname)
             else:
@@ -248,8 +275,9 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v is None:
                 v = _lookup(iname, local, scope)
                 if v is None:
-                    raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) input {i} "
-                                            f"'{iname}' is not produced by any node, graph input or initializer")
+                    raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
+                                            f"({short(np_.op_type)}) input {i} '{short(iname)}' is not produced by "
+                                            f"any node, graph input or initializer")
             inputs.append(v)
             if v.graph is g and g._index is None:
                 v._uses.append(Usage(n, i))   # what g._add_use does when no index is built yet
@@ -270,7 +298,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     for vi in gp.output:
         v = _lookup(vi.name, local, scope)
         if v is None:
-            raise InvalidModelError(f"graph '{g.name}': output '{vi.name}' is not produced by any node, input or initializer")
+            raise InvalidModelError(f"graph '{short(g.name)}': output '{short(vi.name)}' is not produced by any node, "
+                                    f"input or initializer")
         if vi.HasField("type") and (v.type is None or v.graph is g):
             if v.type is None or not v.is_input:
                 v.type = vi.type
