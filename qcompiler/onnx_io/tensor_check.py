@@ -68,6 +68,8 @@ _A_T, _A_G, _A_TENSORS, _A_GRAPHS, _A_SPARSE, _A_SPARSES, _A_TYPE = 5, 6, 10, 11
 _PAYLOAD_TYPE = {_A_T: AT.TENSOR, _A_G: AT.GRAPH, _A_TENSORS: AT.TENSORS, _A_GRAPHS: AT.GRAPHS,
                  _A_SPARSE: AT.SPARSE_TENSOR, _A_SPARSES: AT.SPARSE_TENSORS}
 _ATTR_TYPES = frozenset(v for k, v in AT.AttributeType.items() if k != "UNDEFINED")
+_GRAPH, _GRAPHS = AT.GRAPH, AT.GRAPHS
+_FIELD_KEY = {AT.DESCRIPTOR.fields_by_number[k]: k for k in (_A_TYPE, *_PAYLOAD_TYPE)}
 
 
 def short(s, limit: int = 80) -> str:
@@ -252,19 +254,23 @@ def scan_attributes(attributes, where: Callable[[], str], base_dir: Optional[str
     for a in attributes:
         t = 0
         payload = None
+        # NOTE: one ListFields() per attribute, fields keyed by descriptor: reading `type` and six payload fields
+        # one by one costs several times more on upb messages (bench_ir has ~24k attributes)
         for fd, val in a.ListFields():
-            k = fd.number
+            k = _FIELD_KEY.get(fd)
+            if k is None:
+                continue
             if k == _A_TYPE:
                 t = val
-            elif k in _PAYLOAD_TYPE:
-                if payload is not None:
-                    raise InvalidModelError(f"attribute '{short(a.name)}' of {where()} holds more than one kind "
-                                            f"of value; refused")
+            elif payload is not None:
+                raise InvalidModelError(f"attribute '{short(a.name)}' of {where()} holds more than one kind "
+                                        f"of value; refused")
+            else:
                 payload = (k, val)
         if t not in _ATTR_TYPES:
             raise InvalidModelError(f"attribute '{short(a.name)}' of {where()} has "
                                     f"{'no type' if t == 0 else f'unknown type {t}'}; refused")
-        if t == AT.GRAPH or t == AT.GRAPHS:
+        if t == _GRAPH or t == _GRAPHS:
             has_graph = True
         if payload is None:
             continue
