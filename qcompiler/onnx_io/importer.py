@@ -20,7 +20,8 @@ from ..ir.node import AT, Attr, Node
 from ..ir.tensor import Tensor
 from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
-from .tensor_check import check_sparse, check_tensor, scan_attributes, scan_model_extras, short
+from .tensor_check import (check_sparse, check_tensor, collect_external_files, scan_attributes, scan_model_extras,
+                           short)
 
 
 
@@ -33,12 +34,13 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
     """
     if not isinstance(proto, onnx.ModelProto):
         raise ModelLoadError(f"expected an onnx.ModelProto, got {type(proto).__name__}")
-    functions, training_info = scan_model_extras(proto.functions, proto.training_info, base_dir)
-    names, node_names = NameScope(), NameScope()
-    graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
-    ctx = _Ctx(base_dir, data_stubs)
-    with gc_paused():
-        _fill_graph(graph, proto.graph, ctx, [])
+    with collect_external_files() as files:
+        functions, training_info = scan_model_extras(proto.functions, proto.training_info, base_dir)
+        names, node_names = NameScope(), NameScope()
+        graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
+        ctx = _Ctx(base_dir, data_stubs)
+        with gc_paused():
+            _fill_graph(graph, proto.graph, ctx, [])
     opsets = {}
     for o in proto.opset_import:
         opsets[o.domain] = o.version
@@ -54,6 +56,7 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
     if hasattr(proto, "configuration"):
         model.configuration = list(proto.configuration)
     model.base_dir = base_dir
+    model.external_files = frozenset(files)
     return model
 
 

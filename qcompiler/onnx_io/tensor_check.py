@@ -23,6 +23,7 @@ Python ints throughout: a dimension of 2^62 cannot overflow a size.
 """
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 import stat
@@ -70,6 +71,23 @@ _PAYLOAD_TYPE = {_A_T: AT.TENSOR, _A_G: AT.GRAPH, _A_TENSORS: AT.TENSORS, _A_GRA
 _ATTR_TYPES = frozenset(v for k, v in AT.AttributeType.items() if k != "UNDEFINED")
 _GRAPH, _GRAPHS = AT.GRAPH, AT.GRAPHS
 _FIELD_KEY = {AT.DESCRIPTOR.fields_by_number[k]: k for k in (_A_TYPE, *_PAYLOAD_TYPE)}
+
+
+# real paths of the external-data files resolved while a model is imported (see `collect_external_files`)
+_FILES: contextvars.ContextVar = contextvars.ContextVar("qcompiler_external_files", default=None)
+
+
+class collect_external_files:
+    """`with collect_external_files() as files:` gathers the real path of every external-data file resolved
+    inside the block (so writers can refuse to overwrite any file an input reads)."""
+
+    def __enter__(self) -> set:
+        self.files: set = set()
+        self._token = _FILES.set(self.files)
+        return self.files
+
+    def __exit__(self, *exc) -> None:
+        _FILES.reset(self._token)
 
 
 def short(s, limit: int = 80) -> str:
@@ -201,6 +219,9 @@ def resolve_external(p: TP, where: Callable[[], str], base_dir: Optional[str], n
     if length != need:
         raise ModelLoadError(f"{where()}: external data length {length} does not match shape "
                              f"{_shape_text(dims)} of {dtype_name(p.data_type)} ({need} bytes); refused")
+    files = _FILES.get()
+    if files is not None:
+        files.add(path)
     return ExternalRef(path, offset, length, loc)
 
 
@@ -426,5 +447,5 @@ def check_function_recursion(functions: list) -> None:
                 stack.append(iter(callees[nxt]))
 
 
-__all__ = ["check_tensor", "check_sparse", "scan_attributes", "scan_graph", "scan_model_extras",
+__all__ = ["check_tensor", "check_sparse", "collect_external_files", "scan_attributes", "scan_graph", "scan_model_extras",
            "check_function_recursion", "resolve_external", "inline_external", "short", "SPEC", "DENSE_LIMIT"]

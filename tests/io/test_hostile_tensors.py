@@ -290,6 +290,7 @@ def test_location_inside_the_folder_loads_and_comes_out_inline(tmp_path, place):
     models, _, _ = _layout(tmp_path)
     path = _write(models, PLACES[place]("data/secret.bin"))
     model = load_model(path)
+    assert model.external_files == {os.path.realpath(models / "data" / "secret.bin")}, "for writers to protect"
     if place == "initializer":
         assert model.graph.value("c").tensor.is_external, "initializers stay lazy"
     out = model_to_proto(model)
