@@ -61,10 +61,13 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
 
 
 class _Ctx:
-    __slots__ = ("base_dir", "stubs")
+    __slots__ = ("base_dir", "stubs", "pending")
 
     def __init__(self, base_dir, stubs=False):
         self.base_dir, self.stubs = base_dir, stubs
+        # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
+        # half way leaves nothing behind)
+        self.pending: dict = {}
 
 
 def _tensor(p: onnx.TensorProto, name: str, g: Graph, ctx: _Ctx) -> Tensor:
@@ -320,16 +323,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         g.metadata_props = list(gp.metadata_props)
 
 
-_PENDING_BODIES: dict = {}
-
-
 def _subgraph(gp: onnx.GraphProto, parent: Node, outer: Graph, ctx: _Ctx) -> Graph:
     """Create a body graph now (so its values exist) and link its inputs once the outer graph is complete."""
     sg = Graph(gp.name or f"{parent.name}_body", parent, outer.names, outer.node_names)
-    _PENDING_BODIES[id(sg)] = gp
+    ctx.pending[id(sg)] = gp
     return sg
 
 
 def _link_subgraph(sg: Graph, parent: Node, ctx: _Ctx, scope: list) -> None:
-    gp = _PENDING_BODIES.pop(id(sg))
+    gp = ctx.pending.pop(id(sg))
     _fill_graph(sg, gp, ctx, scope)

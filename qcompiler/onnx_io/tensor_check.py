@@ -187,6 +187,8 @@ def resolve_external(p: TP, where: Callable[[], str], base_dir: Optional[str], n
     if not loc:
         raise ModelLoadError(f"{where()}: external data has no location; refused")
     shown = short(loc)
+    if not isinstance(loc, str):   # upb hands back bytes for a string field that is not valid UTF-8
+        raise ModelLoadError(f"{where()}: external data location '{shown}' is not valid UTF-8; refused")
     if "\x00" in loc:
         raise ModelLoadError(f"{where()}: external data location '{shown}' holds a NUL byte; refused")
     if os.path.isabs(loc) or loc.startswith(("/", "\\")):

@@ -774,3 +774,14 @@ def test_cli_verify_each_on_a_huge_input_is_one_line_quickly(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("qcompiler: error:"), r.stderr
     assert "'x'" in lines[0] and "1048576" in lines[0] and "--verify-inputs" in lines[0]
     assert _sha(path) == before and not out.exists()
+
+
+def test_location_that_is_not_utf8_refused(tmp_path):
+    models, _, _ = _layout(tmp_path)
+    data = place_constant("data/secret.bQn").SerializeToString().replace(b"secret.bQn", b"secret.\xff\xfe\xfd")
+    path = os.path.join(str(models), "m.onnx")
+    with open(path, "wb") as f:
+        f.write(data)
+    with pytest.raises(ModelLoadError) as ei:
+        load_model(path)
+    _one_line(ei, "UTF-8")
