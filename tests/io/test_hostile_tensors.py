@@ -578,12 +578,19 @@ def test_huge_initializer_with_16_bytes_fails_inspect_run_quantize(tmp_path):
     assert _sha(path) == before and not out.exists()
 
 
+def _memory_limited():
+    """For a child process: at most 4 GB of address space (an allocation sized by a header would fail)."""
+    import resource
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
 def test_huge_initializer_one_line_in_a_real_process(tmp_path):
-    """Once through a real process: exit 2, one stderr line, no traceback."""
+    """Once through a real process under a memory limit: exit 2, one stderr line, no traceback."""
     big = _tensor(TensorProto.FLOAT, [10 ** 10], raw_data=b"\0" * 16)
     big.name = "big"
     path = _write(tmp_path, _model([helper.make_node("Add", ["x", "x"], ["y"], name="add")], inits=[big]))
-    r = subprocess.run([sys.executable, "-m", "qcompiler", "inspect", path], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "qcompiler", "inspect", path], capture_output=True, text=True, timeout=60,
+                       preexec_fn=_memory_limited)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert r.stderr.startswith("qcompiler: error:") and "16 bytes" in r.stderr
 
@@ -767,7 +774,7 @@ def test_cli_verify_each_on_a_huge_input_is_one_line_quickly(tmp_path):
     out = tmp_path / "o.onnx"
     t0 = time.monotonic()
     r = subprocess.run([sys.executable, "-m", "qcompiler", "run", path, "-o", str(out), "--pipeline", "canonicalize",
-                        "--verify-each"], capture_output=True, text=True, timeout=120)
+                        "--verify-each"], capture_output=True, text=True, timeout=120, preexec_fn=_memory_limited)
     assert time.monotonic() - t0 < 60
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
