@@ -61,6 +61,8 @@ _SPEC_BY_NAME = {
 # NOTE: only the types this onnx knows: numpy_helper could not decode any other, so it is refused at import
 SPEC = {v: _SPEC_BY_NAME[k] for k, v in TP.DataType.items() if k in _SPEC_BY_NAME}
 
+_prod = math.prod
+
 # A sparse tensor is made dense by onnxruntime when the session is built: its dense size is a header field
 DENSE_LIMIT = 1 << 32
 
@@ -130,7 +132,7 @@ def check_tensor(p: TP, where: Callable[[], str], base_dir: Optional[str],
     if dims:
         if min(dims) < 0:
             raise InvalidModelError(f"{where()}: negative dimension in shape {_shape_text(dims)}; refused")
-        n = math.prod(dims)
+        n = _prod(dims)
     else:
         n = 1
     bits = spec[0]
