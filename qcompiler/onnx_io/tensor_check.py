@@ -73,6 +73,11 @@ _PAYLOAD_TYPE = {_A_T: AT.TENSOR, _A_G: AT.GRAPH, _A_TENSORS: AT.TENSORS, _A_GRA
 _ATTR_TYPES = frozenset(v for k, v in AT.AttributeType.items() if k != "UNDEFINED")
 _GRAPH, _GRAPHS = AT.GRAPH, AT.GRAPHS
 _FIELD_KEY = {AT.DESCRIPTOR.fields_by_number[k]: k for k in (_A_TYPE, *_PAYLOAD_TYPE)}
+_TYPE_FD = AT.DESCRIPTOR.fields_by_number[_A_TYPE]
+_NAME_FD = AT.DESCRIPTOR.fields_by_number[1]
+# (value field, type) of a plain attribute: name, one value of a scalar or list type, its type, nothing else
+_PLAIN = frozenset((AT.DESCRIPTOR.fields_by_number[k], t) for k, t in
+                   ((2, AT.FLOAT), (3, AT.INT), (4, AT.STRING), (7, AT.FLOATS), (8, AT.INTS), (9, AT.STRINGS)))
 
 
 # real paths of the external-data files resolved while a model is imported (see `collect_external_files`)
@@ -277,11 +282,17 @@ def scan_attributes(attributes, where: Callable[[], str], base_dir: Optional[str
     """
     has_graph = external = False
     for a in attributes:
+        # NOTE: one ListFields() per attribute: reading `type` and six payload fields one by one costs several
+        # times more on upb messages (bench_ir has ~24k attributes). Fields come in number order, so a plain
+        # attribute is exactly [name, value, type] with a matching value field: checked without a loop.
+        fields = a.ListFields()
+        if len(fields) == 3:
+            f2 = fields[2]
+            if f2[0] is _TYPE_FD and fields[0][0] is _NAME_FD and (fields[1][0], f2[1]) in _PLAIN:
+                continue
         t = 0
         payload = None
-        # NOTE: one ListFields() per attribute, fields keyed by descriptor: reading `type` and six payload fields
-        # one by one costs several times more on upb messages (bench_ir has ~24k attributes)
-        for fd, val in a.ListFields():
+        for fd, val in fields:
             k = _FIELD_KEY.get(fd)
             if k is None:
                 continue

@@ -792,3 +792,27 @@ def test_location_that_is_not_utf8_refused(tmp_path):
     with pytest.raises(ModelLoadError) as ei:
         load_model(path)
     _one_line(ei, "UTF-8")
+
+
+@pytest.mark.parametrize("value", [dict(ints=[1, 2]), dict(i=3), dict(f=1.5), dict(strings=[b"a"])])
+def test_tensor_hidden_beside_a_plain_value_is_found(tmp_path, value):
+    """[t, ints, type=INTS] and the like: a tensor next to a plain value never slips past the check."""
+    models, _, _ = _layout(tmp_path)
+    node = helper.make_node("Add", ["x", "c"], ["y"], name="add")
+    a = onnx.AttributeProto()
+    a.name = "sneaky"
+    for k, v in value.items():
+        if isinstance(v, list):
+            getattr(a, k).extend(v)
+        else:
+            setattr(a, k, v)
+    a.type = {"ints": a.INTS, "i": a.INT, "f": a.FLOAT, "strings": a.STRINGS}[next(iter(value))]
+    a.t.CopyFrom(_ext_tensor("hidden", "../outside/secret.bin"))
+    node.attribute.append(a)
+    m = _model([node], inits=[_dense_c()])
+    with pytest.raises(InvalidModelError) as ei:
+        load_model(_write(models, m))
+    _one_line(ei, "'sneaky'", "holds")
+    a.ClearField("name")   # [t, value, type] with no name
+    with pytest.raises(InvalidModelError):
+        load_model(_write(models, m))
