@@ -462,5 +462,6 @@ def check_function_recursion(functions: list) -> None:
                 stack.append(iter(callees[nxt]))
 
 
-__all__ = ["check_tensor", "check_sparse", "collect_external_files", "scan_attributes", "scan_graph", "scan_model_extras",
+__all__ = ["check_tensor", "check_sparse", "collect_external_files", "scan_attributes", "scan_graph",
+           "scan_model_extras",
            "check_function_recursion", "resolve_external", "inline_external", "short", "SPEC", "DENSE_LIMIT"]

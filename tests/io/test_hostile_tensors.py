@@ -130,7 +130,8 @@ def place_if_body_initializer(loc):
 def place_nested_if(loc):
     inner = _if_with_body([helper.make_node("Constant", [], ["c"], name="deep_const", value=_ext_tensor("c", loc))])
     inner[-1] = helper.make_node("Identity", ["c"], ["c2"], name="deep_id")   # the inner If's result, renamed
-    outer_then = helper.make_graph(inner, "outer_then", [], [helper.make_tensor_value_info("c2", TensorProto.FLOAT, [4])])
+    outer_then = helper.make_graph(inner, "outer_then", [],
+                                   [helper.make_tensor_value_info("c2", TensorProto.FLOAT, [4])])
     other = helper.make_graph([helper.make_node("Constant", [], ["c3"], name="z3",
                                                 value=numpy_helper.from_array(np.zeros(4, np.float32), "z"))],
                               "outer_else", [], [helper.make_tensor_value_info("c3", TensorProto.FLOAT, [4])])
@@ -177,7 +178,8 @@ def place_training_initialization(loc):
 def place_training_algorithm(loc):
     algo = helper.make_graph([helper.make_node("Constant", [], ["k"], name="algo_const", value=_ext_tensor("k", loc))],
                              "algo", [], [helper.make_tensor_value_info("k", TensorProto.FLOAT, [4])])
-    return _model([_add()], inits=[numpy_helper.from_array(np.ones(4, np.float32), "c")], training=[_training(None, algo)])
+    return _model([_add()], inits=[numpy_helper.from_array(np.ones(4, np.float32), "c")],
+                  training=[_training(None, algo)])
 
 
 def place_custom_op_tensors(loc):
@@ -540,7 +542,8 @@ def _with_bad_tensor(where: str, t: TensorProto):
         t.name = "K"
         f = helper.make_function("local", "F", ["X"], ["Y"],
                                  [helper.make_node("Constant", [], ["K"], name="fconst", value=t),
-                                  helper.make_node("Add", ["X", "K"], ["Y"], name="fadd")], [helper.make_opsetid("", 17)])
+                                  helper.make_node("Add", ["X", "K"], ["Y"], name="fadd")],
+                                 [helper.make_opsetid("", 17)])
         return _model([helper.make_node("F", ["x"], ["y"], name="call", domain="local")], functions=[f],
                       opsets=[helper.make_opsetid("local", 1)])
     if where == "sparse":
@@ -622,8 +625,8 @@ def test_graph_attribute_on_any_op_is_imported_and_checked(tmp_path):
 def test_sparse_structure_checked(tmp_path):
     vals = numpy_helper.from_array(np.ones(2, np.float32), "v")
     cases = {
-        "indices int32": (helper.make_sparse_tensor(vals, numpy_helper.from_array(np.array([0, 1], np.int32), "i"), [4]),
-                          "INT64"),
+        "indices int32": (helper.make_sparse_tensor(vals, numpy_helper.from_array(np.array([0, 1], np.int32), "i"),
+                                                    [4]), "INT64"),
         "indices count": (helper.make_sparse_tensor(vals, numpy_helper.from_array(np.array([0], np.int64), "i"), [4]),
                           "do not fit"),
         "dense too large": (helper.make_sparse_tensor(vals, numpy_helper.from_array(np.array([0, 1], np.int64), "i"),
