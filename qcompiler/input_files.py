@@ -87,7 +87,15 @@ def read_bounded(path, what: str, error: Type[Exception] = QCompilerError, limit
     limit = MAX_BYTES.get(what) if limit is None else limit
     with open_regular(path, what, error, limit) as f:
         try:
-            data = f.read(limit + 1) if limit is not None else f.read()
+            # NOTE: read(n) allocates n bytes up front: ask for what fstat says is there (plus one byte to see a
+            # file that grows), never for the kind's limit (2 GB of address space for every model read)
+            want = os.fstat(f.fileno()).st_size + 1
+            data = f.read(min(want, limit + 1) if limit is not None else want)
+            while limit is None or len(data) <= limit:   # the file grew after the fstat
+                more = f.read(1 << 20 if limit is None else min(1 << 20, limit + 1 - len(data)))
+                if not more:
+                    break
+                data += more
         except OSError as e:
             raise error(f"{os.fspath(path)}: cannot read {what} ({e.strerror or e})") from None
     if limit is not None and len(data) > limit:

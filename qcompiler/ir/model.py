@@ -23,6 +23,8 @@ class Model:
         self.training_info: list = []       # TrainingInfoProtos, kept verbatim
         self.configuration: list = []       # DeviceConfigurationProtos (newer IR), kept verbatim
         self.base_dir: Optional[str] = None  # folder of the file it came from (external data)
+        self.source_path: Optional[str] = None  # absolute path of the file load_model read it from
+        self.external_files: frozenset = frozenset()  # real paths of the external-data files the import read
 
     @property
     def opset(self) -> int:

@@ -132,8 +132,11 @@ def _decode_attr(p: onnx.AttributeProto) -> Attr:
         v = list(p.strings)
     elif t in (AT.TENSOR, AT.SPARSE_TENSOR, AT.TYPE_PROTO, AT.TENSORS, AT.SPARSE_TENSORS, AT.TYPE_PROTOS):
         v = helper.get_attribute_value(p)
-    else:  # GRAPH/GRAPHS must be decoded by the importer
-        raise ValueError(f"attribute {p.name!r} of type {t} must be imported as a subgraph")
+    elif t in (AT.GRAPH, AT.GRAPHS):   # the importer decodes these (bodies are graphs of the IR)
+        raise ValueError(f"attribute {p.name[:80]!r} of type {t} must be imported as a subgraph")
+    else:   # the importer refuses these; a hand-built proto may still carry one
+        from ..errors import InvalidModelError
+        raise InvalidModelError(f"attribute {p.name[:80]!r} has {'no type' if t == 0 else f'unknown type {t}'}")
     return Attr(p.name, t, v, "", p.doc_string)
 
 

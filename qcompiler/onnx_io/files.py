@@ -11,48 +11,65 @@ import os
 import onnx
 from google.protobuf.message import DecodeError
 
-from ..errors import InvalidModelError, ModelLoadError, OutputError
-from ..input_files import check_path_text
+from ..errors import InvalidModelError, ModelLoadError, OutputError, QCompilerError
+from ..input_files import check_path_text, read_bounded
 from ..ir.model import Model
 from ..ir.tensor import _itemsize
 from .exporter import model_to_byte_pieces, model_to_proto
 from .importer import model_from_proto
 from .safe_write import (Protected, check_output_folder, data_target, output_target, show, write_file,
                          write_pair, write_through)
+from .tensor_check import short
 
 TWO_GB = 2 ** 31 - 1
 _WRITE_BUFFER = 1 << 20
 
 
 def load_proto(path: str) -> onnx.ModelProto:
-    """Parse an ONNX file without loading external data; raise ModelLoadError with a one-line reason."""
-    if not os.path.exists(path):
-        raise ModelLoadError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ModelLoadError(f"{path}: is a folder, not an ONNX file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ModelLoadError(f"{path}: cannot read ({e.strerror})") from None
+    """Parse an ONNX file without loading external data; raise ModelLoadError with a one-line reason.
+
+    The file is opened through `input_files` (a regular file within the model size limit: a FIFO, a device,
+    a folder or /dev/zero is one line, never a hang or an unbounded read).
+    """
+    data = read_bounded(path, "model", ModelLoadError)
     if not data:
         raise ModelLoadError(f"{path}: empty file, not an ONNX model")
     proto = onnx.ModelProto()
     try:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
-        raise ModelLoadError(f"{path}: not an ONNX model or truncated (protobuf parse failed: {str(e).splitlines()[0] if str(e) else 'decode error'})") from None
+        reason = short(str(e).splitlines()[0], 120) if str(e) else "decode error"
+        raise ModelLoadError(f"{path}: not an ONNX model or truncated (protobuf parse failed: {reason})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph"):
         raise ModelLoadError(f"{path}: not an ONNX model (no IR version or no graph)")
     return proto
 
 
+def _model_path(path) -> str:
+    """`path` as a str naming a file; anything else (an int, which open() would take as a file descriptor to
+    read and close, None, model bytes) is one ModelLoadError line."""
+    if isinstance(path, bytes) and (len(path) > 4096 or b"\x00" in path):
+        raise ModelLoadError(f"load_model takes a path (str or os.PathLike), got {len(path)} bytes that are not a "
+                             f"path; for a serialized model use model_from_proto(onnx.load_from_string(data))")
+    try:
+        return check_path_text(path, "model", ModelLoadError)
+    except TypeError:   # an os.PathLike whose __fspath__ returns neither str nor bytes
+        raise ModelLoadError(f"model path must be a str or os.PathLike, got {type(path).__name__}") from None
+
+
 def load_model(path: str) -> Model:
-    """Load an ONNX file into the IR (external data resolved lazily against the file's folder)."""
-    from ..arguments import require_path
-    path = require_path(path, "model")   # an int would be opened as the caller's file descriptor, then closed
+    """Load an ONNX file into the IR (external data resolved lazily against the file's folder, and only there).
+
+    Every error is one line naming the file; `model.source_path` is the file's absolute path.
+    """
+    path = _model_path(path)
     proto = load_proto(path)
-    return model_from_proto(proto, os.path.dirname(os.path.abspath(path)))
+    try:
+        model = model_from_proto(proto, os.path.dirname(os.path.abspath(path)))
+    except QCompilerError as e:
+        raise type(e)(f"{path}: {e}") from None
+    model.source_path = os.path.abspath(path)
+    return model
 
 
 def _total_tensor_bytes(model: Model) -> int:

@@ -3,6 +3,8 @@
 Nodes are created in two sweeps per graph (outputs first, then inputs), so a graph whose node list is not
 topologically sorted still imports; a name that nothing defines is reported with the node and slot.
 Bodies of If/Loop/Scan become nested Graphs that resolve outer names through their parent.
+Every tensor the model holds goes through `tensor_check` (size against shape, external data inside the model's
+folder only) before anything uses it; tensors outside initializers get their external bytes inlined.
 """
 from __future__ import annotations
 
@@ -15,21 +17,30 @@ from ..ir.graph import Graph
 from ..ir.model import Model
 from ..ir.names import NameScope
 from ..ir.node import AT, Attr, Node
-from ..ir.tensor import Tensor, resolve_external
+from ..ir.tensor import Tensor
 from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
+from .tensor_check import (check_sparse, check_tensor, collect_external_files, scan_attributes, scan_model_extras,
+                           short)
 
-EXTERNAL = onnx.TensorProto.EXTERNAL
-_GRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 
-def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> Model:
-    """Build a Model from a ModelProto; external tensors are resolved (lazily) against `base_dir`."""
-    names, node_names = NameScope(), NameScope()
-    graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
-    ctx = _Ctx(base_dir)
-    with gc_paused():
-        _fill_graph(graph, proto.graph, ctx, [])
+def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, data_stubs: bool = False) -> Model:
+    """Build a Model from a ModelProto; external tensors are resolved against `base_dir` (initializers lazily,
+    any other tensor inlined now); with no `base_dir`, a tensor that uses external data is refused.
+
+    The caller's proto is never changed. `data_stubs`: initializers with no data at all are accepted (graph-only
+    copies made for onnx's version converter, whose tensors the caller puts back before anyone reads them).
+    """
+    if not isinstance(proto, onnx.ModelProto):
+        raise ModelLoadError(f"expected an onnx.ModelProto, got {type(proto).__name__}")
+    with collect_external_files() as files:
+        functions, training_info = scan_model_extras(proto.functions, proto.training_info, base_dir)
+        names, node_names = NameScope(), NameScope()
+        graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
+        ctx = _Ctx(base_dir, data_stubs)
+        with gc_paused():
+            _fill_graph(graph, proto.graph, ctx, [])
     opsets = {}
     for o in proto.opset_import:
         opsets[o.domain] = o.version
@@ -40,27 +51,31 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None) -> 
     model.model_version = proto.model_version
     model.doc_string = proto.doc_string
     model.metadata_props = {p.key: p.value for p in proto.metadata_props}
-    model.functions = list(proto.functions)
-    model.training_info = list(proto.training_info)
+    model.functions = functions
+    model.training_info = training_info
     if hasattr(proto, "configuration"):
         model.configuration = list(proto.configuration)
     model.base_dir = base_dir
+    model.external_files = frozenset(files)
     return model
 
 
 class _Ctx:
-    __slots__ = ("base_dir",)
+    __slots__ = ("base_dir", "stubs", "pending")
 
-    def __init__(self, base_dir):
-        self.base_dir = base_dir
+    def __init__(self, base_dir, stubs=False):
+        self.base_dir, self.stubs = base_dir, stubs
+        # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
+        # half way leaves nothing behind)
+        self.pending: dict = {}
 
 
-def _tensor(p: onnx.TensorProto, ctx: _Ctx) -> Tensor:
-    if p.data_location == EXTERNAL:
-        if ctx.base_dir is None:
-            raise ModelLoadError(f"tensor '{p.name}' uses external data but the model has no folder to read it from")
-        return Tensor(proto=p, external=resolve_external(p, ctx.base_dir))
-    return Tensor(proto=p)
+def _inlined_node(np_: onnx.NodeProto, where, ctx: _Ctx) -> onnx.NodeProto:
+    """A copy of `np_` whose attribute tensors hold their external bytes inline (the caller's proto unchanged)."""
+    c = onnx.NodeProto()
+    c.CopyFrom(np_)
+    scan_attributes(c.attribute, where, ctx.base_dir, inline=True)
+    return c
 
 
 def _define(g: Graph, local: dict, name: str):
@@ -95,13 +110,14 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     for vi in gp.input:
         v = _define(g, local, vi.name)
         if v is None:
-            raise InvalidModelError(f"graph '{g.name}': input name '{vi.name}' is listed twice")
+            raise InvalidModelError(f"graph '{short(g.name)}': input name '{short(vi.name)}' is listed twice")
         v.type = vi.type if vi.HasField("type") else None
         v.is_input = True
         v.doc_string = vi.doc_string
         g.inputs.append(v)
     values, initializers = g._values, g.initializers
     used_names = names._used
+    base_dir, stubs, imported = ctx.base_dir, ctx.stubs, Tensor._imported
     for tp in gp.initializer:
         name = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
         v = local.get(name)
@@ -112,10 +128,22 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 used_names.add(name)
                 v = values[name] = local[name] = Value(name, g)
         elif v.tensor is not None:
-            raise InvalidModelError(f"graph '{g.name}': initializer '{name}' is listed twice")
-        v.tensor = _tensor(tp, ctx)
+            raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(name)}' is listed twice")
+        # NOTE: _tensor inlined (one Python call less per initializer: ~30k in bench_ir)
+        dt, dims, ref = check_tensor(tp, lambda: f"initializer '{short(name)}' of graph '{short(g.name)}'", base_dir,
+                                     stubs)
+        v.tensor = imported(tp, dt, dims, ref)
         initializers[v.name] = v
-    g.sparse_initializers = list(gp.sparse_initializer)
+    sparse = list(gp.sparse_initializer)
+    for i, sp in enumerate(sparse):
+        def where(sp=sp):
+            return f"sparse initializer '{short(sp.values.name)}' of graph '{short(g.name)}'"
+        if check_sparse(sp, where, ctx.base_dir):
+            c = onnx.SparseTensorProto()
+            c.CopyFrom(sp)
+            check_sparse(c, where, ctx.base_dir, inline=True)
+            sparse[i] = c
+    g.sparse_initializers = sparse
     # sweep 1: nodes and their outputs
     # NOTE: one ListFields() call per node reads every set field at once; separate attribute reads on upb
     # messages cost about a microsecond each, which dominated importing a 90k-node graph.
@@ -170,12 +198,14 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if meta:
             n.metadata_props = meta
         has_graph = False
-        # NOTE: in the default domain only these ops hold graphs; other nodes skip the per-attribute type reads
-        if attributes and (op_type in _GRAPH_OPS or (domain and domain != "ai.onnx")):
-            for a in attributes:
-                if a.type in (AT.GRAPH, AT.GRAPHS):
-                    has_graph = True
-                    break
+        if attributes:
+            # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
+            def where(name=name, op_type=op_type):
+                return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
+            has_graph, external = scan_attributes(attributes, where, ctx.base_dir)
+            if external:
+                np_ = _inlined_node(np_, where, ctx)
+                attributes = list(np_.attribute)
         n._attrs = {} if has_graph else None
         n._attr_protos = attributes if attributes else []
         if cut is None:
@@ -196,8 +226,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 n_outputs.append(None)
                 continue
             if oname in local:
-                raise InvalidModelError(f"graph '{g.name}': node '{name}' ({op_type}) output '{oname}' "
-                                        f"is already defined (duplicate name)")
+                raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
+                                        f"'{short(oname)}' is already defined (duplicate name)")
             if oname in used_names:   # shadows an outer-scope name: fresh unique name (see _define)
                 v = _define(g, local, oname)
             else:
@@ -248,8 +278,9 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v is None:
                 v = _lookup(iname, local, scope)
                 if v is None:
-                    raise InvalidModelError(f"graph '{g.name}': node '{np_.name}' ({np_.op_type}) input {i} "
-                                            f"'{iname}' is not produced by any node, graph input or initializer")
+                    raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
+                                            f"({short(np_.op_type)}) input {i} '{short(iname)}' is not produced by "
+                                            f"any node, graph input or initializer")
             inputs.append(v)
             if v.graph is g and g._index is None:
                 v._uses.append(Usage(n, i))   # what g._add_use does when no index is built yet
@@ -270,7 +301,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     for vi in gp.output:
         v = _lookup(vi.name, local, scope)
         if v is None:
-            raise InvalidModelError(f"graph '{g.name}': output '{vi.name}' is not produced by any node, input or initializer")
+            raise InvalidModelError(f"graph '{short(g.name)}': output '{short(vi.name)}' is not produced by any node, "
+                                    f"input or initializer")
         if vi.HasField("type") and (v.type is None or v.graph is g):
             if v.type is None or not v.is_input:
                 v.type = vi.type
@@ -288,16 +320,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         g.metadata_props = list(gp.metadata_props)
 
 
-_PENDING_BODIES: dict = {}
-
-
 def _subgraph(gp: onnx.GraphProto, parent: Node, outer: Graph, ctx: _Ctx) -> Graph:
     """Create a body graph now (so its values exist) and link its inputs once the outer graph is complete."""
     sg = Graph(gp.name or f"{parent.name}_body", parent, outer.names, outer.node_names)
-    _PENDING_BODIES[id(sg)] = gp
+    ctx.pending[id(sg)] = gp
     return sg
 
 
 def _link_subgraph(sg: Graph, parent: Node, ctx: _Ctx, scope: list) -> None:
-    gp = _PENDING_BODIES.pop(id(sg))
+    gp = ctx.pending.pop(id(sg))
     _fill_graph(sg, gp, ctx, scope)

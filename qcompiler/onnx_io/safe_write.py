@@ -80,6 +80,10 @@ def model_input_files(model) -> list:
     if src:
         files.append(src)
     seen = set()
+    for path in getattr(model, "external_files", None) or ():   # every file the import read, inlined ones too
+        if path not in seen:
+            seen.add(path)
+            files.append(path)
     for g in model.graphs():
         for v in g.initializers.values():
             ext = getattr(v.tensor, "_external", None)

@@ -2,6 +2,7 @@
 objects hooked around each pass, never code inside a pass."""
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -10,7 +11,7 @@ from typing import Optional, Sequence
 import numpy as np
 import onnx
 
-from ..errors import PassError, VerificationError
+from ..errors import DataError, PassError, VerificationError
 from ..ir.invariants import problems
 from ..ir.printer import format_graph
 from ..onnx_io import model_to_proto
@@ -109,18 +110,47 @@ class Statistics(Instrumentation):
         return "\n".join(lines)
 
 
+# Random feeds for --verify-each: at most this many elements over all graph inputs (512 MB of float64)
+RANDOM_FEED_LIMIT = 1 << 26
+
+
 def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = None) -> dict:
-    """Random inputs of the right dtype/shape for every graph input that is not an initializer."""
+    """Random inputs of the right dtype/shape for every graph input that is not an initializer.
+
+    Symbolic or unknown dimensions become 1 (or `dims[name]`). Shapes come from the model file, so all of them
+    are checked against RANDOM_FEED_LIMIT before anything is allocated: a 2^20 x 2^20 input is one DataError
+    line suggesting --verify-inputs, not an 8 TiB allocation.
+    """
     rng = np.random.default_rng(seed)
     inits = {t.name for t in proto.graph.initializer}
-    feeds = {}
+    specs = []
+    total = 0
     for vi in proto.graph.input:
         if vi.name in inits:
             continue
+        name = _short(vi.name)
+        if vi.type.WhichOneof("value") != "tensor_type":
+            raise DataError(f"graph input '{name}' is not a tensor; random inputs cannot be made for it: "
+                            f"pass inputs with --verify-inputs")
         tt = vi.type.tensor_type
-        dt = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        try:
+            dt = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        except (KeyError, ValueError, TypeError):
+            raise DataError(f"graph input '{name}' has element type {tt.elem_type}, which random inputs cannot be "
+                            f"made of: pass inputs with --verify-inputs") from None
         shape = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (dims or {}).get(d.dim_param, 1)
                  for d in tt.shape.dim]
+        count = math.prod(int(x) for x in shape)
+        total += count
+        if count > RANDOM_FEED_LIMIT or total > RANDOM_FEED_LIMIT:
+            text = str(shape)
+            text = text if len(text) <= 80 else text[:77] + "..."
+            raise DataError(f"graph input '{name}' of shape {text} needs {count} random values for --verify-each "
+                            f"({total} with the inputs before it; limit {RANDOM_FEED_LIMIT}): pass real inputs "
+                            f"with --verify-inputs")
+        specs.append((vi.name, dt, shape))
+    feeds = {}
+    for name, dt, shape in specs:
         if np.issubdtype(dt, np.floating):
             a = rng.standard_normal(shape).astype(dt)
         elif dt == np.bool_:
@@ -131,8 +161,13 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
             a = rng.integers(0, 2, shape).astype(dt)
         else:
             a = np.zeros(shape, dt)
-        feeds[vi.name] = a
+        feeds[name] = a
     return feeds
+
+
+def _short(s: str, limit: int = 80) -> str:
+    s = s if s.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in s[:limit])
+    return s if len(s) <= limit else s[:limit] + "..."
 
 
 def run_onnxruntime(proto: onnx.ModelProto, feeds: dict, role: str = "") -> list:

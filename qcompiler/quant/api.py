@@ -97,7 +97,7 @@ def _raise_opset(model, opset: int, notes: list):
         raise QCompilerError(f"cannot raise the model's opset {model.opset} to {opset} (needed for "
                              f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200]}") from None
     del proto
-    new = model_from_proto(conv)
+    new = model_from_proto(conv, data_stubs=True)   # stubs: the weights are put back below
     del conv
     for name, v in model.graph.initializers.items():
         t = v.tensor
