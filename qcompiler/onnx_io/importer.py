@@ -43,7 +43,7 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
             _fill_graph(graph, proto.graph, ctx, [])
     opsets = {}
     for o in proto.opset_import:
-        opsets[o.domain] = o.version
+        opsets[o.domain] = _opset_version(o.domain, o.version)
     model = Model(graph, opsets, proto.ir_version)
     model.producer_name = proto.producer_name
     model.producer_version = proto.producer_version
@@ -58,6 +58,18 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
     model.base_dir = base_dir
     model.external_files = frozenset(files)
     return model
+
+
+OPSET_MAX = 2 ** 31 - 1   # onnxruntime and onnx's converters keep opset versions in 32 bits (2^62 read as 0)
+
+
+def _opset_version(domain: str, version: int) -> int:
+    """An opset version no reader can misread: 1 .. 2^31-1 (a version beyond onnx's own release is onnxruntime's
+    to refuse, with its reason, when a session is made)."""
+    if not 1 <= version <= OPSET_MAX:
+        raise InvalidModelError(f"opset import of domain '{short(domain or 'ai.onnx')}' has version {version}; "
+                                f"a version is between 1 and {OPSET_MAX}")
+    return version
 
 
 class _Ctx:

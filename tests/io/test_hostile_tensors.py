@@ -819,3 +819,16 @@ def test_tensor_hidden_beside_a_plain_value_is_found(tmp_path, value):
     a.ClearField("name")   # [t, value, type] with no name
     with pytest.raises(InvalidModelError):
         load_model(_write(models, m))
+
+
+@pytest.mark.parametrize("version", [0, -5, 2 ** 31, 2 ** 62])
+def test_opset_versions_no_reader_can_hold_are_refused_at_import(tmp_path, version):
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", version)])
+    m.ir_version = 8
+    path = _write(tmp_path, m)
+    with pytest.raises(InvalidModelError) as ei:
+        load_model(path)
+    _one_line(ei, str(version), "ai.onnx")
