@@ -38,12 +38,12 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
         functions, training_info = scan_model_extras(proto.functions, proto.training_info, base_dir)
         names, node_names = NameScope(), NameScope()
         graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
-        ctx = _Ctx(base_dir, data_stubs)
+        opsets = {}
+        for o in proto.opset_import:
+            opsets[o.domain] = _opset_version(o.domain, o.version)
+        ctx = _Ctx(base_dir, data_stubs, opsets.get("", opsets.get("ai.onnx")))
         with gc_paused():
             _fill_graph(graph, proto.graph, ctx, [])
-    opsets = {}
-    for o in proto.opset_import:
-        opsets[o.domain] = _opset_version(o.domain, o.version)
     model = Model(graph, opsets, proto.ir_version)
     model.producer_name = proto.producer_name
     model.producer_version = proto.producer_version
@@ -73,10 +73,12 @@ def _opset_version(domain: str, version: int) -> int:
 
 
 class _Ctx:
-    __slots__ = ("base_dir", "stubs", "pending")
+    __slots__ = ("base_dir", "stubs", "pending", "opset", "required")
 
-    def __init__(self, base_dir, stubs=False):
+    def __init__(self, base_dir, stubs=False, opset=None):
         self.base_dir, self.stubs = base_dir, stubs
+        self.opset = opset   # the default domain's version: which schema says what inputs an op requires
+        self.required: dict = {}   # op_type -> slots its schema requires (an empty name there is refused)
         # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
         # half way leaves nothing behind)
         self.pending: dict = {}
@@ -88,6 +90,49 @@ def _inlined_node(np_: onnx.NodeProto, where, ctx: _Ctx) -> onnx.NodeProto:
     c.CopyFrom(np_)
     scan_attributes(c.attribute, where, ctx.base_dir, inline=True)
     return c
+
+
+def _empty_input(ctx: _Ctx, g: Graph, name: str, op_type: str, domain: str, slot: int) -> None:
+    """An input name left empty means "optional input omitted"; where the op's schema requires that input,
+    every pass reading it would trip over None, so the model is refused here with one line."""
+    if domain not in ("", "ai.onnx") or ctx.opset is None:
+        return
+    required = ctx.required.get(op_type)
+    if required is None:
+        try:
+            schema = onnx.defs.get_schema(op_type, ctx.opset, "")
+            single = onnx.defs.OpSchema.FormalParameterOption.Single
+            required = frozenset(i for i, p in enumerate(schema.inputs) if p.option == single)
+        except Exception:  # noqa: BLE001 - an op onnx does not know: onnxruntime names it when a session is made
+            required = frozenset()
+        ctx.required[op_type] = required
+    if slot in required:
+        raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) input {slot} "
+                                f"is empty, but {short(op_type)} requires that input")
+
+
+_KNOWN_ELEM_TYPES = frozenset(onnx.TensorProto.DataType.values())
+
+
+def _check_type(g: Graph, what: str, name: str, t) -> None:
+    """A value's declared type names only element types ONNX defines (a type of 99 is one line, not a KeyError in
+    whatever reads the type later)."""
+    while t is not None:
+        kind = t.WhichOneof("value")
+        if kind in ("tensor_type", "sparse_tensor_type"):
+            elem = getattr(t, kind).elem_type
+            if elem not in _KNOWN_ELEM_TYPES:
+                raise InvalidModelError(f"graph '{short(g.name)}': {what} '{short(name)}' has element type {elem}, "
+                                        f"which ONNX does not define")
+            return
+        if kind == "sequence_type":
+            t = t.sequence_type.elem_type
+        elif kind == "optional_type":
+            t = t.optional_type.elem_type
+        elif kind == "map_type":
+            t = t.map_type.value_type
+        else:
+            return
 
 
 def _define(g: Graph, local: dict, name: str):
@@ -124,6 +169,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if v is None:
             raise InvalidModelError(f"graph '{short(g.name)}': input name '{short(vi.name)}' is listed twice")
         v.type = vi.type if vi.HasField("type") else None
+        if v.type is not None:
+            _check_type(g, "input", vi.name, v.type)
         v.is_input = True
         v.doc_string = vi.doc_string
         g.inputs.append(v)
@@ -224,6 +271,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             n_inputs = n.inputs
             for i, iname in enumerate(ins):
                 if not iname:
+                    _empty_input(ctx, g, name, op_type, domain, i)
                     n_inputs.append(None)
                     continue
                 v = local.get(iname)
@@ -284,6 +332,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if i < len(inputs):   # linked in sweep 1 (the node where linking stopped)
                 continue
             if not iname:
+                _empty_input(ctx, g, np_.name, np_.op_type, np_.domain, i)
                 inputs.append(None)
                 continue
             v = local.get(iname)
@@ -315,6 +364,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if v is None:
             raise InvalidModelError(f"graph '{short(g.name)}': output '{short(vi.name)}' is not produced by any node, "
                                     f"input or initializer")
+        if vi.HasField("type"):
+            _check_type(g, "output", vi.name, vi.type)
         if vi.HasField("type") and (v.type is None or v.graph is g):
             if v.type is None or not v.is_input:
                 v.type = vi.type
@@ -324,6 +375,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     for vi in gp.value_info:
         v = local.get(vi.name)
         if v is not None and vi.HasField("type"):
+            _check_type(g, "value_info", vi.name, vi.type)
             if v.type is None:
                 v.type = vi.type
             g.value_info_order.append(v.name)

@@ -31,6 +31,16 @@ MEM_LIMIT = 3 << 30          # RLIMIT_AS of each child
 CPU_LIMIT = 60               # RLIMIT_CPU seconds
 TIMEOUT = 20.0               # wall seconds
 USE_FORK = os.environ.get("QC_HOSTILE_FORK", "1") != "0"
+# NOTE: the product bounds each onnxruntime run ($QCOMPILER_RUN_TIMEOUT, 600 s by default); the children get a
+# bound under the wall timeout, so a Loop that never ends must come back as its one-line error, not as a kill
+RUN_TIMEOUT = str(TIMEOUT / 4)
+
+
+def _child_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    env["QCOMPILER_RUN_TIMEOUT"] = RUN_TIMEOUT
+    return env
 
 
 @dataclass
@@ -116,7 +126,7 @@ class ForkServer:
     def __init__(self):
         self.proc = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "forkserver.py")],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1)
+                                     stderr=subprocess.DEVNULL, text=True, bufsize=1, env=_child_env())
         atexit.register(self.close)
 
     def request(self, req: dict) -> dict:
@@ -160,8 +170,7 @@ def run_cli(args, inputs=(), cwd=None, timeout: float = TIMEOUT, mem: int = MEM_
         run = Run(args, r["rc"], r["stdout"], r["stderr"], r["elapsed"], r["timeout"])
     else:
         argv = [sys.executable, *(python if python is not None else ["-m", "qcompiler", *args])]
-        env = dict(os.environ)
-        env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+        env = _child_env()
         t0 = time.monotonic()
         p = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, preexec_fn=_limits(mem, cpu, umask), start_new_session=True,

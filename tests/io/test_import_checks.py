@@ -1,0 +1,68 @@
+"""Import refuses what every later pass would trip over, with one line: an empty name in a slot the op's schema
+requires, and a value type whose element type ONNX does not define. Optional inputs left out still import."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+
+from qcompiler.errors import InvalidModelError
+from qcompiler.onnx_io import load_model, save_model
+
+
+def _bn(x_name: str = "x", scale: str = "s"):
+    inits = [h.make_tensor(n, T.FLOAT, [2], [1.0, 2.0]) for n in ("s", "b", "mu", "var")]
+    g = h.make_graph([h.make_node("BatchNormalization", [x_name, scale, "b", "mu", "var"], ["y"], name="bn")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3])],
+                     [h.make_tensor_value_info("y", T.FLOAT, [1, 2, 3])], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 15)])
+    m.ir_version = 8
+    return m
+
+
+def _save(tmp_path, m):
+    p = str(tmp_path / "m.onnx")
+    onnx.save(m, p)
+    return p
+
+
+@pytest.mark.parametrize("x_name,scale,slot", [("", "s", 0), ("x", "", 1)])
+def test_empty_required_input_is_one_line(tmp_path, x_name, scale, slot):
+    with pytest.raises(InvalidModelError) as ei:
+        load_model(_save(tmp_path, _bn(x_name, scale)))
+    msg = str(ei.value)
+    assert "\n" not in msg and "'bn'" in msg and f"input {slot} is empty" in msg and "requires" in msg
+
+
+def test_optional_inputs_left_out_still_import_and_run(tmp_path):
+    # Clip's min and max are optional: Clip(x, '', max) is valid ONNX
+    g = h.make_graph([h.make_node("Clip", ["x", "", "hi"], ["y"], name="clip")], "g",
+                     [h.make_tensor_value_info("x", T.FLOAT, [4])], [h.make_tensor_value_info("y", T.FLOAT, [4])],
+                     [h.make_tensor("hi", T.FLOAT, [], [1.0])])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    model = load_model(_save(tmp_path, m))
+    out = str(tmp_path / "o.onnx")
+    save_model(model, out)
+    x = np.array([-2, 0.5, 2, 3], np.float32)
+    y = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(y, np.minimum(x, 1.0))
+
+
+@pytest.mark.parametrize("where", ["input", "output", "value_info"])
+def test_undefined_element_type_is_one_line(tmp_path, where):
+    m = _bn()
+    if where == "input":
+        m.graph.input[0].type.tensor_type.elem_type = 99
+    elif where == "output":
+        m.graph.output[0].type.tensor_type.elem_type = 99
+    else:
+        m.graph.value_info.append(h.make_tensor_value_info("x", T.FLOAT, [1, 2, 3]))
+        m.graph.value_info[0].type.tensor_type.elem_type = 99
+    with pytest.raises(InvalidModelError) as ei:
+        load_model(_save(tmp_path, m))
+    msg = str(ei.value)
+    assert "\n" not in msg and "element type 99" in msg and where in msg
