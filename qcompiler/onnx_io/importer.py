@@ -21,7 +21,7 @@ from ..ir.tensor import Tensor
 from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
 from .tensor_check import (check_sparse, check_tensor, collect_external_files, scan_attributes, scan_model_extras,
-                           short)
+                           schema_attribute_types, short)
 
 
 
@@ -261,7 +261,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
             def where(name=name, op_type=op_type):
                 return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
-            has_graph, external = scan_attributes(attributes, where, ctx.base_dir)
+            expected = schema_attribute_types(op_type, ctx.opset) if not domain or domain == "ai.onnx" else None
+            has_graph, external = scan_attributes(attributes, where, ctx.base_dir, expected=expected)
             if external:
                 np_ = _inlined_node(np_, where, ctx)
                 attributes = list(np_.attribute)

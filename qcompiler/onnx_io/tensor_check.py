@@ -272,12 +272,39 @@ def check_sparse(sp: onnx.SparseTensorProto, where: Callable[[], str], base_dir:
     return vref is not None or iref is not None
 
 
+_SCHEMA_ATTRS: dict = {}
+
+
+def schema_attribute_types(op_type: str, opset: Optional[int]) -> Optional[dict]:
+    """`{attribute name: AttributeProto type}` the default domain's schema of `op_type` at `opset` declares, or
+    None when onnx does not know the op (onnxruntime names an unknown op when a session is made)."""
+    key = (op_type, opset)
+    got = _SCHEMA_ATTRS.get(key, False)
+    if got is False:
+        try:
+            schema = onnx.defs.get_schema(op_type, opset, "")
+            got = {name: int(a.type) for name, a in schema.attributes.items()}
+        except Exception:  # noqa: BLE001 - an op or version onnx does not define
+            got = None
+        _SCHEMA_ATTRS[key] = got
+    return got
+
+
+def _wrong_type(a_name: str, t: int, expected: Optional[dict], where: Callable[[], str]) -> None:
+    want = expected.get(a_name) if expected else None
+    if want is not None and want != t and want != AT.UNDEFINED:
+        raise InvalidModelError(f"attribute '{short(a_name)}' of {where()} is {AT.AttributeType.Name(t)}, but the "
+                                f"op defines it as {AT.AttributeType.Name(want)}; refused")
+
+
 def scan_attributes(attributes, where: Callable[[], str], base_dir: Optional[str], inline: bool = False,
-                    recurse: bool = False, stubs: bool = False) -> tuple:
+                    recurse: bool = False, stubs: bool = False, expected: Optional[dict] = None) -> tuple:
     """Check every tensor held by a node's AttributeProtos; return (holds a graph, uses external data).
 
     An attribute must hold only the payload its type names (a tensor in an INT attribute would be written out
-    again unchecked); `recurse`: also check the graphs it holds (the importer imports those as bodies instead).
+    again unchecked), and the type the op's schema declares when `expected` gives it (see
+    `schema_attribute_types`: an `epsilon` of type INTS made fold-batchnorm fail on float(list));
+    `recurse`: also check the graphs it holds (the importer imports those as bodies instead).
     With `inline`, external tensors get their bytes in raw_data (call it on a copy of the caller's proto).
     """
     has_graph = external = False
@@ -289,6 +316,8 @@ def scan_attributes(attributes, where: Callable[[], str], base_dir: Optional[str
         if len(fields) == 3:
             f2 = fields[2]
             if f2[0] is _TYPE_FD and fields[0][0] is _NAME_FD and (fields[1][0], f2[1]) in _PLAIN:
+                if expected:
+                    _wrong_type(fields[0][1], f2[1], expected, where)
                 continue
         t = 0
         payload = None
@@ -306,6 +335,8 @@ def scan_attributes(attributes, where: Callable[[], str], base_dir: Optional[str
         if t not in _ATTR_TYPES:
             raise InvalidModelError(f"attribute '{short(a.name)}' of {where()} has "
                                     f"{'no type' if t == 0 else f'unknown type {t}'}; refused")
+        if expected:
+            _wrong_type(a.name, t, expected, where)
         if t == _GRAPH or t == _GRAPHS:
             has_graph = True
         if payload is None:

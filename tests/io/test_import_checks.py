@@ -66,3 +66,25 @@ def test_undefined_element_type_is_one_line(tmp_path, where):
         load_model(_save(tmp_path, m))
     msg = str(ei.value)
     assert "\n" not in msg and "element type 99" in msg and where in msg
+
+
+@pytest.mark.parametrize("attr", [h.make_attribute("epsilon", [1, 2]), h.make_attribute("epsilon", "x"),
+                                  h.make_attribute("momentum", 3)])
+def test_attribute_of_a_type_the_op_does_not_define_is_one_line(tmp_path, attr):
+    m = _bn()
+    m.graph.node[0].attribute.append(attr)
+    with pytest.raises(InvalidModelError) as ei:
+        load_model(_save(tmp_path, m))
+    msg = str(ei.value)
+    assert "\n" not in msg and f"'{attr.name}'" in msg and "'bn'" in msg and "defines it as FLOAT" in msg
+
+
+def test_attributes_of_the_declared_types_and_custom_ops_import(tmp_path):
+    m = _bn()
+    m.graph.node[0].attribute.append(h.make_attribute("epsilon", 1e-3))
+    m.graph.node.append(h.make_node("Mystery", ["y"], ["z"], name="odd", domain="com.example", epsilon=[1, 2]))
+    m.graph.output[0].name = "z"
+    m.opset_import.append(h.make_opsetid("com.example", 1))
+    model = load_model(_save(tmp_path, m))
+    bn = next(n for n in model.graph if n.name == "bn")
+    assert bn.attr("epsilon") == pytest.approx(1e-3)
