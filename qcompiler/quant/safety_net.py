@@ -56,7 +56,7 @@ def check_min_sqnr(value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
             or math.isnan(float(value)) or float(value) == float("inf") or abs(float(value)) > 1000 \
             and float(value) != float("-inf"):
-        raise ArgumentError(f"min_sqnr must be a number of dB (e.g. 18), got {got(value)}")
+        raise ArgumentError(f"min_sqnr must be a number of dB (e.g. 15), got {got(value)}")
     return float(value)
 
 
@@ -223,8 +223,8 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int]):
     the group is halved while one half, turned off alone, removes at least half the noise the group removed;
     when neither half does, the quantizers of the group only hurt together (E[x²] and E[x]² cancelling) and the
     group is fixed as one. A fixed group is widened when 16 bits get within WIDEN_GAP_DB of float (or above the
-    floor by WIDEN_MARGIN_DB), else kept float; then its members are turned back on one by one (a few trials)
-    where that costs less than MIN_GAIN_DB.
+    floor by WIDEN_MARGIN_DB), else kept float; then its members are turned back on one by one (a trial each,
+    within the cap) where the output SQNR stays WIDEN_MARGIN_DB above the floor.
     """
     fixed: Dict[int, str] = {}
     fixes = []
@@ -264,7 +264,7 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int]):
                     break
                 del fixed[j]
                 h_try = measure()
-                if db(h_try) >= db(h_new) - MIN_GAIN_DB / 2 and db(h_try) >= db(h_cur) + MIN_GAIN_DB:
+                if db(h_try) >= max(floor + WIDEN_MARGIN_DB, db(h_cur) + MIN_GAIN_DB):
                     group.remove(j)
                     h_new = h_try
                 else:
@@ -352,7 +352,7 @@ def _r(v: float):
 
 def report_fields(report: dict, outcome: Outcome, floor: float, seconds: float) -> None:
     """Add the safety net's outcome and the quality gate's `below_floor` list to `report`."""
-    report["min_sqnr_db"] = floor
+    report["min_sqnr_db"] = floor if np.isfinite(floor) else None   # None: no floor (-inf)
     sn = {"triggered": outcome.triggered, "seconds": round(seconds, 3)}
     if outcome.triggered:
         sn.update({"sqnr_before_db": _r(outcome.before_db), "sqnr_after_db": _r(outcome.after_db),
