@@ -275,7 +275,7 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int]):
 
 
 def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: float, profile: dict,
-                   max_trials: int = MAX_TRIALS, samples: int = TRIAL_SAMPLES):
+                   max_trials: Optional[int] = None, samples: Optional[int] = None):
     """When the output SQNR in `errors` is below `floor`: find and fix the quantizers that break it (in place on
     `model`, `plan` and `acts`). Returns (Outcome, errors of the fixed model or None when nothing changed)."""
     out = Outcome(before_db=worst_sqnr(errors))
@@ -296,9 +296,9 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
         wide_bits = None
     from ..ort_session import create_session
     sess = create_session(_switch_proto(model, quants, wide_bits), role="safety net")
-    trial_kept = kept[:samples]
+    trial_kept = kept[:samples or TRIAL_SAMPLES]
     out.samples = len(trial_kept)
-    trials = _Trials(sess, trial_kept, len(quants), bool(wide_bits), max_trials)
+    trials = _Trials(sess, trial_kept, len(quants), bool(wide_bits), max_trials or MAX_TRIALS)
     fixes = search(trials, len(quants), floor, wide_bits)
     out.trials = trials.count
     del sess, trials
