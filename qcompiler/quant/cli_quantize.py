@@ -55,8 +55,19 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
         write_atomic(report_path, json.dumps(res.report, indent=1, default=_plain) + "\n",
                      protect=inputs)
     click.echo(format_summary(res.report))
+    _safety_net_line(res.report)
     click.echo(f"wrote {output}")
     _quality_gate(res.report, allow_low_sqnr)
+
+
+def _safety_net_line(report: dict) -> None:
+    sn = report.get("safety_net") or {}
+    if sn.get("triggered"):
+        acts = [c["action"] for c in sn.get("changed", ())]
+        click.echo(f"  safety net: output SQNR {sn.get('sqnr_before_db')} dB -> {sn.get('sqnr_after_db')} dB, "
+                   f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float "
+                   f"({sn.get('trials')} trials, {sn.get('seconds')} s; see report 'safety_net')"
+                   + (f"; {sn['note']}" if sn.get("note") else ""))
 
 
 def _quality_gate(report: dict, allow: bool) -> None:

@@ -109,12 +109,20 @@ def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
         dq = uses[0].user
         key = dq.outputs[0].name if dq.outputs[0].name in acts else x.name
         enc = acts.get(key)
-        if enc is None or enc.per_channel or enc.frozen:
+        if enc is None or enc.per_channel or enc.frozen or not _same_scale(q, enc):
             continue
         found.append(_Quantizer(key, q, dq, enc))
     order = {n: i for i, n in enumerate(g.nodes)}
     found.sort(key=lambda z: order.get(z.q, 0))
     return found
+
+
+def _same_scale(q, enc) -> bool:
+    """Is `enc` the grid this Q node carries (a per-use Q/DQ has its own, not its value's)?"""
+    sv = q.inputs[1] if len(q.inputs) > 1 else None
+    arr = sv.const_value() if sv is not None else None
+    return arr is not None and np.size(arr) == 1 and np.allclose(np.asarray(arr, np.float64).reshape(()),
+                                                                  np.asarray(enc.scale, np.float64).reshape(()))
 
 
 def _wide_encoding(enc, bits: int):
@@ -294,12 +302,21 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     wide_bits = profile.get("wide_activation_bits")
     if wide_bits and model.opset < 21:
         wide_bits = None
+    from ..errors import QCompilerError
     from ..ort_session import create_session
-    sess = create_session(_switch_proto(model, quants, wide_bits), role="safety net")
     trial_kept = kept[:samples or TRIAL_SAMPLES]
     out.samples = len(trial_kept)
-    trials = _Trials(sess, trial_kept, len(quants), bool(wide_bits), max_trials or MAX_TRIALS)
-    fixes = search(trials, len(quants), floor, wide_bits)
+    trials = None
+    try:
+        sess = create_session(_switch_proto(model, quants, wide_bits), role="safety net")
+        trials = _Trials(sess, trial_kept, len(quants), bool(wide_bits), max_trials or MAX_TRIALS)
+        fixes = search(trials, len(quants), floor, wide_bits)
+    except QCompilerError as e:
+        # NOTE: the net is a best effort on a model that already quantized: onnxruntime refusing the switchable
+        # copy (or a trial run) leaves the model as it is, with the reason, and the quality gate still applies
+        out.trials = trials.count if trials is not None else 0
+        out.note = f"could not run: {getattr(e, 'reason', str(e))[:200]}"
+        return out, None
     out.trials = trials.count
     del sess, trials
     if not fixes:
