@@ -9,11 +9,12 @@ samples) is below the floor, the quantized model is measured with quantizers swi
   `Where(on[i], DQ, x)` (and, when the profile has int16 activations, `Where(wide[i], DQ16(Q16(x)), DQ)`), with
   `on`/`wide` as bool graph inputs; ONE onnxruntime session runs every trial (a trial = a few samples with
   one setting of the switches);
-- the quantizers are ranked by their own contribution (only them on, the others float) by bisection: the
-  group that hurts most is split in two and each half measured, until the worst group is one quantizer; that
-  quantizer is widened to 16 bits when that alone keeps the output SQNR `WIDEN_MARGIN_DB` above the floor, else
-  kept float; then the whole model minus the fixed quantizers is measured: the fix stays only if the output SQNR
-  gains `MIN_GAIN_DB`; the search stops once it reaches the floor or after `MAX_TRIALS` trials;
+- the quantizers are searched by bisection on what turning them OFF gains (the others on, so quantizers that
+  only hurt together, like E[x²] and E[x]² of one variance, are seen together; `search`): the half that removes
+  most of the noise is followed while it removes at least half of what its group removed, else the group is
+  fixed as one; a fixed group is widened to 16 bits when that gets close to float (or well above the floor),
+  else kept float, and then its members are turned back on one by one while the output stays well above the
+  floor; rounds repeat until the output SQNR reaches the floor, nothing more helps, or `MAX_TRIALS` trials;
 - the fixes are applied to the real QDQ model (the Q/DQ pair removed, or its grid replaced by a 16-bit one),
   and the report's SQNR is measured again on it (a second session, the real fused kernels).
 
@@ -23,9 +24,7 @@ after export; If/Loop/Scan bodies stay as they are. Models whose weights exceed 
 """
 from __future__ import annotations
 
-import heapq
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -39,11 +38,11 @@ import numpy as np
 DEFAULT_MIN_SQNR_DB = 15.0
 MAX_TRIALS = 64            # switchable-model trials (each: TRIAL_SAMPLES runs)
 TRIAL_SAMPLES = 8          # calibration samples per trial (the first ones kept for the report)
-MAX_FIXES = 16             # quantizers turned float / widened at most
-WIDEN_GAP_DB = 3.0        # ... or when 16 bits get within this much of float
-WIDEN_MARGIN_DB = 6.0      # widen (not float) when the quantizer alone at 16 bits keeps this much above the floor
+MAX_FIXES = 16             # groups of quantizers turned float / widened at most
+WIDEN_GAP_DB = 3.0         # widen (not float) when 16 bits get within this much of float ...
+WIDEN_MARGIN_DB = 6.0      # ... or this much above the floor; members are turned back on while this much above
+MIN_GAIN_DB = 0.5          # a fix is kept only when the output SQNR gains at least this much
 MAX_WEIGHT_BYTES = 1 << 30
-MIN_GAIN_DB = 0.5         # a fix is kept only when the output SQNR gains at least this much
 _SWITCH_ON, _SWITCH_WIDE = "qcompiler_safety_net_on", "qcompiler_safety_net_wide"
 
 
@@ -134,7 +133,6 @@ def _wide_encoding(enc, bits: int):
 
 def _switch_proto(model, quants: List[_Quantizer], wide_bits: Optional[int]):
     """The QDQ model as a ModelProto with a Where switch after each quantizer (see the module docstring)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
     from ..onnx_io import model_to_proto
     from .qdq import storage_dtype
