@@ -44,6 +44,7 @@ MAX_FIXES = 16             # groups of quantizers turned float / widened at most
 WIDEN_GAP_DB = 3.0         # widen (not float) when 16 bits get within this much of float ...
 WIDEN_MARGIN_DB = 6.0      # ... or this much above the floor; members are turned back on while this much above
 MIN_GAIN_DB = 0.5          # a fix is kept only when the output SQNR gains at least this much
+GROUP_DB_PER_HALVING = 3.0  # a group of n that only hurts together is fixed as one if it gains 3·log2(n) dB
 MAX_WEIGHT_BYTES = 1 << 30
 _SWITCH_ON, _SWITCH_WIDE = "qcompiler_safety_net_on", "qcompiler_safety_net_wide"
 
@@ -108,6 +109,8 @@ def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
         if len(uses) != 1 or uses[0].is_graph_output or uses[0].user.op_type != "DequantizeLinear":
             continue
         dq = uses[0].user
+        if dq.outputs[0].is_output_of_any_graph() and not g.can_take_name(x):
+            continue   # a graph input (or output) read straight into a graph output: nothing to turn off
         key = dq.outputs[0].name if dq.outputs[0].name in acts else x.name
         enc = acts.get(key)
         if enc is None or enc.per_channel or enc.frozen or not _same_scale(q, enc):
@@ -277,7 +280,8 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int]):
     that gains less than MIN_GAIN_DB the rest of the harm is not in activations and the search stops. Otherwise
     the group is halved while one half, turned off alone, removes at least half the noise the group removed;
     when neither half does, the quantizers of the group only hurt together (E[x²] and E[x]² cancelling) and the
-    group is fixed as one. A fixed group is widened when 16 bits get within WIDEN_GAP_DB of float (or above the
+    group is fixed as one if it gains GROUP_DB_PER_HALVING·log2(size) dB (else the harm is spread thin over many
+    quantizers: the better half is followed while it gains MIN_GAIN_DB, so a 1 dB gain never widens 80 of them). A fixed group is widened when 16 bits get within WIDEN_GAP_DB of float (or above the
     floor by WIDEN_MARGIN_DB), else kept float; then its members are turned back on one by one (a trial each,
     within the cap) where the output SQNR stays WIDEN_MARGIN_DB above the floor.
     """
@@ -298,14 +302,20 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int]):
         h_g = measure(off=group)
         if not db(h_g) > db(h_cur) + MIN_GAIN_DB:
             break
-        while len(group) > 1 and trials.left() > 4:
+        while group and len(group) > 1 and trials.left() > 4:
             half = len(group) // 2
             parts = [(measure(off=p), p) for p in (group[:half], group[half:])]
             h_best, best = min(parts, key=lambda t: t[0])
             if (h_cur - h_best) >= 0.5 * (h_cur - h_g):
-                group, h_g = best, h_best
+                group, h_g = best, h_best          # one half carries it
+            elif db(h_g) - db(h_cur) >= GROUP_DB_PER_HALVING * math.log2(len(group)):
+                break                              # they hurt together, and enough to be fixed as one
+            elif db(h_best) > db(h_cur) + MIN_GAIN_DB:
+                group, h_g = best, h_best          # harm spread thin: follow the better half
             else:
-                break
+                group = None
+        if not group or not db(h_g) > db(h_cur) + MIN_GAIN_DB:
+            break
         choice, h_new = "float", h_g
         if wide_bits and trials.left() > 1:
             h_w = measure(wide=group)
@@ -373,6 +383,8 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
         out.note = out.note or "no activation quantizer found whose removal helps"
         return out, None
     _apply(model, plan, acts, quants, fixes, wide_bits, out)
+    from ..ir import verify
+    verify(model.graph)
     from .report import output_errors
     new_errors = output_errors(model, kept)
     out.after_db = worst_sqnr(new_errors)
