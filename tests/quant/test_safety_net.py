@@ -149,3 +149,17 @@ def test_min_sqnr_must_be_a_number_of_db(bad):
     with pytest.raises(ArgumentError, match="min_sqnr"):
         check_min_sqnr(bad)
     assert check_min_sqnr(None) == DEFAULT_MIN_SQNR_DB and check_min_sqnr(20) == 20.0
+
+
+@pytest.mark.parametrize("mean,d,target", [(20.0, 16, "trt"), (100.0, 256, "trt"), (1000.0, 16, "ort_cpu"),
+                                           (1000.0, 256, "ort_cpu")])
+def test_safety_net_reaches_the_floor_across_shapes(mean, d, target, tmp_path):
+    from qcompiler.quant.config import load_config
+    (tmp_path / "cfg.yaml").write_text("supergroups: false\n")
+    m, x = ln_moments_model(d=d, mean=mean)
+    feeds = [{"x": s} for s in x]
+    cfg = load_config(str(tmp_path / "cfg.yaml"))
+    before = quantize(m, feeds, config=cfg, target=target, min_sqnr=OFF).report["output_sqnr_db"]["y"]
+    rep = quantize(m, feeds, config=cfg, target=target).report
+    assert before < DEFAULT_MIN_SQNR_DB <= rep["output_sqnr_db"]["y"], (before, rep["safety_net"])
+    assert rep["safety_net"]["seconds"] < 5 and rep["below_floor"] == []
