@@ -384,7 +384,8 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
         if note:
             out.note = note
         if not fixes:
-            out.note = out.note or "no activation quantizer found whose removal helps"
+            out.note = out.note or ("no further activation quantizer found whose removal helps" if out.changed
+                                    else "no activation quantizer found whose removal helps")
             break
         _apply(model, plan, acts, quants, fixes, wide_bits, out)
         from ..ir import verify
