@@ -141,7 +141,8 @@ def _config_bits(cfg) -> set:
 def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
-             bias_correction: bool = False, weight_block: Optional[int] = None) -> QuantizeResult:
+             bias_correction: bool = False, weight_block: Optional[int] = None,
+             min_sqnr: Optional[float] = None) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
@@ -151,6 +152,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     empirical bias correction of Conv/Gemm weights (qdq.correct_biases); off by default because on ppocr_cls it
     helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR). `weight_block`:
     per-block weight scales of this many elements along the reduction axis (placement.block_axis; opset 21).
+    `min_sqnr`: the output SQNR floor in dB (default safety_net.DEFAULT_MIN_SQNR_DB; -inf turns it off): below
+    it the safety net keeps float or widens the quantizers that break the output, and the outputs still below
+    it are listed in report['below_floor'] (never raised: the CLI exits 3 on them).
 
     Errors (all subclasses of qcompiler.errors.QCompilerError, one line naming the file, argument or sample):
     ArgumentError for an argument of the wrong type or out of range (`_check_arguments`); ModelLoadError /
@@ -161,6 +165,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     """
     _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
                      load_encodings, progress, limit, bias_correction, weight_block)
+    from .safety_net import check_min_sqnr
+    min_sqnr = check_min_sqnr(min_sqnr)
     # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
     model_or_path, calib, target, config, load_encodings = (
         os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a
@@ -168,7 +174,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
         return _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
-                         load_encodings, progress, limit, bias_correction, weight_block)
+                         load_encodings, progress, limit, bias_correction, weight_block, min_sqnr)
 
 
 def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -210,7 +216,7 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
 
 
 def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config, load_encodings,
-              progress, limit, bias_correction, weight_block) -> QuantizeResult:
+              progress, limit, bias_correction, weight_block, min_sqnr=None) -> QuantizeResult:
     t_start = time.perf_counter()
     timings, notes = {}, []
     if config is not None and not hasattr(config, "settings_for"):
@@ -292,9 +298,16 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     errors = output_errors(model, cal.kept)
     release()
     timings["report_sqnr"] = time.perf_counter() - t
+    # issue 11 items 2-3: the safety net (only below the floor) and the quality gate's below_floor list
+    from .safety_net import report_fields, run_safety_net
+    t = time.perf_counter()
+    net, fixed_errors = run_safety_net(model, plan, acts, cal.kept, errors, min_sqnr, profile)
+    errors = errors if fixed_errors is None else fixed_errors
+    timings["safety_net"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start
     report = build_report(plan, acts, params, cal, timings, target, scheme, notes, errors=errors,
                           layers=layers)
+    report_fields(report, net, min_sqnr, timings["safety_net"])
     report["prefolded_params"] = prefolded
     report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
                                 "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),

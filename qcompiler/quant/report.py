@@ -191,8 +191,8 @@ def format_summary(report: dict) -> str:
     lines = [f"quantized {c['activations']} activations and {c['params']} params for {report['target']} "
              f"({report['scheme']}, {report['calibration_samples']} samples); {c['left_float']} values left float"]
     if c.get("widened"):
-        lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB; "
-                     f"see report 'widened')")
+        lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB, or the "
+                     f"safety net found them breaking the output; see report 'widened')")
     maxerr = report.get("output_max_abs_error", {})
     for n, s in report["output_sqnr_db"].items():
         extra = f", max |error| {maxerr[n]:.3g}" if n in maxerr else ""

@@ -203,6 +203,8 @@ def problems(run: Run, allowed=(0, 2), word: "str | None" = None) -> list:
     if "Traceback" in run.stderr or "Traceback" in run.stdout:
         last = [ln for ln in run.stderr.strip().splitlines() if ln.strip()][-1:] or ["?"]
         bad.append(f"traceback: {last[0][:200]}")
+    if 0 in allowed:
+        allowed = tuple(allowed) + (3,)   # quantize finished, output SQNR below the floor (issue 11 item 3)
     if not run.timeout and run.rc >= 0 and run.rc not in allowed:
         bad.append(f"exit code {run.rc}, expected one of {tuple(allowed)}")
     if run.rc == 2:

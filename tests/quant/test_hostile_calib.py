@@ -87,7 +87,7 @@ def test_member_inflating_to_1_6_gb_read_two_samples_under_a_memory_limit(tiny, 
     before = sha(big)
     t = time.perf_counter()
     code, out, err = _child(tiny, tmp_path, big, "--limit", "2", mem=int(1.5 * (1 << 30)), timeout=120)
-    assert code == 0, err
+    assert code in (0, 3), err   # 3: all-zero samples put the output below the SQNR floor (issue 11 item 3)
     assert "wrote" in out and time.perf_counter() - t < 60
     assert sha(big) == before
 
