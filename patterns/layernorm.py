@@ -60,7 +60,7 @@ class LayerNorm(Pattern):
         num = op.Sub(x, op.Bcast(mu), _name="center_2") if self.form == "dupsub" else d
         if self.form == "folded":
             gamma = op.Const(name="gamma", structural=False)
-            r = op.Mul(inv, gamma, _name="fold_scale")
+            r = op.Mul(op.Bcast(inv), gamma, _name="fold_scale")
             beta = op.Const(name="beta", structural=False)
             shifted = op.Add(op.Mul(x, op.Bcast(r), _name="scale_x"),
                              op.Sub(beta, op.Mul(op.Bcast(mu), op.Bcast(r), _name="scale_mean"), _name="shift_mean"),
