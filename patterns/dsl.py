@@ -137,8 +137,7 @@ BROADCAST_OPS = ("Reshape", "Expand", "Unsqueeze")
 
 
 class Through(PatternValue):
-    """`inner`, directly or behind any chain of `ops` (data input first, every other input constant) that only
-    inserts, removes or repeats size-1 dims (`broadcast_only`)."""
+    """`inner`, directly or behind any chain of `ops` whose other inputs are constant (`broadcast_only`)."""
 
     def __init__(self, inner: PatternValue, ops: Sequence[str] = BROADCAST_OPS):
         self.inner = inner
@@ -156,20 +155,15 @@ class Through(PatternValue):
 
 
 def broadcast_only(node) -> Opt[str]:
-    """None if `node` (Reshape/Expand/Unsqueeze) moves no data between positions: its other inputs are constant
-    and, where both shapes are known, the dims other than 1 keep their order; else the reason."""
+    """None if `node` (Reshape/Expand/Unsqueeze) can be skipped as a broadcast: a data input and every other
+    input constant, else the reason. Whether its output lines up with the tensor it is used against needs the
+    pattern's axes: patterns/stats.py `check_stats` checks that where shapes are known."""
     ins = node.inputs
     if not ins or ins[0] is None:
         return "no data input"
     for v in ins[1:]:
         if v is not None and not v.is_constant():
             return f"its input '{v.name}' is not a constant"
-    if node.op_type == "Reshape":
-        a, b = ins[0].shape, node.outputs[0].shape if node.outputs and node.outputs[0] is not None else None
-        if a is not None and b is not None:
-            ka, kb = [d for d in a if d != 1], [d for d in b if d != 1]
-            if all(isinstance(d, int) for d in ka + kb) and ka != kb:
-                return f"it reshapes {list(a)} to {list(b)}, not only size-1 dims"
     return None
 
 

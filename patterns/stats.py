@@ -124,7 +124,32 @@ def check_stats(pattern, match, tags):
                 return None, pattern.fail(f"'{n.name}' sums {want} elements but the mean divides by {c:g}", culprit)
         elif not (c >= 1 and abs(c - round(c)) <= 1e-3 * c):
             return None, pattern.fail(f"the mean divides by {c:g}, not a count of elements", culprit)
-    return axes, None
+    why = _check_broadcasts(pattern, match, axes)
+    return axes, why
+
+
+def _check_broadcasts(pattern, match, axes):
+    """Each skipped Reshape/Unsqueeze must leave the statistic with size 1 on the reduced axes, counted from the
+    end as broadcasting aligns them against x (a [4,1] mean reshaped to [1,4] would subtract row means from
+    columns). Checked where x's rank and the shape op's output shape are known."""
+    x = match.get("x")
+    xs = x.shape if x is not None else None
+    if xs is None:
+        return None
+    rank = len(xs)
+    reduced = set(range(rank)) if axes is None else {a % rank for a in axes if -rank <= a < rank}
+    for n in match.members:
+        if n.op_type not in ("Reshape", "Unsqueeze") or n.outputs[0] is None:
+            continue
+        out = n.outputs[0].shape
+        if out is None or len(out) > rank:
+            continue
+        for k, d in enumerate(out):
+            pos = rank - len(out) + k
+            if pos in reduced and d != 1:
+                return pattern.fail(f"'{n.name}' gives the statistic shape {list(out)}: dim {pos} is reduced but "
+                                    f"has size {d}, so it does not broadcast back over the reduced axes", n)
+    return None
 
 
 def _same_axes(n1, a1, n2, a2) -> bool:

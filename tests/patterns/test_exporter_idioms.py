@@ -190,17 +190,21 @@ def test_layernorm_escaping_interior_value_refused():
 
 
 def test_layernorm_reshape_that_moves_data_refused():
-    """A Reshape between the mean and its use that is not broadcast-only ([4,1] → [1,4]) is not skipped."""
-    b = Builder(SHAPE, opset=13)
+    """A Reshape of the [4,1] mean to [1,4] on a square input is not a broadcast: it subtracts row means from
+    columns. With shapes known (onnx shape inference) the match is refused and explain names the Reshape."""
+    b = Builder((4, 4), opset=13)
     mu = b.op("ReduceMean", "x", axes=[-1], name="mean")
     mu = b.op("Reshape", mu, b.const(np.asarray([1, 4], np.int64)), name="bad_reshape")
-    d = b.op("Sub", b.op("Reshape", "x", b.const(np.asarray([16, 4], np.int64)), name="xr"), mu, name="center")
-    b.output(d, [16, 4])
-    g = b.graph()
-    from qcompiler.patterns.dsl import broadcast_only
-    node = next(n for n in g.nodes if n.name == "bad_reshape")
-    if node.outputs[0].shape is not None:
-        assert "not only size-1 dims" in broadcast_only(node)
+    d = b.op("Sub", "x", mu, name="center")
+    var = b.op("ReduceMean", b.op("Mul", d, d), axes=[-1], name="var")
+    b.output(b.op("Div", d, b.op("Sqrt", b.op("Add", var, b.const(1e-5)), name="std"), name="out"))
+    g = model_from_proto(onnx.shape_inference.infer_shapes(b.proto())).graph
+    assert find_matches(g, "layernorm") == []
+    assert "'bad_reshape' gives the statistic shape [1, 4]" in explain(g, "layernorm", "out")
+    b2 = Builder((4, 4), opset=13)  # the same with a [4,1] → [4,1] reshape is a LayerNorm
+    b2.output(idioms.layernorm(b2, "x", bcast="reshape", affine="none"))
+    g2 = model_from_proto(onnx.shape_inference.infer_shapes(b2.proto())).graph
+    assert len(find_matches(g2, "layernorm")) == 1
 
 
 # ------------------------------------------------------------------------------------------------ RMSNorm
@@ -241,3 +245,22 @@ def test_rmsnorm_refuses_layernorm_tail_with_reducesum_mean():
     b = Builder(SHAPE, opset=13)
     b.output(idioms.layernorm(b, "x", mean_form="sum_mul", square="mul", affine="none"))
     assert find_matches(b.graph(), "rmsnorm") == []
+
+
+@pytest.mark.parametrize("kw", [{"affine": "keras", "variance": "moments", "clamp": "max", "bcast": "reshape",
+                                 "mean_form": "sum_mul", "keepdims": 0},
+                                {"affine": "flax", "inv": "pow", "mean_form": "sum_div"},
+                                {"square": "sumsq", "inv": "div_one"}])
+def test_fuse_layernorm_rewrites_idioms_into_one_op(kw):
+    """fuse-layernorm reads x, the axes, γ, β and ε from any form: one LayerNormalization, same output."""
+    from qcompiler.passmanager import run_pipeline
+    if kw.get("bcast") == "reshape":
+        kw = dict(kw, bcast="unsqueeze")  # keepdims=0 puts the dim back with an Unsqueeze
+    b = Builder(SHAPE, opset=17)
+    b.output(idioms.layernorm(b, "x", eps=EPS, **kw))
+    model = model_from_proto(b.proto())
+    run_pipeline(model, "fuse-layernorm")
+    q = model_to_proto(model)
+    assert [n.op_type for n in q.graph.node] == ["LayerNormalization"]
+    x = _samples(1)[0]["x"]
+    np.testing.assert_allclose(run(q, {"x": x})[0], _ln_ref(x), rtol=1e-4, atol=1e-4)
