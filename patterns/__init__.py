@@ -11,5 +11,5 @@ from .matcher import Matcher, find_matches, structural_constants
 from .pattern import CheckFailure, Match, Pattern
 from .tracer import Tracer, explain
 
-__all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "Through", "OpBuilder", "find_matches",
-           "explain", "structural_constants", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]
+__all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "Through", "OpBuilder",
+           "find_matches", "explain", "structural_constants", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]

@@ -43,7 +43,7 @@ class SiLU(Pattern):
 
 class HardSwishClip(Pattern):
     name = "hardswish_clip"
-    description = "HardSwish: x·Relu6(x+3)/6, Relu6 as Clip(0, 6), Min(Max(·, 0), 6), Max(Min(·, 6), 0) or Min(Relu, 6)"
+    description = "HardSwish: x·Relu6(x+3)/6, Relu6 as Clip(0, 6), Min/Max with 0 and 6, or Min(Relu, 6)"
 
     def pattern(self, op, x):
         shifted = op.Add(x, op.Const(3.0, name="three"), _name="add_three")

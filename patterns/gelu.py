@@ -41,7 +41,7 @@ class GeluErf(Pattern):
 
 class GeluTanh(Pattern):
     name = "gelu_tanh"
-    description = "tanh-approximated GELU: 0.5·x·(1+tanh(√(2/π)(x+0.044715x³))), or with x·(1+0.044715x²) factored"
+    description = "tanh-approximated GELU: 0.5·x·(1+tanh(√(2/π)(x+0.044715x³))), also as x·(1+0.044715x²)"
 
     def pattern(self, op, x):
         coeff = op.Const(0.044715, name="coeff")

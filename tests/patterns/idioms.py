@@ -70,7 +70,8 @@ def layernorm(b, x, *, mean_form="reducemean", square="pow", variance="centered"
               affine="plain", bcast=None, keepdims=1, eps=1e-5, hidden=None, scale=None):
     """LayerNorm over the last axis of b.shape. variance: 'centered' E[(x−μ)²] or 'moments' E[x²]−E[x]²;
     clamp: None, 'max' (Max(·, 0)) or 'relu'; inv: 'div' (d / Sqrt), 'reciprocal', 'div_one' or 'pow';
-    affine: 'plain' (·γ+β), 'none', 'flax' ((x−μ)·(r·γ)+β) or 'keras' (x·(r·γ) + (β − μ·r·γ), tf2onnx);
+    affine: 'plain' (·γ+β), 'none', 'flax' ((x−μ)·(r·γ)+β) or 'keras' (x·(r·γ) + (β − μ·r·γ),
+    tf2onnx);
     bcast: shape op between each statistic and its use (needs keepdims=0 for 'unsqueeze')."""
     shape = list(b.shape)
     n = hidden or shape[-1]
