@@ -59,9 +59,9 @@ class LayerNorm(Pattern):
         inv = inverse_sqrt(op, ve, std)
         num = op.Sub(x, op.Bcast(mu), _name="center_2") if self.form == "dupsub" else d
         if self.form == "folded":
-            gamma = op.Const(name="gamma", structural=False)
+            gamma = op.Bcast(op.Const(name="gamma", structural=False))
             r = op.Mul(op.Bcast(inv), gamma, _name="fold_scale")
-            beta = op.Const(name="beta", structural=False)
+            beta = op.Bcast(op.Const(name="beta", structural=False))
             shifted = op.Add(op.Mul(x, op.Bcast(r), _name="scale_x"),
                              op.Sub(beta, op.Mul(op.Bcast(mu), op.Bcast(r), _name="scale_mean"), _name="shift_mean"),
                              _name="shift")
@@ -73,8 +73,9 @@ class LayerNorm(Pattern):
                        op.Mul(num, op.Bcast(inv), _name="normalize_mul"))
         if not self.affine:
             return normed
-        scaled = op.Mul(normed, op.Const(name="gamma", structural=False), _name="scale")
-        return op.Add(scaled, op.Const(name="beta", structural=False), _name="shift")
+        # γ and β may sit behind a Reshape/Unsqueeze of the constant (Paddle2ONNX, tf2onnx without folding)
+        scaled = op.Mul(normed, op.Bcast(op.Const(name="gamma", structural=False)), _name="scale")
+        return op.Add(scaled, op.Bcast(op.Const(name="beta", structural=False)), _name="shift")
 
     def check(self, match):
         why = check_epsilon(self, match)

@@ -60,7 +60,7 @@ class RMSNorm(Pattern):
                        op.Mul(x, op.Bcast(inverse_sqrt(op, ve, rms)), _name="normalize_mul"))
         if not self.weighted:
             return normed
-        return op.Mul(normed, op.Const(name="weight", structural=False), _name="apply_weight")
+        return op.Mul(normed, op.Bcast(op.Const(name="weight", structural=False)), _name="apply_weight")
 
     def check(self, match):
         why = check_epsilon(self, match)

@@ -139,8 +139,8 @@ def _check_broadcasts(pattern, match, axes):
     rank = len(xs)
     reduced = set(range(rank)) if axes is None else {a % rank for a in axes if -rank <= a < rank}
     for n in match.members:
-        if n.op_type not in ("Reshape", "Unsqueeze") or n.outputs[0] is None:
-            continue
+        if n.op_type not in ("Reshape", "Unsqueeze") or n.outputs[0] is None or n.inputs[0].is_constant():
+            continue  # a reshaped γ or β is a parameter, not a statistic
         out = n.outputs[0].shape
         if out is None or len(out) > rank:
             continue

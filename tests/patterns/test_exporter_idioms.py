@@ -262,3 +262,18 @@ def test_fuse_layernorm_rewrites_idioms_into_one_op(kw):
     assert [n.op_type for n in q.graph.node] == ["LayerNormalization"]
     x = _samples(1)[0]["x"]
     np.testing.assert_allclose(run(q, {"x": x})[0], _ln_ref(x), rtol=1e-4, atol=1e-4)
+
+
+def test_layernorm_gamma_beta_behind_unsqueeze_and_reshape():
+    """Paddle2ONNX-style γ/β: Unsqueeze/Reshape of a constant before the Mul/Add (no constant folding first)."""
+    b = Builder((2, 4, 16), opset=13)
+    y = idioms.layernorm(b, "x", affine="none", inv="reciprocal")
+    g_ = b.op("Unsqueeze", b.const(np.linspace(0.5, 1.5, 16).astype(np.float32), "g"),
+              b.const(np.asarray([0, 1], np.int64)), name="g_unsq")
+    bt = b.op("Reshape", b.const(np.linspace(-0.1, 0.1, 16).astype(np.float32), "bt"),
+              b.const(np.asarray([1, 1, 16], np.int64)), name="b_reshape")
+    b.output(b.op("Add", b.op("Mul", y, g_, name="scale"), bt, name="out"))
+    g = model_from_proto(onnx.shape_inference.infer_shapes(b.proto())).graph
+    (m,) = find_matches(g, "layernorm")
+    assert m.pattern == "layernorm_pow" and {"g_unsq", "b_reshape"} <= {n.name for n in m.nodes}
+    assert m["gamma"].name == "g" and m["beta"].name == "bt"
