@@ -277,3 +277,12 @@ def test_layernorm_gamma_beta_behind_unsqueeze_and_reshape():
     (m,) = find_matches(g, "layernorm")
     assert m.pattern == "layernorm_pow" and {"g_unsq", "b_reshape"} <= {n.name for n in m.nodes}
     assert m["gamma"].name == "g" and m["beta"].name == "bt"
+
+
+def test_rmsnorm_escaping_mean_square_refused():
+    b = Builder(SHAPE, opset=13)
+    b.output(idioms.rmsnorm(b, "x", mean_form="sum_mul", inv="pow"))
+    b.output(b.op("Identity", "ms_scale_out", name="reader"), [4, 1])
+    g = b.graph()
+    assert find_matches(g, "rmsnorm") == []
+    assert "'reader'" in explain(g, "rmsnorm", "out")
