@@ -104,7 +104,7 @@ class FuseLayerNorm(Pass):
 
     def run(self, model) -> PassResult:
         from qcompiler.patterns import find_matches
-        from qcompiler.patterns.layernorm import _reduce_axes
+        from qcompiler.patterns.layernorm import layernorm_axes
         if model.opset < 17:
             n = len(find_matches(model.graph, "layernorm"))
             return PassResult(False, {"fused": 0, "kept": n,
@@ -113,8 +113,8 @@ class FuseLayerNorm(Pass):
         fused, kept, reasons = 0, 0, {}
         for m in find_matches(model.graph, "layernorm"):
             g = m.root.graph
-            x = m.inputs[0] if m.inputs else None
-            axes = _reduce_axes(m["mean"])
+            x = m.get("x")  # the normalized input (not m.inputs[0]: a folded form may read a constant first)
+            axes = layernorm_axes(m)
             rank = len(x.shape) if x is not None and x.shape is not None else None
             last = axes in ((-1,),) or (rank is not None and axes == (rank - 1,))
             gamma, beta = m.get("gamma"), m.get("beta")

@@ -5,11 +5,11 @@
         m.nodes, m.bindings, m.inputs, m.outputs, m.constants
     print(explain(graph, "gelu", "Mul_12"))
 """
-from .dsl import Const, OpBuilder, Optional, OrValue, Var
+from .dsl import Const, OpBuilder, Optional, OrValue, Through, Var
 from .library import all_patterns, get_pattern, register, resolve
 from .matcher import Matcher, find_matches, structural_constants
 from .pattern import CheckFailure, Match, Pattern
 from .tracer import Tracer, explain
 
-__all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "OpBuilder", "find_matches",
-           "explain", "structural_constants", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]
+__all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "Through", "OpBuilder",
+           "find_matches", "explain", "structural_constants", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]

@@ -36,16 +36,23 @@ class SiLU(Pattern):
     description = "SiLU / Swish: x·sigmoid(x)"
 
     def pattern(self, op, x):
-        return op.Mul(x, op.Sigmoid(x, _name="sigmoid"), _name="gate")
+        # x·Sigmoid(β·x) with β = 1 is SiLU too (Keras/TF swish with a beta, Paddle's swish)
+        arg = op.Or(x, op.Mul(x, op.Const(1.0, name="beta"), _name="beta_x"))
+        return op.Mul(x, op.Sigmoid(arg, _name="sigmoid"), _name="gate")
 
 
 class HardSwishClip(Pattern):
     name = "hardswish_clip"
-    description = "HardSwish: x·Clip(x+3, 0, 6)/6"
+    description = "HardSwish: x·Relu6(x+3)/6, Relu6 as Clip(0, 6), Min/Max with 0 and 6, or Min(Relu, 6)"
 
     def pattern(self, op, x):
         shifted = op.Add(x, op.Const(3.0, name="three"), _name="add_three")
-        relu6 = op.Clip(shifted, op.Optional(op.Scalar("clip_min")), op.Optional(op.Scalar("clip_max")), _name="relu6")
+        zero, six_c = op.Const(0.0, name="relu6_min"), op.Const(6.0, name="relu6_max")
+        relu6 = op.Or(op.Clip(shifted, op.Optional(op.Scalar("clip_min")), op.Optional(op.Scalar("clip_max")),
+                              _name="relu6"),
+                      op.Min(op.Max(shifted, zero, _name="relu6_lo"), six_c, _name="relu6_minmax"),
+                      op.Max(op.Min(shifted, six_c, _name="relu6_hi"), zero, _name="relu6_maxmin"),
+                      op.Min(op.Relu(shifted, _name="relu6_relu"), six_c, _name="relu6_relu_min"))
         x_relu6 = op.Mul(x, relu6, _name="x_times_relu6")
         return op.Or(op.Div(x_relu6, op.Const(6.0, name="six"), _name="div_six"),
                      op.Mul(x_relu6, op.Const(1 / 6, name="sixth"), _name="mul_sixth"),
@@ -54,7 +61,9 @@ class HardSwishClip(Pattern):
                             _name="x_times_gate_m"))
 
     def check(self, match):
-        clip = match["relu6"]
+        clip = match.get("relu6")
+        if clip is None:  # Min/Max/Relu spelling: its constants are pinned in the pattern
+            return None
         b = clip_bounds(clip)
         if b is None:
             return self.fail("Clip bounds are not constant scalars", clip)

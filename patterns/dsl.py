@@ -12,6 +12,9 @@ The builder records a small graph of pattern values:
 - `NodeOut`: output `index` of a `PatternNode` (op-type alternatives, attribute constraints, commutative inputs).
 - `OrValue`: alternatives, tried in order.
 - `Optional(p)`: the input slot may be absent (empty or missing); otherwise it must match `p`.
+- `Through(p)` (`op.Bcast(p)`): `p`, or `p` behind a chain of broadcast-only shape ops (Reshape, Expand,
+  Unsqueeze) whose other inputs are constants; tf2onnx and Paddle2ONNX put these between a reduction and its
+  use. The shape ops join the match (exclusive use applies to them) without a pattern node of their own.
 
 `Add`, `Mul`, `Max`, `Min`, `Sum`... are matched in both input orders unless `_commute=False`
 (MLIR asks for commutativity explicitly; exporters commute freely, so we default to it for these ops).
@@ -130,6 +133,40 @@ class OrValue(PatternValue):
         return "Or(" + " | ".join(map(repr, self.alternatives)) + ")"
 
 
+BROADCAST_OPS = ("Reshape", "Expand", "Unsqueeze")
+
+
+class Through(PatternValue):
+    """`inner`, directly or behind any chain of `ops` whose other inputs are constant (`broadcast_only`)."""
+
+    def __init__(self, inner: PatternValue, ops: Sequence[str] = BROADCAST_OPS):
+        self.inner = inner
+        self.ops = frozenset(ops)
+        self.name = None
+
+    @property
+    def marker(self) -> "PatternNode":
+        """Stands for every skipped shape op in a match's node map (its step name in explain); one for all
+        Through values, so a shape op shared by two uses of a statistic is skipped by both."""
+        return _BROADCAST_STEP
+
+    def __repr__(self) -> str:
+        return f"Through({self.inner!r})"
+
+
+def broadcast_only(node) -> Opt[str]:
+    """None if `node` (Reshape/Expand/Unsqueeze) can be skipped as a broadcast: a data input and every other
+    input constant, else the reason. Whether its output lines up with the tensor it is used against needs the
+    pattern's axes: patterns/stats.py `check_stats` checks that where shapes are known."""
+    ins = node.inputs
+    if not ins or ins[0] is None:
+        return "no data input"
+    for v in ins[1:]:
+        if v is not None and not v.is_constant():
+            return f"its input '{v.name}' is not a constant"
+    return None
+
+
 class PatternNode:
     """One operator of the pattern: op-type alternatives, inputs, attribute constraints, output count."""
 
@@ -156,6 +193,9 @@ class NodeOut(PatternValue):
 
     def __repr__(self) -> str:
         return f"{self.node.name}:{self.index}"
+
+
+_BROADCAST_STEP = PatternNode(BROADCAST_OPS, [], {}, "broadcast", "", 1, False)
 
 
 def _as_pattern_value(v: Any) -> Any:
@@ -221,3 +261,8 @@ class OpBuilder:
     @staticmethod
     def Optional(inner: PatternValue) -> Optional:  # noqa: N802
         return Optional(_as_pattern_value(inner))
+
+    @staticmethod
+    def Bcast(inner: PatternValue, ops: Sequence[str] = BROADCAST_OPS) -> Through:  # noqa: N802
+        """`inner`, possibly behind broadcast-only Reshape/Expand/Unsqueeze nodes."""
+        return Through(_as_pattern_value(inner), ops)

@@ -1,31 +1,42 @@
-"""LayerNorm decompositions: y = (x − E[x]) / √(Var[x] + ε) · γ + β over the last axis.
+"""LayerNorm decompositions: y = (x − E[x]) / √(Var[x] + ε) · γ + β over some axes (usually the last).
 
-Forms exporters emit (ORT `layer_norm_fusion.cc` matches the first two):
-- "pow":     ReduceMean → Sub → Pow(2)|Mul(d,d) → ReduceMean → Add(ε) → Sqrt → Div|Reciprocal+Mul [→ Mul(γ) → Add(β)]
-- "dupsub":  the same with the Sub duplicated for the Div branch (old PyTorch exports)
-- "moments": Var = E[x²] − E[x]², then Sqrt → Reciprocal → Mul(x − E[x], ·)   [→ Mul(γ) → Add(β)]
-ε must be a positive scalar constant; both reductions must reduce the same axes and keep dims.
-ε (and the exponent 2) are structural: a later pass must not fold into them (field notes §4).
-Opset 18 moved ReduceMean's axes to an optional input: both spellings match.
+Forms (ORT `layer_norm_fusion.cc` matches the first two), each in every exporter's spelling of its pieces
+(patterns/stats.py: mean = ReduceMean | ReduceSum·(1/N) | ReduceSum/N; square = Pow 2 | Mul(v, v) |
+ReduceSumSquare; 1/√ = Sqrt→Reciprocal | Sqrt→Div(1, ·) | Pow −0.5; broadcast-only Reshape/Expand/Unsqueeze
+between a statistic and its use; axes as attribute or input; keepdims):
+- "pow":     d = x − E[x]; Var = E[d²]; y = d / √(Var + ε) or d · (1/√(Var + ε))  [→ ·γ → +β]
+- "dupsub":  the same with the Sub duplicated for the normalizing branch (old PyTorch exports)
+- "moments": Var = E[x²] − E[x]², optionally clamped by Max(·, 0) or Relu (flax, jax2onnx), then as "pow"
+- "folded":  γ folded into the inverse square root, r = γ/√(Var + ε), with either variance:
+             y = (x − E[x])·r + β (flax) or y = x·r + (β − E[x]·r) (tf.nn.batch_normalization, Keras through
+             tf2onnx; without β: x·r − E[x]·r)
+The affine forms also accept (x − E[x])·(r·γ) + β. ε must be a small positive scalar constant; every reduction
+must reduce the same axes; a ReduceSum's 1/N must match the reduced size when it is known. ε, the exponents and
+1/N are structural: a later pass must not fold into them (field notes §4).
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .pattern import Pattern
+from .stats import check_epsilon, check_stats, inverse_sqrt, mean_of, mean_of_squares, reduce_axes, square
+
+_reduce_axes = reduce_axes  # the name passes/supergroups.py and rmsnorm imported before stats.py existed
 
 
-def _reduce_axes(node):
-    """Axes of a Reduce* node from its attribute (opset < 18) or its second input (opset ≥ 18); None = all."""
-    if len(node.inputs) > 1 and node.inputs[1] is not None:
-        arr = node.inputs[1].const_value()
-        return "dynamic" if arr is None else tuple(int(a) for a in np.ravel(arr))
-    a = node.attr("axes")
-    return None if a is None else tuple(int(v) for v in a)
+def _centered_variance(op, x, mu):
+    d = op.Sub(x, op.Bcast(mu), _name="center")
+    return d, mean_of_squares(op, d, "variance")
+
+
+def _moments_variance(op, x, mu):
+    msq = mean_of_squares(op, x, "mean_of_squares")
+    sq_mean = op.Or(op.Mul(op.Bcast(mu), op.Bcast(mu), _name="mean_squared"),
+                    op.Pow(op.Bcast(mu), op.Const(2.0, name="mean_two"), _name="mean_pow2"))
+    var = op.Sub(op.Bcast(msq), sq_mean, _name="moments_sub")
+    return op.Or(op.Max(var, op.Const(0.0, name="zero"), _name="clamp"), op.Relu(var, _name="clamp_relu"), var)
 
 
 class LayerNorm(Pattern):
-    """One LayerNorm form; `affine` adds the trailing Mul(γ) → Add(β)."""
+    """One LayerNorm form; `affine` adds γ and β."""
 
     description = "decomposed LayerNormalization (mean, variance, epsilon, optional scale and shift)"
 
@@ -34,43 +45,52 @@ class LayerNorm(Pattern):
         self.name = f"layernorm_{form}" + ("" if affine else "_noaffine")
 
     def pattern(self, op, x):
-        mean = op.ReduceMean(x, op.Optional(op.Var("axes")), _name="mean")
-        centered = op.Sub(x, mean, _name="center")
+        mu = mean_of(op, x, "mean", name="mu")
         if self.form == "moments":
-            x_sq = op.Or(op.Mul(x, x, _name="x_squared"), op.Pow(x, op.Const(2.0), _name="x_pow2"))
-            mean_sq = op.ReduceMean(x_sq, op.Optional(op.Var("axes_2")), _name="mean_of_squares")
-            sq_mean = op.Or(op.Mul(mean, mean, _name="mean_squared"), op.Pow(mean, op.Const(2.0), _name="mean_pow2"))
-            var = op.Sub(mean_sq, sq_mean, _name="variance")
-            std = op.Sqrt(op.Add(var, op.Scalar("epsilon"), _name="add_epsilon"), _name="std")
-            normed = op.Mul(centered, op.Reciprocal(std, _name="inv_std"), _name="normalize")
+            var = _moments_variance(op, x, mu)
+            d = op.Sub(x, op.Bcast(mu), _name="center")
+        elif self.form == "folded":
+            d = op.Sub(x, op.Bcast(mu), _name="center")
+            var = op.Or(mean_of_squares(op, d, "variance"), _moments_variance(op, x, mu), name="var")
         else:
-            sq = op.Or(op.Pow(centered, op.Const(2.0), _name="square"), op.Mul(centered, centered, _name="square_mul"))
-            var = op.ReduceMean(sq, op.Optional(op.Var("axes_2")), _name="variance")
-            std = op.Sqrt(op.Add(var, op.Scalar("epsilon"), _name="add_epsilon"), _name="std")
-            num = op.Sub(x, mean, _name="center_2") if self.form == "dupsub" else centered
-            normed = op.Or(op.Div(num, std, _name="normalize"),
-                           op.Mul(num, op.Reciprocal(std, _name="inv_std"), _name="normalize_mul"))
+            d, var = _centered_variance(op, x, mu)
+        ve = op.Add(var, op.Scalar("epsilon"), _name="add_epsilon")
+        std = op.Sqrt(ve, _name="std")
+        inv = inverse_sqrt(op, ve, std)
+        num = op.Sub(x, op.Bcast(mu), _name="center_2") if self.form == "dupsub" else d
+        if self.form == "folded":
+            gamma = op.Bcast(op.Const(name="gamma", structural=False))
+            r = op.Mul(op.Bcast(inv), gamma, _name="fold_scale")
+            beta = op.Bcast(op.Const(name="beta", structural=False))
+            shifted = op.Add(op.Mul(x, op.Bcast(r), _name="scale_x"),
+                             op.Sub(beta, op.Mul(op.Bcast(mu), op.Bcast(r), _name="scale_mean"), _name="shift_mean"),
+                             _name="shift")
+            no_beta = op.Sub(op.Mul(x, op.Bcast(r), _name="scale_x_nb"),
+                             op.Mul(op.Bcast(mu), op.Bcast(r), _name="scale_mean_nb"), _name="shift_nb")
+            flax = op.Add(op.Mul(d, op.Bcast(r), _name="normalize_folded"), beta, _name="shift_flax")
+            return op.Or(shifted, flax, no_beta)
+        normed = op.Or(op.Div(num, op.Bcast(std), _name="normalize"),
+                       op.Mul(num, op.Bcast(inv), _name="normalize_mul"))
         if not self.affine:
             return normed
-        scaled = op.Mul(normed, op.Const(name="gamma", structural=False), _name="scale")
-        return op.Add(scaled, op.Const(name="beta", structural=False), _name="shift")
+        # γ and β may sit behind a Reshape/Unsqueeze of the constant (Paddle2ONNX, tf2onnx without folding)
+        scaled = op.Mul(normed, op.Bcast(op.Const(name="gamma", structural=False)), _name="scale")
+        return op.Add(scaled, op.Bcast(op.Const(name="beta", structural=False)), _name="shift")
 
     def check(self, match):
-        eps = float(np.ravel(match.const("epsilon"))[0])
-        if not eps > 0:
-            return self.fail(f"epsilon {eps} is not positive", match["epsilon"])
-        first = match["mean"]
-        second = match.get("variance") if self.form != "moments" else match["mean_of_squares"]
-        axes = [_reduce_axes(n) for n in (first, second)]
-        if "dynamic" in axes:
-            return self.fail("reduction axes are not constant", first)
-        if axes[0] != axes[1]:
-            return self.fail(f"mean reduces axes {axes[0]} but variance reduces {axes[1]}", second)
-        for n in (first, second):
-            if n.attr("keepdims", 1) == 0:
-                return self.fail(f"'{n.name}' has keepdims=0; the mean must broadcast back", n)
-        return None
+        why = check_epsilon(self, match)
+        if why:
+            return why
+        _, why = check_stats(self, match, ("mean", "variance", "mean_of_squares"))
+        return why
+
+
+def layernorm_axes(match):
+    """Axes the LayerNorm of `match` normalizes over (None = all, "dynamic" = not constant)."""
+    from .stats import reduction
+    return reduce_axes(reduction(match, "mean"))
 
 
 FORMS = ("pow", "dupsub", "moments")
-GROUPS = {"layernorm": [LayerNorm(f, True) for f in FORMS] + [LayerNorm(f, False) for f in FORMS]}
+GROUPS = {"layernorm": [LayerNorm(f, True) for f in FORMS] + [LayerNorm("folded", True)]
+          + [LayerNorm(f, False) for f in FORMS]}

@@ -24,8 +24,8 @@ def _load() -> None:
     if _LOADED:
         return
     _LOADED = True
-    from . import activations, conv, gelu, gemm, layernorm, rmsnorm
-    for mod in (layernorm, gelu, rmsnorm, activations, conv, gemm):
+    from . import activations, conv, gelu, gemm, layernorm, rmsnorm, softmax
+    for mod in (layernorm, gelu, rmsnorm, activations, conv, gemm, softmax):
         for group, variants in mod.GROUPS.items():
             register(group, *variants)
 

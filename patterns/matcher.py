@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 from typing import Iterator, Optional as Opt
 
-from .dsl import Const, NodeOut, Optional, OrValue, Var
+from .dsl import Const, NodeOut, Optional, OrValue, Through, Var, broadcast_only
 from .pattern import CheckFailure, Match, Pattern
 from .tracer import Tracer
 
@@ -41,6 +41,11 @@ class _State:
         used = dict(self.used)
         used[gn] = pn
         return _State(nodes, used, self.bind, self.consts)
+
+    def with_used(self, gn, marker) -> "_State":
+        used = dict(self.used)
+        used[gn] = marker
+        return _State(self.nodes, used, self.bind, self.consts)
 
     def with_bind(self, name, value, structural: bool = False) -> "_State":
         bind = dict(self.bind)
@@ -154,6 +159,21 @@ class Matcher:
                 elif t is Optional:
                     if gv is not None:
                         todo = ((pv.inner, gv, step, idx), todo)
+                elif t is Through:
+                    p = gv.producer if gv is not None else None
+                    if p is not None and p.op_type in pv.ops and p.domain in ("", "ai.onnx"):
+                        owner = st.used.get(p)
+                        if owner is None or owner is pv.marker:
+                            why = broadcast_only(p)
+                            if why is None:
+                                # the shape op itself may be what `inner` wants: tried if skipping it fails
+                                stack.append((st, ((pv.inner, gv, step, idx), todo)))
+                                if owner is None:
+                                    st = st.with_used(p, pv.marker)
+                                todo = ((pv, p.inputs[0], p.name, 0), todo)
+                                continue
+                            fail(st, step, f"'{p.name}' ({p.op_type}) is not broadcast-only: {why}", p)
+                    todo = ((pv.inner, gv, step, idx), todo)
                 elif gv is not None:  # pv is None: the slot must be empty
                     fail(st, step, f"input {idx}: expected an empty input, got {_vname(gv)}", gv)
                     break
@@ -314,6 +334,9 @@ def _feasibility(pv, depth: int):
     if t is Optional:
         inner = _feasibility(pv.inner, depth)
         return lambda gv: gv is None or inner(gv)
+    if t is Through:
+        inner, ops = _feasibility(pv.inner, depth), pv.ops
+        return lambda gv: (gv is not None and gv.producer is not None and gv.producer.op_type in ops) or inner(gv)
     return _absent
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional as Opt, Union
 
 from ..errors import PatternError
-from .dsl import Const, NodeOut, OpBuilder, Optional, OrValue, PatternNode, PatternValue, Var
+from .dsl import Const, NodeOut, OpBuilder, Optional, OrValue, PatternNode, PatternValue, Through, Var
 
 
 @dataclass
@@ -153,7 +153,7 @@ def _collect(pv: PatternValue, acc: dict) -> None:
     elif isinstance(pv, OrValue):
         for a in pv.alternatives:
             _collect(a, acc)
-    elif isinstance(pv, Optional):
+    elif isinstance(pv, (Optional, Through)):
         _collect(pv.inner, acc)
 
 
