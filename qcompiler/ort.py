@@ -157,8 +157,9 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
         ops = _names(opts["OpTypesToExcludeOutputQuantization"], "extra_options['OpTypesToExcludeOutputQuantization']")
         rules.append({"match": {"op_type": ops}, "output_quantized": False})
     overrides = opts.get("TensorQuantOverrides") or {}
+    overridden = []     # activation names given an override
     if overrides:
-        rules += _override_rules(model_input, overrides, act_key)
+        rules += _override_rules(model_input, overrides, act_key, overridden)
     from .quant.config import parse_config
     w_sym = opts.get("WeightSymmetric", True)
     a_sym = opts.get("ActivationSymmetric", False) or opts.get("CalibTensorRangeSymmetric", False)
@@ -177,6 +178,11 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
         if w["kind"] == "config rule":
             continue    # the rules built here from extra_options: reported as overrides below
         _warnings.warn(f"qcompiler.ort.quantize_static: {warning_text(w, _LABELS)}", UserWarning, stacklevel=2)
+    for name in overridden:
+        if name not in res.encodings["activations"]:
+            why = res.report["left_float"].get(name, "not quantized")
+            _warnings.warn(f"qcompiler.ort.quantize_static: TensorQuantOverrides '{name[:60]}' not applied: the "
+                           f"tensor is left float ({why})", UserWarning, stacklevel=2)
     res.save(model_output, external_data=True if use_external_data_format else None)
     return res
 
@@ -213,7 +219,7 @@ def _extra_options(extra) -> dict:
     return out
 
 
-def _override_rules(model_input, overrides: dict, act_key: str) -> list:
+def _override_rules(model_input, overrides: dict, act_key: str, overridden: list) -> list:
     """Config rules for TensorQuantOverrides: activations by their producer node, weights by their readers."""
     from .arguments import got
     from .onnx_io import load_model, model_from_proto
@@ -282,6 +288,7 @@ def _override_rules(model_input, overrides: dict, act_key: str) -> list:
                                 f"rmin/rmax and scale/zero_point are)")
         if len(rule) > 1:
             rules.append(rule)
+            overridden.append(tensor)
     return rules
 
 

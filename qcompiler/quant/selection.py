@@ -7,7 +7,7 @@ Semantics (as onnxruntime's quantize_static):
   names (RE2, linear time). A matched node stays float: no quantizer on its outputs, its weights float.
 - `op_types` / `nodes` (include-lists): only nodes whose op type is listed (and, with `nodes`, whose name is
   listed) are quantized. Other nodes keep their weights float and their outputs unquantized, except an output
-  read by a quantized node or produced next to one (Conv -> Relu), which keeps the quantizer between them so
+  read by a quantized node, or produced by an activation fused with one (Conv -> Relu), which keeps the quantizer between them so
   the quantized node still gets integer inputs and outputs.
 Exclusions win over include-lists. Names are checked against the model as loaded (before preparation passes
 such as fold-batchnorm remove nodes), so naming a node that exists is never a warning.
@@ -89,9 +89,12 @@ def check_unmatched(model, sel: Selection) -> None:
             sel.warnings.append(warning("nodes", name, "matches no node"))
 
 
-def selection_rules(model, sel: Selection, first_index: int) -> list:
-    """Config rules implementing `sel` on `model` (as prepared for placement); appended after the config's own."""
+def selection_rules(model, sel: Selection, first_index: int, fused=()) -> list:
+    """Config rules implementing `sel` on `model` (as prepared for placement); appended after the config's own.
+    `fused`: the profile's (producer op, activation op) pairs: such an activation after an included node keeps
+    its output quantizer (it is the included node's output quantizer)."""
     from .config import Rule
+    fused = {tuple(p) for p in fused}
     rules = []
     nodes = [n for g in model.graph.all_graphs() for n in g.nodes]
     names = {n.name for n in nodes}
@@ -105,7 +108,8 @@ def selection_rules(model, sel: Selection, first_index: int) -> list:
             if id(n) in included:
                 continue
             near = any(id(c) in included for v in n.outputs if v is not None for c in v.consumers()) or \
-                any(v is not None and v.producer is not None and id(v.producer) in included for v in n.inputs)
+                any(v is not None and v.producer is not None and id(v.producer) in included and
+                    (v.producer.op_type, n.op_type) in fused for v in n.inputs)
             (next_to if near else alone).add(n.name)
         off = {"weight_quantized": False, "bias_quantized": False}
         if next_to:
