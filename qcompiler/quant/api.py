@@ -153,8 +153,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     `exclude`: node names or regexes whose nodes stay float; `op_types` / `nodes`: only nodes of these op types /
     with these names are quantized (qcompiler.quant.selection; added after the config's rules, so they win).
     `act_symmetric` / `weight_symmetric`: symmetric grids (None: the target's choice); they also override a
-    config. A selector, config rule or frozen encoding that matches nothing is listed in report['warnings']. `load_encodings`: an
-    AIMET encodings file whose encodings are frozen; everything else is calibrated. `bias_correction`:
+    config. A selector, config rule or frozen encoding that matches nothing is listed in report['warnings'].
+    `load_encodings`: an AIMET encodings file whose encodings are frozen; everything else is calibrated.
+    `bias_correction`:
     empirical bias correction of Conv/Gemm weights (qdq.correct_biases); off by default because on ppocr_cls it
     helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR). `weight_block`:
     per-block weight scales of this many elements along the reduction axis (placement.block_axis; opset 21).
@@ -262,13 +263,18 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     from .observers import canonical_scheme
     scheme = canonical_scheme(scheme)
 
+    from ..progress import bar
+    loading = bar("loading", 2, progress)
     model = _load(model_or_path)
+    loading.update(1)
     from .selection import Selection, check_unmatched, unmatched_config_rules
     sel = sel if sel is not None else Selection()
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, config))
     t = time.perf_counter()
     _prepare(model, notes)
+    loading.update(1)
+    loading.close()
     opset_before = model.opset
     bits = _config_bits(config) | {weight_bits, act_bits}
     blocked = bool(weight_block) or _config_blocks(config)
@@ -334,7 +340,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     timings["place_and_insert"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    errors = output_errors(model, cal.kept)
+    errors = output_errors(model, cal.kept, progress)
     release()
     timings["report_sqnr"] = time.perf_counter() - t
     timings["total"] = time.perf_counter() - t_start

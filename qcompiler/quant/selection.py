@@ -7,8 +7,8 @@ Semantics (as onnxruntime's quantize_static):
   names (RE2, linear time). A matched node stays float: no quantizer on its outputs, its weights float.
 - `op_types` / `nodes` (include-lists): only nodes whose op type is listed (and, with `nodes`, whose name is
   listed) are quantized. Other nodes keep their weights float and their outputs unquantized, except an output
-  read by a quantized node, or produced by an activation fused with one (Conv -> Relu), which keeps the quantizer between them so
-  the quantized node still gets integer inputs and outputs.
+  read by a quantized node, or produced by an activation fused with one (Conv -> Relu), which keeps the
+  quantizer between them so the quantized node still gets integer inputs and outputs.
 Exclusions win over include-lists. Names are checked against the model as loaded (before preparation passes
 such as fold-batchnorm remove nodes), so naming a node that exists is never a warning.
 """

@@ -1,0 +1,76 @@
+"""Progress bars on stderr (tqdm) for the long steps: loading, calibration and the report pass.
+
+`progress=None` shows them when stderr is a terminal; True/False force them on/off (`--progress/--no-progress`).
+On a terminal a bar redraws in place; elsewhere (a CI log, a file) each update is its own plain line, at most
+one every LOG_INTERVAL seconds plus the final one, so a log reads `calibrating: 40/64 samples ...` lines instead
+of one line of carriage returns.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+LOG_INTERVAL = 10.0   # seconds between two lines of a bar written to a log
+
+
+def enabled(progress: Optional[bool]) -> bool:
+    if progress is None:
+        try:
+            return sys.stderr.isatty()
+        except (AttributeError, ValueError):
+            return False
+    return bool(progress)
+
+
+class _Lines:
+    """A file for tqdm that turns its carriage-return redraws into whole lines (for logs)."""
+
+    def __init__(self, f):
+        self.f = f
+        self.last = ""
+
+    def write(self, s: str) -> None:
+        text = s.replace("\r", "").replace("\x1b[A", "").rstrip()
+        if text and text != self.last:
+            self.f.write(text + "\n")
+            self.last = text
+
+    def flush(self) -> None:
+        try:
+            self.f.flush()
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def bar(desc: str, total: Optional[int], progress: Optional[bool], unit: str = "step"):
+    """A tqdm bar on stderr (a context manager with update/close), or one that does nothing."""
+    if not enabled(progress):
+        return _NoBar()
+    from tqdm import tqdm
+    err = sys.stderr
+    tty = False
+    try:
+        tty = err.isatty()
+    except (AttributeError, ValueError):
+        pass
+    if tty:
+        return tqdm(total=total, desc=desc, unit=unit, file=err, leave=True)
+    return tqdm(total=total, desc=desc, unit=unit, file=_Lines(err), mininterval=LOG_INTERVAL, ascii=True,
+                ncols=80, leave=True, dynamic_ncols=False)
+
+
+__all__ = ["bar", "enabled"]
