@@ -235,7 +235,8 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
     the symmetry overrides; warnings for what matches nothing go to `sel.warnings`."""
     from .selection import config_with_rules, selection_rules
     rules = selection_rules(model, sel, len(config.rules) if config is not None else 0,
-                            profile.get("fused_activations", ())) if not sel.empty else []
+                            profile.get("fused_activations", ()), profile.get("shares_input_encoding", ())) \
+        if not sel.empty else []
     sym = {k: v for k, v in (("act_symmetric", sel.act_symmetric), ("weight_symmetric", sel.weight_symmetric))
            if v is not None}
     if not rules and not sym:

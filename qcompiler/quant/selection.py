@@ -89,12 +89,13 @@ def check_unmatched(model, sel: Selection) -> None:
             sel.warnings.append(warning("nodes", name, "matches no node"))
 
 
-def selection_rules(model, sel: Selection, first_index: int, fused=()) -> list:
+def selection_rules(model, sel: Selection, first_index: int, fused=(), share=()) -> list:
     """Config rules implementing `sel` on `model` (as prepared for placement); appended after the config's own.
     `fused`: the profile's (producer op, activation op) pairs: such an activation after an included node keeps
-    its output quantizer (it is the included node's output quantizer)."""
+    its output quantizer (it is the included node's output quantizer). `share`: the profile's data-movement ops
+    (shares_input_encoding): one feeding an included node keeps its producer's output quantizer too."""
     from .config import Rule
-    fused = {tuple(p) for p in fused}
+    fused, share = {tuple(p) for p in fused}, set(share)
     rules = []
     nodes = [n for g in model.graph.all_graphs() for n in g.nodes]
     names = {n.name for n in nodes}
@@ -111,6 +112,16 @@ def selection_rules(model, sel: Selection, first_index: int, fused=()) -> list:
                 any(v is not None and v.producer is not None and id(v.producer) in included and
                     (v.producer.op_type, n.op_type) in fused for v in n.inputs)
             (next_to if near else alone).add(n.name)
+        # data movement takes its input's grid (and is not observed on its own): walk back to a real producer
+        for n in nodes:
+            m = n
+            while m.name in next_to and m.op_type in share and m.inputs and m.inputs[0] is not None:
+                p = m.inputs[0].producer
+                if p is None or id(p) in included or p.name in next_to:
+                    break
+                alone.discard(p.name)
+                next_to.add(p.name)
+                m = p
         off = {"weight_quantized": False, "bias_quantized": False}
         if next_to:
             rules.append(Rule(index=first_index + len(rules), names=frozenset(next_to), updates=dict(off)))
