@@ -160,7 +160,7 @@ def unmatched_config_rules(model, config) -> List[dict]:
     out = []
     for r in config.rules:
         if not any(r.matches(n) for n in nodes):
-            out.append(warning("config rule", f"{config.source}: rules[{r.index}]", "matches no node"))
+            out.append(warning("config rule", f"rules[{r.index}]", f"of {config.source} matches no node"))
     return out
 
 
