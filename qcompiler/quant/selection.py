@@ -30,6 +30,7 @@ class Selection:
     act_symmetric: Optional[bool] = None
     weight_symmetric: Optional[bool] = None
     warnings: List[dict] = field(default_factory=list)
+    exclude_names: Optional[set] = None     # the `exclude` entries that name a node of the model as loaded
 
     @property
     def empty(self) -> bool:
@@ -75,6 +76,7 @@ def check_unmatched(model, sel: Selection) -> None:
     nodes = [n for g in model.graph.all_graphs() for n in g.nodes]
     names = {n.name for n in nodes}
     ops = {n.op_type for n in nodes}
+    sel.exclude_names = {e for e in sel.exclude if e in names}
     for e in sel.exclude:
         if e in names:
             continue
@@ -129,11 +131,14 @@ def selection_rules(model, sel: Selection, first_index: int, fused=(), share=())
             rules.append(Rule(index=first_index + len(rules), names=frozenset(alone),
                               updates=dict(off, output_quantized=False)))
     if sel.exclude:
-        exact = frozenset(e for e in sel.exclude if e in names)
+        # NOTE: a name is a name if the model as loaded had that node (fold-batchnorm may have removed it since:
+        # it must not turn into a regex matching bn10, bn11, ...)
+        named = sel.exclude_names if sel.exclude_names is not None else {e for e in sel.exclude if e in names}
+        exact = frozenset(named)
         if exact:
             rules.append(Rule(index=first_index + len(rules), names=exact, updates={"precision": "float32"}))
         for e in sel.exclude:
-            if e not in names:
+            if e not in named:
                 rules.append(Rule(index=first_index + len(rules), regex=_regex(e, "exclude"),
                                   updates={"precision": "float32"}))
     return rules

@@ -177,3 +177,21 @@ def test_readme_documents_every_quantize_flag():
     missing = [f for f in flags if f not in readme]
     assert not missing, missing
     assert "If/Loop/Scan bodies are not quantized yet" not in readme
+
+
+def test_exclude_a_node_preparation_removes_is_no_warning(tiny):
+    code, out, err = qz(tiny, "--exclude", "bn1", "--report", "-")
+    assert code == 0 and "warning" not in err, err
+    assert {"w1", "w2", "fc_w"} <= set(json.loads(out)["quantized_params"])
+
+
+def test_api_selection_arguments_are_checked(tiny):
+    from qcompiler.errors import ArgumentError
+    from qcompiler.quant.api import quantize
+    model, calib = str(tiny / "tiny_cnn.onnx"), str(tiny / "tiny_cnn_calib.npz")
+    with pytest.raises(ArgumentError, match="exclude must be a list of strings, got 3"):
+        quantize(model, calib, exclude=3)
+    with pytest.raises(ArgumentError, match="act_symmetric"):
+        quantize(model, calib, act_symmetric="yes")
+    res = quantize(model, calib, exclude=["fc", "nothing"], op_types=["Conv", "Gemm"])
+    assert res.report["warnings"] == [{"kind": "exclude", "value": "nothing", "problem": "matches no node"}]
