@@ -229,7 +229,7 @@ def _eval(model_dir, path) -> float:
     return json.loads(r.stdout.strip().splitlines()[-1])["value"]
 
 
-@pytest.mark.parametrize("per_channel", [True, False])
+@pytest.mark.parametrize("per_channel", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_digits_cnn_at_least_as_good_as_onnxruntime(tmp_path, per_channel):
     model = corpus_file("digits_cnn")
     if not os.path.exists(model):
