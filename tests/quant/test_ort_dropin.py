@@ -229,8 +229,8 @@ def _eval(model_dir, path) -> float:
     return json.loads(r.stdout.strip().splitlines()[-1])["value"]
 
 
-@pytest.mark.parametrize("per_channel", [True, pytest.param(False, marks=pytest.mark.slow)])
-def test_digits_cnn_at_least_as_good_as_onnxruntime(tmp_path, per_channel):
+def test_digits_cnn_at_least_as_good_as_onnxruntime(tmp_path, per_channel=True):
+    """ort_baseline.py's arguments (QDQ, MinMax, per channel, default types), both measured here."""
     model = corpus_file("digits_cnn")
     if not os.path.exists(model):
         pytest.skip("corpus not present")
