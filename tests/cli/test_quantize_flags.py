@@ -199,3 +199,16 @@ def test_api_selection_arguments_are_checked(tiny):
         quantize(model, calib, act_symmetric="yes")
     res = quantize(model, calib, exclude=["fc", "nothing"], op_types=["Conv", "Gemm"])
     assert res.report["warnings"] == [{"kind": "exclude", "value": "nothing", "problem": "matches no node"}]
+
+
+def test_frozen_encoding_that_matches_nothing_warns(tiny, tmp_path):
+    enc = tmp_path / "enc.json"
+    code, _, err = qz(tiny, "--encodings", str(enc), "-q")
+    assert code == 0, err
+    doc = json.loads(enc.read_text())
+    acts = doc["activation_encodings"]          # 1.0.0 layout: a list of entries with "name"
+    acts.append(dict(acts[0], name="ghost_tensor"))
+    enc.write_text(json.dumps(doc))
+    code, out, err = qz(tiny, "--load-encodings", str(enc))
+    assert code == 0, err
+    assert "qcompiler: warning: --load-encodings entry 'ghost_tensor' names no quantizable value" in err.splitlines()
