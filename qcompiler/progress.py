@@ -11,6 +11,7 @@ import sys
 from typing import Optional
 
 LOG_INTERVAL = 10.0   # seconds between two lines of a bar written to a log
+DELAY = 0.5           # seconds before a bar first shows
 
 
 def enabled(progress: Optional[bool]) -> bool:
@@ -42,6 +43,29 @@ class _Lines:
             pass
 
 
+class _Bar:
+    """A tqdm bar as a context manager: on an exception the bar is cleared (on a terminal) before the error
+    line, so a failure still ends with the one error line."""
+
+    def __init__(self, t):
+        self.t = t
+
+    def update(self, n: int = 1) -> None:
+        self.t.update(n)
+
+    def close(self) -> None:
+        self.t.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None:
+            self.t.leave = False
+        self.t.close()
+        return False
+
+
 class _NoBar:
     def update(self, n: int = 1) -> None:
         pass
@@ -67,10 +91,11 @@ def bar(desc: str, total: Optional[int], progress: Optional[bool], unit: str = "
         tty = err.isatty()
     except (AttributeError, ValueError):
         pass
+    # NOTE: `delay`: a step that ends (or fails on bad input) within it draws nothing at all
     if tty:
-        return tqdm(total=total, desc=desc, unit=unit, file=err, leave=True)
-    return tqdm(total=total, desc=desc, unit=unit, file=_Lines(err), mininterval=LOG_INTERVAL, ascii=True,
-                ncols=80, leave=True, dynamic_ncols=False)
+        return _Bar(tqdm(total=total, desc=desc, unit=unit, file=err, leave=True, delay=DELAY))
+    return _Bar(tqdm(total=total, desc=desc, unit=unit, file=_Lines(err), mininterval=LOG_INTERVAL, ascii=True,
+                     ncols=80, leave=True, dynamic_ncols=False, delay=DELAY))
 
 
 __all__ = ["bar", "enabled"]

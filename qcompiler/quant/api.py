@@ -265,17 +265,16 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     scheme = canonical_scheme(scheme)
 
     from ..progress import bar
-    loading = bar("loading", 2, progress)
-    model = _load(model_or_path)
-    loading.update(1)
     from .selection import Selection, check_unmatched, unmatched_config_rules
     sel = sel if sel is not None else Selection()
-    check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
-    sel.warnings.extend(unmatched_config_rules(model, config))
-    t = time.perf_counter()
-    _prepare(model, notes)
-    loading.update(1)
-    loading.close()
+    with bar("loading", 2, progress) as loading:
+        model = _load(model_or_path)
+        loading.update(1)
+        check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
+        sel.warnings.extend(unmatched_config_rules(model, config))
+        t = time.perf_counter()
+        _prepare(model, notes)
+        loading.update(1)
     opset_before = model.opset
     bits = _config_bits(config) | {weight_bits, act_bits}
     blocked = bool(weight_block) or _config_blocks(config)

@@ -177,7 +177,7 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     def run(i, feed):
         return sess.run(out_names, feed, where=f"calibration sample {i}")   # DataError naming the sample
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool, bar:
         pending = None
         i = 0
         while True:

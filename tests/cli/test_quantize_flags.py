@@ -123,7 +123,9 @@ def test_bias_correction(tiny):
     assert not any("bias correction on" in n for n in report["notes"])
 
 
-def test_progress_bars_in_a_log(tiny):
+def test_progress_bars_in_a_log(tiny, monkeypatch):
+    import qcompiler.progress
+    monkeypatch.setattr(qcompiler.progress, "DELAY", 0.0)      # the tiny model's steps end within the delay
     code, out, err = qz(tiny, "--progress")
     assert code == 0
     lines = err.splitlines()
@@ -134,6 +136,21 @@ def test_progress_bars_in_a_log(tiny):
     assert "calibrating" not in err
     code, out, err = qz(tiny, "--progress", "-q")
     assert err == ""
+
+
+def test_progress_on_bad_input_still_ends_with_one_line(tiny, tmp_path, monkeypatch):
+    import numpy as np
+    import qcompiler.progress
+    monkeypatch.setattr(qcompiler.progress, "DELAY", 0.0)
+    bad = tmp_path / "bad.npz"
+    x = np.load(tiny / "tiny_cnn_calib.npz")["image"].copy()
+    x[5] = np.nan
+    np.savez(bad, image=x)
+    r = CliRunner().invoke(main, ["quantize", str(tiny / "tiny_cnn.onnx"), "--calib", str(bad), "-o",
+                                  str(tmp_path / "q.onnx"), "--progress"])
+    assert r.exit_code == 2
+    lines = r.stderr.splitlines()
+    assert lines[-1].startswith("qcompiler: error: ") and "sample 5: contains NaN" in lines[-1], r.stderr
 
 
 def test_config_rule_that_matches_nothing_warns(tiny, tmp_path):
