@@ -11,7 +11,7 @@ import sys
 from typing import Optional
 
 LOG_INTERVAL = 10.0   # seconds between two lines of a bar written to a log
-DELAY = 0.5           # seconds before a bar first shows
+DELAY = 0.5           # seconds before a bar shown by default (on a terminal) first draws
 
 
 def enabled(progress: Optional[bool]) -> bool:
@@ -91,11 +91,13 @@ def bar(desc: str, total: Optional[int], progress: Optional[bool], unit: str = "
         tty = err.isatty()
     except (AttributeError, ValueError):
         pass
-    # NOTE: `delay`: a step that ends (or fails on bad input) within it draws nothing at all
+    # NOTE: `delay` (bars shown by default on a terminal): a step that ends, or fails on bad input, within it
+    # draws nothing; bars asked for (--progress) show at once
+    delay = DELAY if progress is None else 0.0
     if tty:
-        return _Bar(tqdm(total=total, desc=desc, unit=unit, file=err, leave=True, delay=DELAY))
+        return _Bar(tqdm(total=total, desc=desc, unit=unit, file=err, leave=True, delay=delay))
     return _Bar(tqdm(total=total, desc=desc, unit=unit, file=_Lines(err), mininterval=LOG_INTERVAL, ascii=True,
-                     ncols=80, leave=True, dynamic_ncols=False, delay=DELAY))
+                     ncols=80, leave=True, dynamic_ncols=False, delay=delay))
 
 
 __all__ = ["bar", "enabled"]

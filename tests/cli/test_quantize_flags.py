@@ -123,9 +123,7 @@ def test_bias_correction(tiny):
     assert not any("bias correction on" in n for n in report["notes"])
 
 
-def test_progress_bars_in_a_log(tiny, monkeypatch):
-    import qcompiler.progress
-    monkeypatch.setattr(qcompiler.progress, "DELAY", 0.0)      # the tiny model's steps end within the delay
+def test_progress_bars_in_a_log(tiny):
     code, out, err = qz(tiny, "--progress")
     assert code == 0
     lines = err.splitlines()
@@ -138,10 +136,8 @@ def test_progress_bars_in_a_log(tiny, monkeypatch):
     assert err == ""
 
 
-def test_progress_on_bad_input_still_ends_with_one_line(tiny, tmp_path, monkeypatch):
+def test_progress_on_bad_input_still_ends_with_one_line(tiny, tmp_path):
     import numpy as np
-    import qcompiler.progress
-    monkeypatch.setattr(qcompiler.progress, "DELAY", 0.0)
     bad = tmp_path / "bad.npz"
     x = np.load(tiny / "tiny_cnn_calib.npz")["image"].copy()
     x[5] = np.nan
