@@ -29,7 +29,9 @@ sample of a C-ordered .npy member is one contiguous run of bytes, so each member
 is read in place, a deflated one decompressed as it goes) and only the bytes of the samples used are read:
 `--limit 2` on a member that inflates to 1.6 GB reads two samples' worth. A member's declared size must hold
 what its header claims; a single sample larger than MAX_SAMPLE_BYTES is refused; a Fortran-ordered member
-(rare: np.save of a transposed array) is read whole only up to MAX_FORTRAN_BYTES.
+(rare: np.save of a transposed array) is read whole only up to MAX_FORTRAN_BYTES. A plain .npy is read the same
+way from the open file (header checked against the file's size, then sample by sample): never np.load, so
+never a pickle and never the whole array at once.
 """
 from __future__ import annotations
 
