@@ -142,13 +142,20 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
              bias_correction: bool = False, weight_block: Optional[int] = None,
-             min_sqnr: Optional[float] = None) -> QuantizeResult:
+             min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
+             act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
-    batch-dim rule), a folder of .npz files, or an iterable of feed dicts. `config`: a path or a QuantConfig
-    (when given, its settings replace the per_channel/weight_bits/act_bits arguments). `load_encodings`: an
-    AIMET encodings file whose encodings are frozen; everything else is calibrated. `bias_correction`:
+    batch-dim rule), an .npy path (single-input model), a folder of them, an iterable of feed dicts, or an object
+    with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked). `config`: a
+    path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits arguments).
+    `exclude`: node names or regexes whose nodes stay float; `op_types` / `nodes`: only nodes of these op types /
+    with these names are quantized (qcompiler.quant.selection; added after the config's rules, so they win).
+    `act_symmetric` / `weight_symmetric`: symmetric grids (None: the target's choice); they also override a
+    config. A selector, config rule or frozen encoding that matches nothing is listed in report['warnings'].
+    `load_encodings`: an AIMET encodings file whose encodings are frozen; everything else is calibrated.
+    `bias_correction`:
     empirical bias correction of Conv/Gemm weights (qdq.correct_biases); off by default because on ppocr_cls it
     helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR). `weight_block`:
     per-block weight scales of this many elements along the reduction axis (placement.block_axis; opset 21).
@@ -167,6 +174,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                      load_encodings, progress, limit, bias_correction, weight_block)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
+    sel = _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric)
     # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
     model_or_path, calib, target, config, load_encodings = (
         os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a
@@ -174,7 +182,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
         return _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
-                         load_encodings, progress, limit, bias_correction, weight_block, min_sqnr)
+                         load_encodings, progress, limit, bias_correction, weight_block, min_sqnr, sel=sel)
 
 
 def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -190,10 +198,10 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
         raise ArgumentError(f"model must be a path, an onnx.ModelProto or a qcompiler Model, got {got(model_or_path)}")
     if isinstance(calib, (str, bytes, os.PathLike)):
         require_path(calib, "calib")
-    elif isinstance(calib, dict) or not hasattr(calib, "__iter__"):
+    elif isinstance(calib, dict) or not (hasattr(calib, "__iter__") or callable(getattr(calib, "get_next", None))):
         hint = " (a single feed dict: wrap it in a list)" if isinstance(calib, dict) else ""
-        raise ArgumentError(f"calib must be an .npz path, a folder of .npz files or an iterable of feed dicts, "
-                            f"got {got(calib)}{hint}")
+        raise ArgumentError(f"calib must be an .npz/.npy path, a folder, an iterable of feed dicts or a reader "
+                            f"with get_next(), got {got(calib)}{hint}")
     if target is not None and not isinstance(target, (str, dict, os.PathLike)):
         raise ArgumentError(f"target must be a profile name, a profile YAML path or a dict, got {got(target)}")
     if scheme is not None and not isinstance(scheme, str):
@@ -215,8 +223,39 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
         raise ArgumentError(f"block size {got(weight_block)}: must be a positive number of elements")
 
 
+def _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric):
+    """The selection and symmetry arguments of `quantize`, checked: one ArgumentError line naming the argument."""
+    from ..arguments import require_bool
+    from .selection import Selection, check_names
+    for v, what in ((act_symmetric, "act_symmetric"), (weight_symmetric, "weight_symmetric")):
+        if v is not None:
+            require_bool(v, what)
+    return Selection(exclude=check_names(exclude, "exclude") or (), op_types=check_names(op_types, "op_types"),
+                     nodes=check_names(nodes, "nodes"), act_symmetric=act_symmetric,
+                     weight_symmetric=weight_symmetric)
+
+
+def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_bits, weight_block):
+    """The config placement reads: the caller's (or one holding the arguments) plus the selection's rules and
+    the symmetry overrides; warnings for what matches nothing go to `sel.warnings`."""
+    from .selection import config_with_rules, selection_rules
+    rules = selection_rules(model, sel, len(config.rules) if config is not None else 0,
+                            profile.get("fused_activations", ()), profile.get("shares_input_encoding", ())) \
+        if not sel.empty else []
+    sym = {k: v for k, v in (("act_symmetric", sel.act_symmetric), ("weight_symmetric", sel.weight_symmetric))
+           if v is not None}
+    if not rules and not sym:
+        return config
+    defaults = {"act_bits": act_bits, "weight_bits": weight_bits, "weight_per_channel": per_channel,
+                "weight_block": weight_block,
+                "act_symmetric": bool(profile["activation"]["symmetric"]),
+                "weight_symmetric": bool(profile["weight"]["symmetric"])}
+    defaults.update(sym)
+    return config_with_rules(config, rules, defaults, sym)
+
+
 def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config, load_encodings,
-              progress, limit, bias_correction, weight_block, min_sqnr=None) -> QuantizeResult:
+              progress, limit, bias_correction, weight_block, min_sqnr=None, sel=None) -> QuantizeResult:
     t_start = time.perf_counter()
     timings, notes = {}, []
     if config is not None and not hasattr(config, "settings_for"):
@@ -230,9 +269,17 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     from .observers import canonical_scheme
     scheme = canonical_scheme(scheme)
 
-    model = _load(model_or_path)
-    t = time.perf_counter()
-    _prepare(model, notes)
+    from ..progress import bar
+    from .selection import Selection, check_unmatched, unmatched_config_rules
+    sel = sel if sel is not None else Selection()
+    with bar("loading", 2, progress) as loading:
+        model = _load(model_or_path)
+        loading.update(1)
+        check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
+        sel.warnings.extend(unmatched_config_rules(model, config))
+        t = time.perf_counter()
+        _prepare(model, notes)
+        loading.update(1)
     opset_before = model.opset
     bits = _config_bits(config) | {weight_bits, act_bits}
     blocked = bool(weight_block) or _config_blocks(config)
@@ -253,9 +300,12 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     from .data import input_specs, load_samples
     samples = load_samples(calib, input_specs(model.graph), limit=limit)
     t = time.perf_counter()
+    config = _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_bits, weight_block)
     opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
-                            supergroups=_supergroup_choice(config), weight_block=weight_block)
-    cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=profile["activation"]["symmetric"],
+                            supergroups=_supergroup_choice(config), weight_block=weight_block,
+                            act_symmetric=sel.act_symmetric, weight_symmetric=sel.weight_symmetric)
+    act_sym = profile["activation"]["symmetric"] if sel.act_symmetric is None else sel.act_symmetric
+    cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=act_sym,
                     progress=progress, names=observed_names(model, profile, opts),
                     keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
                     channel_axes=_bias_correction_inputs(model, profile, opts) if bias_correction else None)
@@ -271,7 +321,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
         release(collect=True)
         plan = build_plan(model, profile, cal.dtypes, stats, opts)
     if load_encodings is not None:
-        _freeze(plan, model, load_encodings, notes)
+        _freeze(plan, model, load_encodings, notes, sel.warnings)
     assign_encodings(plan, model, cal, scheme)
     assign_block_encodings(plan, model, scheme)
     layers = layer_choices(model, plan, config)
@@ -295,7 +345,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     timings["place_and_insert"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    errors = output_errors(model, cal.kept)
+    errors = output_errors(model, cal.kept, progress)
     release()
     timings["report_sqnr"] = time.perf_counter() - t
     # issue 11 items 2-3: the safety net (only below the floor) and the quality gate's below_floor list
@@ -308,6 +358,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     report = build_report(plan, acts, params, cal, timings, target, scheme, notes, errors=errors,
                           layers=layers)
     report_fields(report, net, min_sqnr, timings["safety_net"])
+    report["warnings"] = list(sel.warnings)
     report["prefolded_params"] = prefolded
     report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
                                 "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),
@@ -345,7 +396,7 @@ def _supergroup_choice(config):
     return bool(sg)
 
 
-def _freeze(plan, model, path, notes: list) -> None:
+def _freeze(plan, model, path, notes: list, warnings: Optional[list] = None) -> None:
     """Freeze encodings from an AIMET file: those values keep them; everything else is calibrated.
 
     Each entry used is first checked against the model (encodings_io.fit_param_encoding /
@@ -408,6 +459,9 @@ def _freeze(plan, model, path, notes: list) -> None:
         # refusing here beats exporting Q/DQ types the model's opset does not have
         raise ConfigError(f"{path}: int4/int16 or per-block encodings need opset {plan.needs_opset()}, but the "
                           f"model is at opset {model.opset} for this target and these settings")
+    if unknown and warnings is not None:
+        from .selection import warning
+        warnings.extend(warning("frozen encoding", n, "names no quantizable value") for n in unknown)
     if unknown:
         notes.append(f"{len(unknown)} frozen activation encodings name no quantizable value: "
                      + ", ".join(n[:60] for n in unknown[:5]))

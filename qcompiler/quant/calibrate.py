@@ -8,7 +8,6 @@ A few samples (with their float graph outputs) are kept for the report's SQNR.
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Dict, Optional
 
@@ -169,20 +168,16 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     input_names = {v.name for v in model.graph.inputs}
     observe_inputs = input_names & set(names)
     total = getattr(samples, "length", None)
-    if progress is None:
-        progress = sys.stderr.isatty()
     it = iter(samples)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-        bar = tqdm(total=total, desc="calibrating", unit="sample", file=sys.stderr)
+    from ..progress import bar as progress_bar
+    bar = progress_bar("calibrating", total, progress, unit="sample")
     kept_bytes = 0
     opts = dict(observer_opts or {})
 
     def run(i, feed):
         return sess.run(out_names, feed, where=f"calibration sample {i}")   # DataError naming the sample
 
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    with ThreadPoolExecutor(max_workers=1) as pool, bar:
         pending = None
         i = 0
         while True:
@@ -192,14 +187,12 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
                 pfeed, fut = pending
                 kept_bytes = _observe(res, fut.result(), pfeed, out_names, observe_inputs, graph_outputs,
                                       scheme, bits, symmetric, opts, keep_samples, keep_bytes, kept_bytes)
-                if bar is not None:
-                    bar.update(1)
+                bar.update(1)
             if nxt is None:
                 break
             pending = (feed, nxt)
             i += 1
-    if bar is not None:
-        bar.close()
+    bar.close()
     if res.samples == 0:
         raise DataError("empty sample set (0 samples)")
     res.seconds = time.perf_counter() - t0

@@ -2,18 +2,28 @@
 
 Register it on the main group with `main.add_command(quantize_cmd)` (qcompiler/cli.py); the group turns
 QCompilerError into one line on stderr and exit code 2.
+
+Streams: stdout carries the human summary, or exactly one JSON document (`--json`: the summary object;
+`--report -`: the report), and then the human summary goes to stderr. Warnings (a selector, config rule or
+frozen encoding that matches nothing) are `qcompiler: warning: ...` lines on stderr, even with `-q`; progress
+bars go to stderr (qcompiler/progress.py).
 """
 from __future__ import annotations
 
 import json
+import math
 
 import click
+
+# the API's warning kinds, named as the command line names them
+FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node", "config rule": "config rule",
+               "frozen encoding": "--load-encodings entry"}
 
 
 @click.command("quantize")
 @click.argument("model_path", metavar="MODEL")
 @click.option("--calib", required=True, help="calibration data: .npz (one key per graph input, samples along "
-              "axis 0; a sample may carry its own batch dim of 1) or a folder of .npz files")
+              "axis 0; a sample may carry its own batch dim of 1), .npy (single-input model), or a folder of them")
 @click.option("-o", "--output", required=True, help="where to write the QDQ model")
 @click.option("--config", "config_path", type=click.Path(), help="AIMET quantsim JSON or qcompiler YAML/JSON config")
 @click.option("--target", default=None, help="backend profile: ort_cpu (default), trt, qnn_htp, or a profile YAML")
@@ -24,50 +34,135 @@ import click
 @click.option("--act-bits", type=int, default=8, show_default=True)
 @click.option("--block-size", type=int, default=None, help="per-block weight scales: this many elements along "
               "each weight's reduction axis (MatMul K); opset 21 DequantizeLinear block_size")
+# --- what is quantized (issue 11 item 7) ---
+@click.option("--exclude", multiple=True, metavar="NODE|REGEX", help="keep this node float: a node name, or "
+              "(when no node has that name) a regular expression searched in node names; repeatable")
+@click.option("--op-types", default=None, metavar="OP[,OP...]", help="quantize only nodes of these op types "
+              "(comma list, e.g. Conv,MatMul); the others keep float weights and outputs")
+@click.option("--symmetric-activations", is_flag=True, default=False,
+              help="symmetric activation grids (zero point 0), whatever the target's default")
+@click.option("--bias-correction/--no-bias-correction", default=False, show_default=True,
+              help="empirical bias correction of Conv/Gemm weights (helps weight-only, may hurt W8A8)")
+# --- outputs ---
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
 @click.option("--load-encodings", type=click.Path(), help="AIMET encodings to freeze; the rest is calibrated")
-@click.option("--report", "report_path", type=click.Path(), help="write the JSON report here")
+@click.option("--report", "report_path", type=click.Path(), help="write the JSON report here ('-': to stdout)")
 @click.option("--limit", type=int, default=None, help="use at most this many calibration samples")
-# issue 11 items 2-3: the output SQNR floor (safety net below it; exit 3 when an output stays below it)
+# --- the output SQNR floor: the safety net below it; exit 3 when an output stays below it ---
 @click.option("--min-sqnr", "min_sqnr", type=float, default=None, metavar="DB",
               help="output SQNR floor in dB (default 15): below it the safety net keeps float or widens the "
               "quantizers that break the output, and an output still below it exits 3 (after writing)")
 @click.option("--allow-low-sqnr", is_flag=True, help="exit 0 even when an output's SQNR stays below the floor")
+# --- terminal ---
+@click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout (nothing else)")
+@click.option("--progress/--no-progress", default=None, help="progress bars on stderr for loading, calibration "
+              "and the report pass (default: on a terminal only; plain lines in logs)")
+@click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, encodings_path, encodings_version, load_encodings, report_path, limit,
-                 min_sqnr=None, allow_low_sqnr=False):
+                 block_size, exclude, op_types, symmetric_activations, bias_correction, encodings_path,
+                 encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr, as_json, progress,
+                 quiet):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."""
-    from ..onnx_io import save_model, write_atomic
+    from ..onnx_io import save_model
     from ..onnx_io.files import check_output_paths
     from .api import quantize
-    from .report import format_summary
+    report_stdout = report_path == "-"
+    if as_json and report_stdout:
+        raise click.UsageError("--json and --report - both write to stdout; give --report a file")
+    ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
-    check_output_paths({"-o": output, "--encodings": encodings_path, "--report": report_path}, inputs,
-                       models=(model_path,))
+    check_output_paths({"-o": output, "--encodings": encodings_path,
+                        "--report": None if report_stdout else report_path}, inputs, models=(model_path,))
     res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
                    weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
-                   limit=limit, weight_block=block_size, min_sqnr=min_sqnr)
+                   progress=False if quiet else progress, limit=limit, weight_block=block_size,
+                   bias_correction=bias_correction, exclude=list(exclude) or None, op_types=ops,
+                   act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
-    if report_path:
-        write_atomic(report_path, json.dumps(res.report, indent=1, default=_plain) + "\n",
-                     protect=inputs)
-    click.echo(format_summary(res.report))
-    _safety_net_line(res.report)
-    click.echo(f"wrote {output}")
+    _write_report(res.report, report_path, inputs)
+    for w in res.report.get("warnings", []):
+        click.echo(f"qcompiler: warning: {warning_line(w)}", err=True)
+    if as_json:
+        click.echo(json.dumps(summary_object(res.report, output, encodings_path, report_path), indent=1))
+    if not quiet:
+        from .report import format_summary
+        to_stderr = as_json or report_stdout
+        click.echo(format_summary(res.report), err=to_stderr)
+        _safety_net_line(res.report, to_stderr)
+        click.echo(f"wrote {output}", err=to_stderr)
     _quality_gate(res.report, allow_low_sqnr)
 
 
-def _safety_net_line(report: dict) -> None:
+def _op_types(text):
+    if text is None:
+        return None
+    ops = [t.strip() for t in text.split(",") if t.strip()]
+    if not ops:
+        raise click.BadParameter("expected a comma list of op types, e.g. Conv,MatMul", param_hint="--op-types")
+    return ops
+
+
+def _write_report(report: dict, path, inputs) -> None:
+    if not path:
+        return
+    text = json.dumps(report, indent=1, default=_plain) + "\n"
+    if path == "-":
+        click.echo(text, nl=False)
+        return
+    from ..onnx_io import write_atomic
+    write_atomic(path, text, protect=inputs)
+
+
+def warning_line(w: dict) -> str:
+    from .selection import warning_text
+    return warning_text(w, FLAG_LABELS)
+
+
+def summary_object(report: dict, output: str, encodings_path=None, report_path=None) -> dict:
+    """The `--json` summary: where things were written, counts, per-output SQNR, why values were left float
+    (each reason whole, with its count), warnings and timings. Non-finite numbers are strings ("inf")."""
+    reasons: dict = {}
+    for r in report["left_float"].values():
+        reasons[r] = reasons.get(r, 0) + 1
+    out = {"model": output, "encodings": encodings_path, "report": report_path,
+           "target": report.get("target"), "scheme": report.get("scheme"),
+           "calibration_samples": report.get("calibration_samples"), "counts": report.get("counts"),
+           "output_sqnr_db": report.get("output_sqnr_db"), "output_max_abs_error": report.get("output_max_abs_error"),
+           "sqnr_samples": report.get("sqnr_samples"),
+           "left_float_reasons": dict(sorted(reasons.items(), key=lambda t: -t[1])),
+           "widened": report.get("widened"), "min_sqnr_db": report.get("min_sqnr_db"),
+           "below_floor": report.get("below_floor"), "safety_net": report.get("safety_net"),
+           "warnings": [warning_line(w) for w in report.get("warnings", [])],
+           "notes": report.get("notes"), "seconds": report.get("seconds")}
+    return _finite(out)
+
+
+def _finite(o):
+    if isinstance(o, float) and not math.isfinite(o):
+        return "nan" if math.isnan(o) else ("inf" if o > 0 else "-inf")
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item") and not isinstance(o, (str, bytes)):
+        try:
+            return _finite(o.item())
+        except (AttributeError, ValueError, TypeError):
+            return str(o)
+    return o
+
+
+def _safety_net_line(report: dict, to_stderr: bool = False) -> None:
     sn = report.get("safety_net") or {}
     if sn.get("triggered"):
         acts = [c["action"] for c in sn.get("changed", ())]
         click.echo(f"  safety net: output SQNR {sn.get('sqnr_before_db')} dB -> {sn.get('sqnr_after_db')} dB, "
                    f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float "
                    f"({sn.get('trials')} trials, {sn.get('seconds')} s; see report 'safety_net')"
-                   + (f"; {sn['note']}" if sn.get("note") else ""))
+                   + (f"; {sn['note']}" if sn.get("note") else ""), err=to_stderr)
 
 
 def _quality_gate(report: dict, allow: bool) -> None:

@@ -1,4 +1,12 @@
-"""Calibration and verification data: load samples from .npz files, folders of them, or Python iterables.
+"""Calibration and verification data: samples from .npz/.npy files, folders of them, iterables or readers.
+
+Sources: an `.npz` (one key per graph input), an `.npy` (a single-input model: the one array is that input), a
+folder of them (sorted by name), any iterable of `{input name: array}` feed dicts, or any object with a
+`get_next()` method returning a feed dict or None at the end (onnxruntime's `CalibrationDataReader`, and the
+readers of Intel Neural Compressor and NVIDIA ModelOpt have that shape). A user's object is never asked for its
+`len()` (onnxruntime's reader raises on it); a list or tuple is. An iterator or reader is read ONCE: iterating
+the SampleSet again rewinds a reader with a `rewind()` method and otherwise raises a DataError (quantize()
+reads the samples once and keeps what its report needs, see calibrate.py).
 
 THE RULE (how arrays map to samples), for a graph input of rank r:
   - array rank r+1: axis 0 indexes samples; sample i is `a[i]`, already shaped for the model. The corpus
@@ -21,7 +29,9 @@ sample of a C-ordered .npy member is one contiguous run of bytes, so each member
 is read in place, a deflated one decompressed as it goes) and only the bytes of the samples used are read:
 `--limit 2` on a member that inflates to 1.6 GB reads two samples' worth. A member's declared size must hold
 what its header claims; a single sample larger than MAX_SAMPLE_BYTES is refused; a Fortran-ordered member
-(rare: np.save of a transposed array) is read whole only up to MAX_FORTRAN_BYTES.
+(rare: np.save of a transposed array) is read whole only up to MAX_FORTRAN_BYTES. A plain .npy is read the same
+way from the open file (header checked against the file's size, then sample by sample): never np.load, so
+never a pickle and never the whole array at once.
 """
 from __future__ import annotations
 
@@ -86,16 +96,17 @@ class SampleSet:
             raise DataError(f"sample limit must be an integer, got {type(limit).__name__}")
         if limit is not None and limit < 0:
             raise DataError(f"sample limit must be >= 0, got {limit}")
+        self._passes = 0
         if isinstance(source, (str, os.PathLike, bytes)):
             from ..input_files import check_path_text
             path = check_path_text(source, what, DataError)
             if os.path.isdir(path):
                 try:
-                    names = sorted(n for n in os.listdir(path) if n.endswith(".npz"))
+                    names = sorted(n for n in os.listdir(path) if n.endswith((".npz", ".npy")))
                 except OSError as e:
                     raise DataError(f"{path}: cannot list {what} folder ({e.strerror or e})") from None
                 if not names:
-                    raise DataError(f"{path}: folder holds no .npz files")
+                    raise DataError(f"{path}: folder holds no .npz files (nor .npy files, for a single-input model)")
                 files = [os.path.join(path, n) for n in names]
             elif os.path.lexists(path):
                 files = [path]     # open_regular refuses a FIFO, a device, a socket with one line
@@ -106,18 +117,22 @@ class SampleSet:
                 raise DataError(f"{path}: empty sample set (0 samples)")
         elif isinstance(source, Mapping):
             raise DataError("sample source is one dict; pass a list of feed dicts, an .npz path or a folder")
+        elif callable(getattr(source, "get_next", None)):
+            # NOTE: before Iterable: onnxruntime's CalibrationDataReader is iterable too, but its __len__ raises
+            self._iterable = _Reader(source)
         elif isinstance(source, Iterable):
             self._iterable = source
         else:
-            raise DataError(f"unsupported sample source of type {type(source).__name__}")
+            raise DataError(f"unsupported sample source of type {type(source).__name__} (expected an .npz/.npy "
+                            f"path, a folder, an iterable of feed dicts or an object with get_next())")
 
     # --- size ---------------------------------------------------------------------------------------------
     @property
     def length(self) -> Optional[int]:
         if self._files is not None:
             n = sum(c for _, c in self._files)
-        elif hasattr(self._iterable, "__len__"):
-            n = len(self._iterable)
+        elif isinstance(self._iterable, (list, tuple)):
+            n = len(self._iterable)   # never len() of a user's own class: onnxruntime's reader raises
         else:
             return None
         return n if self.limit is None else min(n, self.limit)
@@ -133,6 +148,13 @@ class SampleSet:
         count = 0
         if self.limit == 0:
             return
+        self._passes += 1
+        if self._passes > 1 and self._files is None and not isinstance(self._iterable, (list, tuple)):
+            if isinstance(self._iterable, _Reader) and self._iterable.can_rewind:
+                self._iterable.rewind()
+            elif isinstance(self._iterable, _Reader) or iter(self._iterable) is self._iterable:
+                raise DataError("samples: the reader or iterator was already read once and has no rewind(); "
+                                "pass a list, a file or a reader with rewind()")
         source_iter = self._iter_files() if self._files is not None else self._iter_dicts()
         for feed in source_iter:
             yield feed
@@ -144,7 +166,8 @@ class SampleSet:
 
     def _iter_files(self) -> Iterator[dict]:
         for path, n in self._files:
-            with _NpzSamples(path, self.inputs, self.what) as reader:
+            opener = _NpySamples if _is_npy(path) else _NpzSamples
+            with opener(path, self.inputs, self.what) as reader:
                 for i in range(n):
                     feed = {k: self._convert(path, k, reader.sample(k, i)) for k in self.inputs}
                     self._check_finite(path, feed, i)
@@ -184,7 +207,13 @@ class SampleSet:
 
     def _check_header(self, path: str) -> int:
         """Validate one file from its .npy headers (no array data read); returns its sample count."""
-        infos = _npz_headers(path, self.what)
+        if _is_npy(path):
+            if len(self.inputs) != 1:
+                raise DataError(f"{path}: an .npy file holds one array, but the model has {len(self.inputs)} "
+                                f"inputs ({', '.join(list(self.inputs)[:5])}); use an .npz with one key per input")
+            infos = {next(iter(self.inputs)): _npy_header(path, self.what)}
+        else:
+            infos = _npz_headers(path, self.what)
         self._check_keys(path, list(infos))
         counts = {}
         for name, (dt, shape) in self.inputs.items():
@@ -245,8 +274,31 @@ class SampleSet:
                 raise DataError(f"{where}: input '{name}' sample {i}: contains {what}")
 
 
+class _Reader:
+    """A `get_next()` reader as an iterable: feeds until it returns None (its `len()` is never asked)."""
+
+    def __init__(self, reader):
+        self.reader = reader
+        self.can_rewind = callable(getattr(reader, "rewind", None))
+
+    def rewind(self) -> None:
+        self.reader.rewind()
+
+    def __iter__(self) -> Iterator:
+        while True:
+            feed = self.reader.get_next()
+            if feed is None:
+                return
+            yield feed
+
+
+def _is_npy(path: str) -> bool:
+    return path.lower().endswith(".npy")
+
+
 def load_samples(source, inputs: Mapping[str, tuple], limit: Optional[int] = None, what: str = KIND) -> SampleSet:
-    """Samples from an .npz path, a folder of .npz files (sorted by name) or an iterable of feed dicts.
+    """Samples from an .npz or .npy path, a folder of them (sorted by name), an iterable of feed dicts or an
+    object with `get_next()` (onnxruntime's CalibrationDataReader).
 
     `inputs` maps each graph input to `(numpy dtype, shape)` with dims as int, str or None (see `input_specs`).
     See the module docstring for THE RULE mapping array axes to samples and the checks made.
@@ -294,6 +346,25 @@ def _npz_headers(path: str, what: str = KIND) -> dict:
     return out
 
 
+def _npy_header(path: str, what: str = KIND) -> _KeyInfo:
+    """The header of a plain .npy file, checked against the file's size (no array data read)."""
+    try:
+        with open_regular(path, what, DataError) as f:
+            shape, _, dtype = _read_npy_header(f, path, "array")
+            header_end = f.tell()
+            f.seek(0, 2)
+            size = f.tell()
+    except DataError:
+        raise
+    except Exception as e:  # noqa: BLE001 - truncated header, bad dtype descr, ...
+        raise DataError(f"{path}: not a readable .npy file ({_short(e)})") from None
+    need = int(np.prod(shape, dtype=np.float64)) * dtype.itemsize
+    if any(d < 0 for d in shape) or need > size - header_end:
+        raise DataError(f"{path}: header claims shape {_shape(shape)} ({need} bytes) but the file holds "
+                        f"{max(size - header_end, 0)} bytes of data")
+    return _KeyInfo(dtype, shape)
+
+
 class _NpzSamples:
     """Sample-by-sample reader of the members of one .npz (see the module docstring).
 
@@ -327,7 +398,7 @@ class _NpzSamples:
     def _open(self, key: str) -> dict:
         path = self.path
         try:
-            f = self.zf.open(key + ".npy")
+            f = self._member(key)
             shape, fortran, dtype = _read_npy_header(f, path, key)
         except DataError:
             raise
@@ -351,6 +422,9 @@ class _NpzSamples:
             st["whole"] = np.frombuffer(raw, dtype=dtype).reshape(shape, order="F")
         self.streams[key] = st
         return st
+
+    def _member(self, key: str):
+        return self.zf.open(key + ".npy")
 
     def _read(self, st: dict, key: str, n: int) -> bytes:
         try:
@@ -377,6 +451,23 @@ class _NpzSamples:
         raw = self._read(st, key, st["nbytes"])
         st["next"] = i + 1
         return np.frombuffer(bytearray(raw), dtype=st["dtype"]).reshape(st["per"])
+
+
+class _NpySamples(_NpzSamples):
+    """The same sample-by-sample reader over a plain .npy file (a single-input model: its one key)."""
+
+    def __init__(self, path: str, inputs: Mapping[str, tuple], what: str):
+        self.path, self.inputs = path, inputs
+        self.fh = open_regular(path, what, DataError)
+        self.streams = {}
+        self.zf = self.fh      # closed by __exit__ like an archive
+
+    def __exit__(self, *exc):
+        self.fh.close()
+
+    def _member(self, key: str):
+        self.fh.seek(0)
+        return self.fh
 
 
 def _key(k: str) -> str:

@@ -295,7 +295,7 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                 continue
             if s["keep_float"] or not s["weight_quantized"]:
                 plan.set_use(n.name, slot, QuantSpec(kind="weight", source="config").float_(
-                    "weights kept float by config"))
+                    "weights kept float by config (a rule, --exclude or --op-types)"))
                 continue
             axis = weight_axis(profile, n, slot, arr.ndim) if (s["weight_per_channel"] and n.op_type in pc_ops) \
                 else None
@@ -371,13 +371,14 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             elif n.op_type in not_q:
                 spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.get('name', 'target')}")
             elif i in CELL_STATE.get(n.op_type, {}).get("outputs", ()) and wide:
-                spec.bits, spec.widened = int(wide), f"cell state of {n.op_type} '{n.name}' (field notes §1)"
+                spec.bits, spec.widened = int(wide), \
+                    f"cell state of {n.op_type} '{n.name}' (it integrates over every time step)"
             elif i in float_outs.get(n.op_type, ()):
                 spec.float_(f"output {i} of {n.op_type} '{n.name}' kept float (recurrent cell state)")
             elif s["keep_float"]:
-                spec.float_(f"node '{n.name}' kept {s['precision']} by config")
+                spec.float_(f"node '{n.name}' kept {s['precision']} by config (a rule, --exclude or --op-types)")
             elif not s["output_quantized"]:
-                spec.float_(f"output of '{n.name}' unquantized by config")
+                spec.float_(f"output of '{n.name}' unquantized by config (a rule or --op-types)")
             elif v.name in plan.interior:
                 spec.float_(f"inside {plan.interior[v.name]} supergroup (quantizers only at its boundary)")
             elif n.op_type in share and not profile.get("quantize_data_movement_outputs", True):
@@ -391,7 +392,8 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
             if spec is None or spec.keep_float or spec.bits >= 16:
                 continue
             if wide:
-                spec.bits, spec.widened = int(wide), f"cell state input {slot} of {n.op_type} '{n.name}' (field notes §1)"
+                spec.bits, spec.widened = int(wide), \
+                    f"cell state input {slot} of {n.op_type} '{n.name}' (it integrates over every time step)"
             else:
                 spec.float_(f"cell state input {slot} of {n.op_type} '{n.name}': no wide grid on this target")
 

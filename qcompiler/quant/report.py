@@ -60,7 +60,7 @@ class OutputError:
         return float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
 
 
-def output_errors(quant_model, kept: list) -> Dict[str, OutputError]:
+def output_errors(quant_model, kept: list, progress=False) -> Dict[str, OutputError]:
     """Per float graph output, the quantized model's error against the float outputs kept during calibration.
 
     `quant_model`: the quantized IR model (or a ModelProto). The float references come from the calibration
@@ -74,7 +74,7 @@ def output_errors(quant_model, kept: list) -> Dict[str, OutputError]:
     sess = None
     try:
         sess = make_session(quant_model, threads=1, role="quantized")
-        return _output_errors(sess, kept)
+        return _output_errors(sess, kept, progress)
     except Exception:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
         pass
     # NOTE: the failed session is dropped before the second one is built (outside the except block, whose
@@ -84,21 +84,24 @@ def output_errors(quant_model, kept: list) -> Dict[str, OutputError]:
     # NOTE: ORT 1.31 fuses int8 blocked DQ->MatMul into QLinearMatMul, which rejects block scales at run
     # time (other runtimes take the QDQ graph as is): measure the QDQ graph without those fusions
     sess = make_session(quant_model, threads=1, role="quantized", opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
-    return _output_errors(sess, kept)
+    return _output_errors(sess, kept, progress)
 
 
-def _output_errors(sess, kept: list) -> Dict[str, OutputError]:
+def _output_errors(sess, kept: list, progress=False) -> Dict[str, OutputError]:
     import os
     from concurrent.futures import ThreadPoolExecutor
+    from ..progress import bar
     names = [o.name for o in sess.get_outputs()]
     errs: Dict[str, OutputError] = {}
-    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool, \
+            bar("report pass", len(kept), progress, unit="sample") as b:
         runs = pool.map(lambda item: sess.run(names, item[0]), kept)
         for (_, ref), outs in zip(kept, runs):
             for n, a in zip(names, outs):
                 r = ref.get(n)
                 if r is not None and np.issubdtype(np.asarray(r).dtype, np.floating):
                     errs.setdefault(n, OutputError()).update(r, a)
+            b.update(1)
     return errs
 
 
@@ -199,7 +202,7 @@ def format_summary(report: dict) -> str:
         lines.append(f"  output '{n}': SQNR {s} dB{extra} ({report.get('sqnr_samples_note', '')})")
     reasons: Dict[str, int] = {}
     for r in report["left_float"].values():
-        key = r.split(":")[0] if r.startswith("inside") else r[:70]
+        key = r.split(":")[0] if r.startswith("inside") else r     # whole: a cut reason reads as a different one
         reasons[key] = reasons.get(key, 0) + 1
     for r, k in sorted(reasons.items(), key=lambda t: -t[1])[:8]:
         lines.append(f"  float x{k}: {r}")
