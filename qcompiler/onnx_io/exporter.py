@@ -1,6 +1,8 @@
 """IR -> ONNX ModelProto. Writes back every field the importer kept; attributes never decoded go out as read."""
 from __future__ import annotations
 
+import sys
+
 import onnx
 from onnx import numpy_helper
 
@@ -66,7 +68,7 @@ def external_stub(name: str, tensor, location: str, offset: int, length: int) ->
     return t
 
 
-def tensor_bytes(name: str, tensor) -> "bytes | None":
+def tensor_bytes(name: str, tensor) -> "bytes | memoryview | None":
     """The little-endian raw bytes of a tensor (ONNX's raw_data layout), or None when it has none (strings).
 
     An external tensor not yet decoded is read from its file and neither decoded nor cached: writing a model of
@@ -74,6 +76,10 @@ def tensor_bytes(name: str, tensor) -> "bytes | None":
     """
     if tensor.is_external:
         return read_external_bytes(tensor._external, name)
+    a = tensor._array
+    if a is not None and a.dtype.kind in "biuf" and a.dtype.isnative and a.flags.c_contiguous \
+            and onnx.helper.np_dtype_to_tensor_dtype(a.dtype) == tensor.dtype and sys.byteorder == "little":
+        return memoryview(a.reshape(-1)).cast("B")   # the array's own bytes, no copy (a quantized weight)
     p = tensor.to_proto(name)
     if p.HasField("raw_data"):
         return p.raw_data
