@@ -197,8 +197,6 @@ def test_quantize_a_model_over_2gb(tmp_path):
         out, report = str(tmp_path / "q.onnx"), str(tmp_path / "q.json")
         usage0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", info["model"], "--calib", info["calib"],
-                            "-o", out, "--report", report, "--no-progress"] if _has_progress_flag() else
-                           [sys.executable, "-m", "qcompiler", "quantize", info["model"], "--calib", info["calib"],
                             "-o", out, "--report", report], capture_output=True, text=True, cwd=ROOT)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         assert r.returncode == 0, r.stderr[-2000:]
@@ -222,8 +220,3 @@ def test_quantize_a_model_over_2gb(tmp_path):
             if os.path.isfile(p):
                 os.unlink(p)
 
-
-def _has_progress_flag() -> bool:
-    from qcompiler.quant.cli_quantize import quantize_cmd
-    return any("--no-progress" in getattr(p, "opts", ()) + getattr(p, "secondary_opts", ())
-               for p in quantize_cmd.params)
