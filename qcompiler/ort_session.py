@@ -21,6 +21,7 @@ import contextvars
 import os
 import re
 import shutil
+import stat
 import tempfile
 import threading
 from typing import Optional
@@ -260,8 +261,13 @@ def _session_data(folder: str, data_file):
             link = self.links.get(ref.path, "")
             if link == "":
                 link = f"input{len(self.links)}.data"
+                path = os.path.join(folder, link)
                 try:
-                    os.link(ref.path, os.path.join(folder, link))
+                    os.link(ref.path, path, follow_symlinks=False)
+                    st = os.lstat(path)   # the inode the link pins: what onnxruntime will read
+                    if not stat.S_ISREG(st.st_mode):   # replaced by a FIFO or device since load: never read it
+                        os.unlink(path)
+                        link = None
                 except OSError:   # another filesystem, or not ours to link (fs.protected_hardlinks)
                     link = None
                 self.links[ref.path] = link

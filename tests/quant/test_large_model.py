@@ -108,6 +108,19 @@ def test_large_session_reads_the_input_data_in_place(tmp_path, monkeypatch, larg
     assert _session_folders() == leftovers, "private session folder removed"
 
 
+
+def test_large_session_refuses_a_data_file_replaced_by_a_fifo(tmp_path, large):
+    """The input's data file swapped for a FIFO after load: one ModelLoadError line, never a link onnxruntime
+    would block reading."""
+    from qcompiler.errors import ModelLoadError
+    path = _external_model(str(tmp_path))
+    model = qcompiler.load_model(path)
+    os.rename(tmp_path / "weights.bin", tmp_path / "old.bin")
+    os.mkfifo(tmp_path / "weights.bin")
+    with pytest.raises(ModelLoadError, match="weights.bin.*FIFO") as e:
+        ort_session.create_session(model)
+    assert "\n" not in str(e.value)
+
 def test_large_session_of_decoded_and_new_tensors(tmp_path, large):
     """Tensors the IR holds (quantized weights) go to the private folder's own data file."""
     path = _external_model(str(tmp_path))
