@@ -95,7 +95,7 @@ def test_large_session_reads_the_input_data_in_place(tmp_path, monkeypatch, larg
     before = _snapshot(str(src))
     model = qcompiler.load_model(path)
     if not linkable:
-        def refuse(a, b):
+        def refuse(a, b, **kw):
             raise OSError(18, "Invalid cross-device link")
         monkeypatch.setattr(ort_session.os, "link", refuse)
     leftovers = _session_folders()
