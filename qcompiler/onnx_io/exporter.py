@@ -1,11 +1,92 @@
 """IR -> ONNX ModelProto. Writes back every field the importer kept; attributes never decoded go out as read."""
 from __future__ import annotations
 
+import sys
+
 import onnx
+from onnx import numpy_helper
 
 from ..ir.graph import Graph
 from ..ir.model import Model
+from ..ir.tensor import read_external_bytes
 from .gc_pause import gc_paused
+
+EXTERNAL_MIN_BYTES = 1024   # tensors under this stay inline (onnx's own size_threshold)
+_ALIGN = 4096               # large tensors start on a page boundary, so onnxruntime can map them
+_ALIGN_OVER = 1 << 20
+
+
+class ExternalData:
+    """Where a model's main-graph initializers go when it is written with external data, tensor by tensor.
+
+    `tensor_proto(name, tensor)` returns what the model file holds for one initializer: the tensor itself when it
+    is small (under `min_bytes`) or a string tensor, else a stub (name, type, dims, `external_data` location,
+    offset and length) whose bytes were appended to `data_file` (named `location` relative to the model file).
+    Only one tensor's bytes are held at a time: an external tensor of the input is read from its file without
+    being decoded or cached in the IR. `reference(name, tensor)` is a hook for writers that can point at bytes
+    that already exist (onnxruntime sessions, see ort_session): (location, offset, length) or None.
+    """
+
+    def __init__(self, data_file=None, location: str = "", min_bytes: int = EXTERNAL_MIN_BYTES):
+        self.data_file, self.location, self.min_bytes = data_file, location, min_bytes
+        self.offset = 0
+
+    def reference(self, name: str, tensor):
+        return None
+
+    def write(self, raw) -> None:
+        """Append one tensor's bytes to the data file (one call per tensor)."""
+        self.data_file.write(raw)
+
+    def tensor_proto(self, name: str, tensor) -> onnx.TensorProto:
+        if tensor.dtype == onnx.TensorProto.STRING or tensor.nbytes < self.min_bytes:
+            return tensor.to_proto(name)
+        ref = self.reference(name, tensor)
+        if ref is not None:
+            return external_stub(name, tensor, *ref)
+        raw = tensor_bytes(name, tensor) if self.data_file is not None else None
+        if raw is None:
+            return tensor.to_proto(name)
+        align = _ALIGN if len(raw) >= _ALIGN_OVER else 16
+        pad = -self.offset % align
+        if pad:
+            self.data_file.write(bytes(pad))
+            self.offset += pad
+        stub = external_stub(name, tensor, self.location, self.offset, len(raw))
+        self.write(raw)
+        self.offset += len(raw)
+        return stub
+
+
+def external_stub(name: str, tensor, location: str, offset: int, length: int) -> onnx.TensorProto:
+    """A TensorProto with no data of its own: its bytes are `length` bytes at `offset` of the file `location`."""
+    t = onnx.TensorProto(name=name, data_type=tensor.dtype, dims=tensor.dims,
+                         data_location=onnx.TensorProto.EXTERNAL)
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def tensor_bytes(name: str, tensor) -> "bytes | memoryview | None":
+    """The little-endian raw bytes of a tensor (ONNX's raw_data layout), or None when it has none (strings).
+
+    An external tensor not yet decoded is read from its file and neither decoded nor cached: writing a model of
+    2 GB of external weights holds one tensor at a time, not all of them.
+    """
+    if tensor.is_external:
+        return read_external_bytes(tensor._external, name)
+    a = tensor._array
+    if a is not None and a.dtype.kind in "biuf" and a.dtype.isnative and a.flags.c_contiguous \
+            and onnx.helper.np_dtype_to_tensor_dtype(a.dtype) == tensor.dtype and sys.byteorder == "little":
+        return memoryview(a.reshape(-1)).cast("B")   # the array's own bytes, no copy (a quantized weight)
+    p = tensor.to_proto(name)
+    if p.HasField("raw_data"):
+        return p.raw_data
+    p = numpy_helper.from_array(numpy_helper.to_array(p), name)   # typed fields (float_data...)
+    if p.data_type != tensor.dtype or not p.HasField("raw_data"):
+        return None
+    return p.raw_data
 
 
 def _value_info(v, want_type: bool = True) -> onnx.ValueInfoProto:
@@ -196,8 +277,12 @@ def model_to_bytes(model: Model) -> bytes:
     return b"".join(model_to_byte_pieces(model))
 
 
-def write_model(model: Model, f, extra_outputs=()) -> None:
+def write_model(model: Model, f, extra_outputs=(), external: "ExternalData | None" = None) -> None:
     """Write the bytes of `model_to_bytes(model)` to the binary file `f`, one initializer at a time.
+
+    `external`: main-graph initializers go through `external.tensor_proto` (their bytes to its data file, a stub
+    here), for models over protobuf's 2 GB limit; the data of an external input tensor is then streamed from
+    its file, never held whole.
 
     NOTE: why: model_to_byte_pieces holds every tensor's serialized bytes at once, a second copy of the weights
     (minilm: +90 MB); here each tensor is serialized, written and dropped, so only the largest one is extra.
@@ -212,7 +297,8 @@ def write_model(model: Model, f, extra_outputs=()) -> None:
     with gc_paused():
         nodes: list = []
         _add_fields(nodes, _TAG_NODE, [p.SerializeToString() for p in _node_protos(g)])
-        tensors = _initializer_protos(g)
+        tensors = _initializer_protos(g) if external is None else \
+            [external.tensor_proto(n, v.tensor) for n, v in g.initializers.items()]
         _fill_rest(g, rest)
     rest.output.extend([onnx.ValueInfoProto(name=n) for n in extra_outputs])
     name_b, rest_b = name.SerializeToString(), rest.SerializeToString()

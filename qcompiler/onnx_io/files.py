@@ -15,7 +15,7 @@ from ..errors import InvalidModelError, ModelLoadError, OutputError, QCompilerEr
 from ..input_files import check_path_text, read_bounded
 from ..ir.model import Model
 from ..ir.tensor import _itemsize
-from .exporter import model_to_byte_pieces, model_to_proto
+from .exporter import ExternalData, model_to_byte_pieces, model_to_proto, write_model
 from .importer import model_from_proto
 from .safe_write import (Protected, check_output_folder, data_target, output_target, show, write_file,
                          write_pair, write_through)
@@ -150,6 +150,10 @@ def check_output_paths(outputs, inputs: tuple = (), models: tuple = (), new_fold
 def save_model(model: Model, path: str, external_data: "bool | None" = None, protect: tuple = ()) -> None:
     """Write `model` to `path` atomically; tensors go to `<file>.data` when over 2 GB or when asked.
 
+    With external data, initializers of 1 KB and more go to `<file>.data` one at a time (page-aligned when over
+    1 MB); nothing holds every tensor at once. The switch is automatic when the tensors exceed protobuf's 2 GB
+    limit less 1/32 kept for the graph (`external_data=None`).
+
     Never writes over a file an input reads: the files in `protect` (the CLI passes every input it read), the
     file `model` was loaded from and its external-data files (by identity, links resolved). A character device
     such as /dev/null is written through; any other non-regular output is refused with one line.
@@ -171,8 +175,12 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
         location = target.base + ".data"
 
         def write_external(tmp_model: str) -> None:
-            onnx.save_model(model_to_proto(model), tmp_model, save_as_external_data=True,
-                            all_tensors_to_one_file=True, location=location, size_threshold=1024)
+            # NOTE: tensor by tensor: each one's bytes go to the .data file and are dropped (an external input
+            # tensor is streamed from its file, not decoded), so a 2 GB model is never held serialized whole;
+            # the .data file was made by write_pair with the umask's permissions, "wb" keeps them
+            with open(tmp_model + ".data", "wb", buffering=_WRITE_BUFFER) as data, \
+                    open(tmp_model, "wb", buffering=_WRITE_BUFFER) as f:
+                write_model(model, f, external=ExternalData(data, location))
         write_pair(target, write_external)
         return
 

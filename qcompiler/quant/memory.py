@@ -32,3 +32,15 @@ def release(collect: bool = False) -> None:
     if collect:
         gc.collect()
     _malloc_trim()
+
+
+def drop_cached(value) -> None:
+    """Forget the decoded copy of a weight that still lives in its external-data file, so reading every weight
+    in turn (encodings, QDQ insertion) holds one at a time, not all: the next `const_value()` reads it again.
+
+    Only a tensor with an external reference is touched: its bytes are still in the file it came from; an
+    in-memory tensor has no other copy and keeps its array.
+    """
+    t = getattr(value, "tensor", None)
+    if t is not None and getattr(t, "_external", None) is not None:
+        t._array = None

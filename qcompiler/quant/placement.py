@@ -45,6 +45,20 @@ def _const(v) -> Optional[np.ndarray]:
     return None if v is None else v.const_value()
 
 
+def _const_kind(v):
+    """What build_plan reads of a weight (dtype, ndim), without decoding one still in its external-data file
+    (a 2 GB model's weights would all be read and cached here); else `_const(v)`."""
+    t = getattr(v, "tensor", None)
+    if t is not None and not v.is_input and t.is_external:
+        from types import SimpleNamespace
+        import onnx
+        try:
+            return SimpleNamespace(dtype=np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.dtype)), ndim=len(t.dims))
+        except Exception:   # noqa: BLE001 - an element type numpy has no dtype for: decode as before
+            pass
+    return _const(v)
+
+
 # --------------------------------------------------------------------------- supergroups
 
 # norms and decomposed activations: no quantizer inside (Conv/MatMul + activation pairs come from the profile).
@@ -290,7 +304,7 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
         s = _settings(opts, profile, n)
         for slot in slots:
             v = n.inputs[slot] if slot < len(n.inputs) else None
-            arr = _const(v)
+            arr = _const_kind(v)
             if arr is None or not np.issubdtype(arr.dtype, np.floating):
                 continue
             if s["keep_float"] or not s["weight_quantized"]:

@@ -16,6 +16,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from .encoding import Encoding
+from .memory import drop_cached
 from .plan import QuantPlan, QuantSpec
 
 INT32_MAX = 2 ** 31 - 1
@@ -120,7 +121,15 @@ def _dq_attrs(enc: Encoding):
 
 def _quantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
     scale, zp = _broadcast_qparams(enc, np.shape(w))
-    q = np.clip(np.round(np.asarray(w, np.float64) / scale) + zp, enc.qmin, enc.qmax)
+    # NOTE: in place: one float64 temporary, not four (a 256 MB float32 weight of a 2 GB model: 0.5 GB, not 2 GB)
+    q = np.array(w, np.float64)
+    if np.broadcast_shapes(q.shape, np.shape(scale), np.shape(zp)) != q.shape:   # a scalar weight, (1,) scale
+        q = np.clip(np.round(q / scale) + zp, enc.qmin, enc.qmax)
+        return q.astype(storage_dtype(enc))
+    q /= scale
+    np.round(q, out=q)
+    q += zp
+    np.clip(q, enc.qmin, enc.qmax, out=q)
     return q.astype(storage_dtype(enc))
 
 
@@ -188,6 +197,8 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             touched.add(id(wg))
         w = v.const_value()
         qarr = _quantize_array(w, enc)
+        del w
+        drop_cached(v)   # the float copy of an external weight: one held at a time (memory.py)
         if enc.bits < 8:
             qarr = _as_int4(qarr, enc.signed)
         wq = wg.add_constant(qarr, f"{v.name}_quantized")

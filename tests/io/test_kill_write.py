@@ -48,16 +48,16 @@ if mode == "cli":
     files.model_to_byte_pieces = throttled
     from qcompiler.cli import main
     main(["run", src, "-o", out, "--pipeline", "canonicalize"], prog_name="qcompiler")
-else:   # the API with external data: onnx writes the tensors into the .data file one by one
-    import onnx.external_data_helper as h
-    orig, count = h.save_external_data, [0]
+else:   # the API with external data: the tensors go into the .data file one by one (ExternalData.write)
+    from qcompiler.onnx_io import exporter
+    orig, count = exporter.ExternalData.write, [0]
 
-    def throttled(tensor, base):
-        orig(tensor, base)
+    def throttled(self, raw):
+        orig(self, raw)
         count[0] += 1
         if count[0] >= 2:
             mark_then_slow()
-    h.save_external_data = throttled
+    exporter.ExternalData.write = throttled
     import qcompiler
     qcompiler.save_model(qcompiler.load_model(src), out, external_data=True)
 '''
