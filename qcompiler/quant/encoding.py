@@ -35,19 +35,21 @@ class Encoding:
     def qmax(self) -> int:
         return 2 ** (self.bits - 1) - 1 if self.signed else 2 ** self.bits - 1
 
+    # NOTE: int64 and float64 before any arithmetic: under numpy 2's promotion rules (NEP 50) a uint8 zero point
+    # read from a model keeps its dtype in `0 - zp` and wraps around (0 - uint8(128) == 128)
     @property
     def min(self) -> np.ndarray:
-        return (self.qmin - self.zero_point) * self.scale
+        return (self.qmin - np.asarray(self.zero_point, np.int64)) * np.asarray(self.scale, np.float64)
 
     @property
     def max(self) -> np.ndarray:
-        return (self.qmax - self.zero_point) * self.scale
+        return (self.qmax - np.asarray(self.zero_point, np.int64)) * np.asarray(self.scale, np.float64)
 
     @property
     def offset(self) -> np.ndarray:
         """AIMET's offset for the unsigned grid (real = (q + offset) * scale)."""
-        zp_unsigned = self.zero_point - self.qmin if self.signed else self.zero_point
-        return -np.asarray(zp_unsigned, np.int64)
+        zp = np.asarray(self.zero_point, np.int64)
+        return -(zp - self.qmin if self.signed else zp)
 
     @property
     def per_channel(self) -> bool:
