@@ -155,6 +155,13 @@ def insert_use_qdq(g, node, slot: int, enc: Encoding):
     return g.insert_before(node, slot, "DequantizeLinear", [scale, zp])
 
 
+def output_axis(node) -> Optional[int]:
+    """The axis of the output channels in the weight (input 1) of a biased op; None for ops not known here."""
+    if node.op_type == "Gemm":
+        return 0 if node.attr("transB", 0) else 1
+    return {"Conv": 0, "ConvTranspose": 1}.get(node.op_type)
+
+
 def output_channel_scales(node, enc: Encoding, channels: int) -> Optional[np.ndarray]:
     """The weight scale of each of `channels` output channels of `node` (float64, shape (channels,)), or None
     when the weight's grid has no single scale per output channel.
@@ -173,6 +180,9 @@ def output_channel_scales(node, enc: Encoding, channels: int) -> Optional[np.nda
         return np.full(channels, scalar(enc.scale, "weight scale"), np.float64)
     if enc.block_size:
         return None
+    out_axis = output_axis(node)
+    if out_axis is not None and enc.axis != out_axis:
+        return None     # e.g. a frozen encoding along the input channels: no one scale per output channel
     sw = np.asarray(enc.scale, np.float64).reshape(-1)
     if node.op_type == "ConvTranspose":
         groups = int(node.attr("group", 1) or 1)
@@ -192,6 +202,10 @@ def bias_scale(node, ein: Encoding, ew: Encoding, bias_shape: tuple):
         return np.asarray(s_in * scalar(ew.scale, "weight scale"), np.float64), ""
     if ew.block_size:
         return None, "the weight is per-block (no single weight scale per output channel)"
+    out_axis = output_axis(node)
+    if out_axis is not None and ew.axis != out_axis:
+        return None, (f"the weight is quantized along axis {ew.axis}, not its output-channel axis {out_axis} "
+                      f"(no one weight scale per output channel)")
     channels = int(bias_shape[-1]) if len(bias_shape) else 1
     sw = output_channel_scales(node, ew, channels)
     if sw is None:

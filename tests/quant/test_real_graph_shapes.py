@@ -245,3 +245,26 @@ def test_symbolic_dims_with_samples_of_different_lengths(tmp_path):
         np.savez(folder / f"{i:02d}.npz", audio=r["audio"][None], sr=r["sr"][None], gain=r["gain"][None])
     res2 = quantize(proto, str(folder))
     check(proto, res2, fresh)
+
+
+def test_frozen_weight_encoding_on_the_input_channel_axis_leaves_the_bias_float(tmp_path):
+    """Weight scales along C_in (a frozen encoding) give no s_in*s_w per output channel: bias float, named."""
+    import json
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 0.3, (6, 6, 3, 3)).astype(np.float32)
+    proto = make_model([helper.make_node("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])],
+                       [tinfo("x", [1, 6, 5, 5])], [tinfo("y", [1, 6, 5, 5])],
+                       [_init("w", w), _init("b", rng.normal(0, 0.5, (6,)).astype(np.float32))])
+    scales = (np.abs(w).max(axis=(0, 2, 3)) / 127).tolist()
+    path = tmp_path / "enc.json"
+    path.write_text(json.dumps({"version": "2.0.0", "encodings": [
+        {"name": "w", "output_dtype": "int8", "y_scale": scales, "axis": 1}]}))
+    shape = {"x": ([1, 6, 5, 5], None)}
+    res = quantize(proto, feeds(shape, 8), load_encodings=str(path),
+                   target={"base": "ort_cpu", "prefold_unfused_weight_dq": False})
+    check(proto, res, feeds(shape, 2, seed=3))
+    assert res.encodings["params"]["w"].axis == 1
+    assert "b" not in res.encodings["params"]
+    reasons = [r for k, r in res.report["left_float"].items() if k.endswith(":input2")]
+    assert reasons == ["bias: bias left float: the weight is quantized along axis 1, not its output-channel axis 0 "
+                       "(no one weight scale per output channel)"]
