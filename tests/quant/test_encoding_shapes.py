@@ -22,17 +22,23 @@ from qcompiler.quant.api import quantize
 from qcompiler.quant.report import encoding_summary
 from tests.helpers import make_model, run, sqnr_db, tinfo
 
-FORMS = {
-    "python float": (lambda a: float(np.asarray(a).reshape(())), lambda z: int(np.asarray(z).reshape(()))),
-    "np.float32 scalar": (lambda a: np.float32(np.asarray(a).reshape(())), lambda z: np.int64(np.asarray(z).reshape(()))),
-    "np.float64 scalar": (lambda a: np.float64(np.asarray(a).reshape(())), lambda z: np.int32(np.asarray(z).reshape(()))),
-    "np.float16 scalar": (lambda a: np.float16(np.asarray(a).reshape(())), lambda z: np.uint8(np.asarray(z).reshape(()))),
-    "0-d float32": (lambda a: np.asarray(a, np.float32).reshape(()), lambda z: np.asarray(z, np.int64).reshape(())),
-    "(1,) float32": (lambda a: np.asarray(a, np.float32).reshape(1), lambda z: np.asarray(z, np.int64).reshape(1)),
-    "(1, 1) float32": (lambda a: np.asarray(a, np.float32).reshape(1, 1), lambda z: np.asarray(z, np.int64).reshape(1, 1)),
-    "(1,) float16": (lambda a: np.asarray(a, np.float16).reshape(1), lambda z: np.asarray(z, np.int32).reshape(1)),
-    "(1, 1) float64": (lambda a: np.asarray(a, np.float64).reshape(1, 1), lambda z: np.asarray(z, np.int8).reshape(1, 1)),
-    "0-d float16": (lambda a: np.asarray(a, np.float16).reshape(()), lambda z: np.asarray(z, np.int16).reshape(())),
+def _one(a):
+    return np.asarray(a).reshape(())
+
+
+FORMS = {   # name: (scale form, zero point form)
+    "python float": (lambda a: float(_one(a)), lambda z: int(_one(z))),
+    "np.float32 scalar": (lambda a: np.float32(_one(a)), lambda z: np.int64(_one(z))),
+    "np.float64 scalar": (lambda a: np.float64(_one(a)), lambda z: np.int32(_one(z))),
+    "np.float16 scalar": (lambda a: np.float16(_one(a)), lambda z: np.uint8(_one(z))),
+    "0-d float32": (lambda a: _one(a).astype(np.float32), lambda z: _one(z).astype(np.int64)),
+    "(1,) float32": (lambda a: _one(a).astype(np.float32).reshape(1), lambda z: _one(z).astype(np.int64).reshape(1)),
+    "(1, 1) float32": (lambda a: _one(a).astype(np.float32).reshape(1, 1),
+                       lambda z: _one(z).astype(np.int64).reshape(1, 1)),
+    "(1,) float16": (lambda a: _one(a).astype(np.float16).reshape(1), lambda z: _one(z).astype(np.int32).reshape(1)),
+    "(1, 1) float64": (lambda a: _one(a).astype(np.float64).reshape(1, 1),
+                       lambda z: _one(z).astype(np.int8).reshape(1, 1)),
+    "0-d float16": (lambda a: _one(a).astype(np.float16), lambda z: _one(z).astype(np.int16)),
 }
 
 
