@@ -10,6 +10,9 @@ Targets: Q/A <= 1.5, Q/B <= 1.0, finding every LayerNorm and GELU match < 2 s. E
 a missed target is printed as MISSED. The last line is JSON.
 
     python benchmarks/bench_ir.py [--nodes 90000] [--runs 3] [--verify]
+
+Needs onnx-graphsurgeon, an optional extra (`pip install -e '.[bench]'`); without it the script says so and
+exits 2.
 """
 from __future__ import annotations
 
@@ -80,8 +83,23 @@ def _make_model(nodes: int, path: str) -> int:
     return len(model.graph.node)
 
 
+GS_MISSING = ("bench_ir.py: onnx-graphsurgeon (baseline B) is not installed; it is an optional extra: "
+              "pip install -e '.[bench]'  (or: pip install 'onnx-graphsurgeon>=0.5')")
+
+
+def _graphsurgeon():
+    """onnx_graphsurgeon, or None when it is not installed (it is the `bench` extra, not a requirement)."""
+    try:
+        import onnx_graphsurgeon as gs
+    except ImportError:
+        return None
+    return gs
+
+
 def bench(nodes: int, runs: int, verify: bool) -> dict:
-    import onnx_graphsurgeon as gs
+    gs = _graphsurgeon()
+    if gs is None:
+        raise SystemExit(GS_MISSING)
     from qcompiler import load_model, save_model
     from qcompiler.passmanager import run_pipeline
 
@@ -207,6 +225,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="timed runs per measurement (median; one warm-up first)")
     ap.add_argument("--verify", action="store_true", help="also run qcompiler.ir.verify once (untimed in Q)")
     args = ap.parse_args(argv)
+    if _graphsurgeon() is None:     # before the minutes spent building the graph
+        print(GS_MISSING, file=sys.stderr)
+        return 2
     report(bench(args.nodes, max(1, args.runs), args.verify))
     return 0
 

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..errors import DataError
-from .encoding import Encoding, compute_encoding
+from .encoding import Encoding, compute_encoding, scalar
 from .memory import drop_cached
 from .observers import finite_flat, make_observer, weight_range
 from .plan import QuantPlan
@@ -290,7 +290,7 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
             lo, hi = weight_range(w, spec.axis, scheme, rb, spec.symmetric)
         else:
             lo, hi = weight_range(np.asarray(w).reshape(1, -1), 0, scheme, rb, spec.symmetric)
-            lo, hi = float(lo[0]), float(hi[0])
+            lo, hi = scalar(lo, f"range of '{node_name[:80]}' input {slot}"), scalar(hi, "range")
         drop_cached(node.inputs[slot])   # a 2 GB model's weights are read one at a time (memory.py)
         enc = compute_encoding(lo, hi, bits=rb, symmetric=spec.symmetric, signed=True, axis=spec.axis)
         enc.bits = spec.bits

@@ -187,7 +187,8 @@ class SampleSet:
                 a = self._convert(where, name, a)
                 r = len(shape) if shape is not None else a.ndim
                 if a.ndim == r + 1 and a.shape[0] == 1:
-                    a = a[0]
+                    a = a[0, ...]   # NOTE: not a[0]: for a rank-0 input that is a numpy scalar, which
+                    #                onnxruntime refuses ("Unable to handle object of type numpy.int64")
                 elif a.ndim != r:
                     raise DataError(f"{where}: input '{name}' sample {i}: rank {a.ndim}, the model expects rank "
                                     f"{r} (one feed per dict; shape {_fmt(shape)})")

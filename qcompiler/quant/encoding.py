@@ -35,23 +35,47 @@ class Encoding:
     def qmax(self) -> int:
         return 2 ** (self.bits - 1) - 1 if self.signed else 2 ** self.bits - 1
 
+    # NOTE: int64 and float64 before any arithmetic: under numpy 2's promotion rules (NEP 50) a uint8 zero point
+    # read from a model keeps its dtype in `0 - zp` and wraps around (0 - uint8(128) == 128)
     @property
     def min(self) -> np.ndarray:
-        return (self.qmin - self.zero_point) * self.scale
+        return (self.qmin - np.asarray(self.zero_point, np.int64)) * np.asarray(self.scale, np.float64)
 
     @property
     def max(self) -> np.ndarray:
-        return (self.qmax - self.zero_point) * self.scale
+        return (self.qmax - np.asarray(self.zero_point, np.int64)) * np.asarray(self.scale, np.float64)
 
     @property
     def offset(self) -> np.ndarray:
         """AIMET's offset for the unsigned grid (real = (q + offset) * scale)."""
-        zp_unsigned = self.zero_point - self.qmin if self.signed else self.zero_point
-        return -np.asarray(zp_unsigned, np.int64)
+        zp = np.asarray(self.zero_point, np.int64)
+        return -(zp - self.qmin if self.signed else zp)
 
     @property
     def per_channel(self) -> bool:
         return self.axis is not None and np.ndim(self.scale) > 0
+
+
+def scalar(a, what: str = "encoding field"):
+    """The one number of a per-tensor encoding field as a Python float (int for integer dtypes).
+
+    Accepts every form one number takes: Python float/int, numpy scalars of any dtype (float16, float32,
+    float64, int64, ...), and arrays of size 1 of any rank: (), (1,), (1, 1). A real vector raises ValueError
+    naming `what` and its shape.
+    NOTE: numpy 2 refuses float() and int() on an array of shape (1,) ("only 0-dimensional arrays can be
+    converted to Python scalars"); a per-tensor encoding read from a file or built from a 1-channel weight
+    holds exactly that, so every float()/int() on an encoding field goes through here.
+    """
+    arr = np.asarray(a)
+    if arr.size != 1:
+        raise ValueError(f"{what}: expected one value (per-tensor), got an array of shape {arr.shape}")
+    v = arr.reshape(()).item()
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) else float(v)
+
+
+def per_tensor(enc: "Encoding") -> bool:
+    """True when `enc` has one scale for the whole tensor (no per-channel axis in use, no blocks)."""
+    return not enc.block_size and not enc.per_channel
 
 
 def compute_encoding(vmin, vmax, bits: int = 8, symmetric: bool = False, signed: Optional[bool] = None,
@@ -87,7 +111,10 @@ def compute_encoding(vmin, vmax, bits: int = 8, symmetric: bool = False, signed:
 
 def quantize_dequantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
     """Fake-quantize `x` with `enc` (numpy reference of Q followed by DQ), broadcasting along `enc.axis`."""
-    scale, zp = np.asarray(enc.scale, np.float64), np.asarray(enc.zero_point, np.float64)
+    if per_tensor(enc):
+        scale, zp = np.float64(scalar(enc.scale, "scale")), np.float64(scalar(enc.zero_point, "zero point"))
+    else:
+        scale, zp = np.asarray(enc.scale, np.float64), np.asarray(enc.zero_point, np.float64)
     if enc.per_channel:
         shape = [1] * x.ndim
         shape[enc.axis] = -1

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import ConfigError
 from .bitwidths import BIAS_BITS, FLOAT_BITS, INT_BITS
 from .config import load_json_strict
-from .encoding import Encoding
+from .encoding import Encoding, per_tensor, scalar
 from .untrusted import short
 
 VERSIONS = ("1.0.0", "2.0.0")
@@ -70,8 +70,12 @@ def _nested(a, cast):
 def _entry_v1(name: str, enc: Encoding) -> dict:
     if enc.dtype == "float":
         return {"name": name, "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": int(enc.bits)}
+    if per_tensor(enc):    # one number in whatever shape it came: (), (1,), (1, 1), a numpy scalar
+        scale, offset = [float(scalar(enc.scale, f"'{name[:80]}' scale"))], [int(scalar(enc.offset, "offset"))]
+    else:
+        scale, offset = _floats(enc.scale), _ints(enc.offset)
     e = {"name": name, "enc_type": _enc_type(enc), "dtype": "INT", "bw": int(enc.bits),
-         "is_sym": bool(enc.symmetric), "scale": _floats(enc.scale), "offset": _ints(enc.offset)}
+         "is_sym": bool(enc.symmetric), "scale": scale, "offset": offset}
     if enc.block_size:
         e["block_size"] = int(enc.block_size)
     return e
@@ -87,8 +91,12 @@ def _entry_v2(name: str, enc: Encoding) -> dict:
     e = {"name": name, "output_dtype": _output_dtype(enc)}
     if enc.dtype == "float":
         return e
-    e["y_scale"] = _nested(np.asarray(enc.scale, np.float64), float)
-    zp = np.asarray(enc.zero_point, np.int64)
+    if per_tensor(enc):    # a number, not a list, whatever shape of size 1 the encoding holds
+        e["y_scale"] = float(scalar(enc.scale, f"'{name[:80]}' scale"))
+        zp = np.asarray(int(scalar(enc.zero_point, f"'{name[:80]}' zero point")), np.int64)
+    else:
+        e["y_scale"] = _nested(np.asarray(enc.scale, np.float64), float)
+        zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), np.shape(enc.scale))
     if np.any(zp != 0):
         e["y_zero_point"] = _nested(zp, int)
     if enc.per_channel or enc.block_size:

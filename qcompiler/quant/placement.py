@@ -311,6 +311,8 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                 plan.set_use(n.name, slot, QuantSpec(kind="weight", source="config").float_(
                     "weights kept float by config (a rule, --exclude or --op-types)"))
                 continue
+            # NOTE: a grouped ConvTranspose's axis 1 holds C_out/g channels, each shared by the g groups: its
+            # scale is the max over them and the bias tiles it over groups (qdq.output_channel_scales)
             axis = weight_axis(profile, n, slot, arr.ndim) if (s["weight_per_channel"] and n.op_type in pc_ops) \
                 else None
             if axis is not None and arr.ndim < 2 and n.op_type != "MatMul":

@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .encoding import Encoding
+from .encoding import Encoding, per_tensor, scalar
 from .memory import drop_cached
 from .plan import QuantPlan, QuantSpec
 
@@ -31,9 +31,20 @@ def storage_dtype(enc: Encoding) -> np.dtype:
     return np.dtype(np.int8 if enc.signed else np.uint8)
 
 
+def qparam_arrays(enc: Encoding, what: str = "encoding") -> Tuple[np.ndarray, np.ndarray]:
+    """(float32 scale, int64 zero point) as Q/DQ want them: 0-d for a per-tensor encoding (whatever shape of
+    size 1 it holds: (), (1,), (1, 1)), the scale's shape for per-channel and per-block (zero point broadcast)."""
+    if per_tensor(enc):
+        return (np.asarray(scalar(enc.scale, f"{what} scale"), np.float32),
+                np.asarray(scalar(enc.zero_point, f"{what} zero point"), np.int64))
+    scale = np.asarray(enc.scale, np.float32)
+    return scale, np.broadcast_to(np.asarray(enc.zero_point, np.int64), scale.shape).copy()
+
+
 def _qparams(g, enc: Encoding, hint: str):
-    scale = g.add_constant(np.asarray(enc.scale, np.float32), f"{hint}_scale")
-    zp_arr = np.asarray(enc.zero_point).astype(storage_dtype(enc))
+    scale_arr, zp_arr = qparam_arrays(enc, f"encoding of '{hint[:80]}'")
+    scale = g.add_constant(scale_arr, f"{hint}_scale")
+    zp_arr = zp_arr.astype(storage_dtype(enc))
     if enc.bits < 8:
         zp_arr = _as_int4(zp_arr, enc.signed)
     zp = g.add_constant(zp_arr, f"{hint}_zero_point")
@@ -52,6 +63,9 @@ def _as_int4(arr: np.ndarray, signed: bool):
 def _broadcast_qparams(enc: Encoding, shape: tuple):
     """(scale, zero point) as float64 arrays broadcastable to a tensor of `shape`: per-tensor scalars,
     per-channel reshaped along `axis`, per-block repeated `block_size` times along `axis` (last block cut)."""
+    if per_tensor(enc):
+        return (np.float64(scalar(enc.scale, "per-tensor scale")),
+                np.float64(scalar(enc.zero_point, "per-tensor zero point")))
     scale = np.asarray(enc.scale, np.float64)
     zp = np.asarray(enc.zero_point, np.float64)
     if enc.block_size:
@@ -150,6 +164,67 @@ def insert_use_qdq(g, node, slot: int, enc: Encoding):
     return g.insert_before(node, slot, "DequantizeLinear", [scale, zp])
 
 
+def output_axis(node) -> Optional[int]:
+    """The axis of the output channels in the weight (input 1) of a biased op; None for ops not known here."""
+    if node.op_type == "Gemm":
+        return 0 if node.attr("transB", 0) else 1
+    return {"Conv": 0, "ConvTranspose": 1}.get(node.op_type)
+
+
+def output_channel_scales(node, enc: Encoding, channels: int) -> Optional[np.ndarray]:
+    """The weight scale of each of `channels` output channels of `node` (float64, shape (channels,)), or None
+    when the weight's grid has no single scale per output channel.
+
+    Per-tensor: the one scale repeated. Per-channel Conv/Gemm/MatMul: one scale per index along the weight's
+    output axis. ConvTranspose with group g: its weight is [C_in, C_out/g, kH, kW] and output channel
+    o = k·(C_out/g) + j reads W[k·C_in/g : (k+1)·C_in/g, j], so the per-channel axis 1 holds C_out/g scales, each
+    shared by the g groups (placement: the max over groups); output channel o gets scale j = o mod C_out/g,
+    i.e. the axis-1 scales tiled g times.
+    NOTE: why axis 1 and not per-group scales: DequantizeLinear's per-axis form needs one scale per index along
+    one axis, and the (group, channel-in-group) pair spans axes 0 and 1; axis 1 is also the axis TensorRT and
+    QNN quantize deconvolution weights on. A depthwise ConvTranspose (C_out/g = 1) thus gets one weight scale,
+    as per-tensor would.
+    """
+    if per_tensor(enc):
+        return np.full(channels, scalar(enc.scale, "weight scale"), np.float64)
+    if enc.block_size:
+        return None
+    out_axis = output_axis(node)
+    if out_axis is not None and enc.axis != out_axis:
+        return None     # e.g. a frozen encoding along the input channels: no one scale per output channel
+    sw = np.asarray(enc.scale, np.float64).reshape(-1)
+    if node.op_type == "ConvTranspose":
+        groups = int(node.attr("group", 1) or 1)
+        if sw.size * groups == channels:
+            return np.tile(sw, groups)
+    return sw if sw.size == channels else None
+
+
+def bias_scale(node, ein: Encoding, ew: Encoding, bias_shape: tuple):
+    """(int32 scale of the bias, None) or (None, reason): s_in·s_w per output channel, as ORT's QDQ Conv/Gemm
+    fusions and QNN's expect. The scale is 0-d when the weight is per-tensor (or the bias has one channel),
+    else one per entry of the bias's last axis (Conv/ConvTranspose (C_out,), Gemm C (N,) or (M, N))."""
+    if not per_tensor(ein):
+        return None, "the input is quantized per channel"
+    s_in = scalar(ein.scale, "input scale")
+    if per_tensor(ew):
+        return np.asarray(s_in * scalar(ew.scale, "weight scale"), np.float64), ""
+    if ew.block_size:
+        return None, "the weight is per-block (no single weight scale per output channel)"
+    out_axis = output_axis(node)
+    if out_axis is not None and ew.axis != out_axis:
+        return None, (f"the weight is quantized along axis {ew.axis}, not its output-channel axis {out_axis} "
+                      f"(no one weight scale per output channel)")
+    channels = int(bias_shape[-1]) if len(bias_shape) else 1
+    sw = output_channel_scales(node, ew, channels)
+    if sw is None:
+        return None, (f"the weight's {np.size(ew.scale)} scales do not map onto the bias's {channels} output "
+                      f"channels")
+    if channels == 1:
+        return np.asarray(s_in * sw[0], np.float64), ""
+    return s_in * sw, ""
+
+
 def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, Encoding]]:
     """Insert every quantizer of `plan` into `model` (in place). Returns (activation, param) encodings by name."""
     from .placement import nodes_by_name
@@ -217,31 +292,30 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         spec = plan.uses[(node_name, slot)]
         node = by_name[node_name]
         v = node.inputs[slot]
-        if ein is None or ew is None or ein.per_channel:
+        if ein is None or ew is None:
             spec.float_("bias left float: input or weight is float")
             continue
-        if ew.block_size:
-            spec.float_("bias left float: the weight is per-block (no single weight scale per output channel)")
-            continue
         b = np.asarray(v.const_value(), np.float64)
-        s = np.asarray(ein.scale, np.float64) * np.asarray(ew.scale, np.float64)
-        s = np.broadcast_to(s, b.shape) if s.ndim else s
+        s, why = bias_scale(node, ein, ew, b.shape)
+        if s is None:
+            spec.float_(f"bias left float: {why}")
+            continue
         q = np.round(b / s)
         if not np.all(np.isfinite(q)) or np.abs(q).max(initial=0) > INT32_MAX:
             spec.float_("bias left float: int32 grid s_in*s_w would overflow")
             continue
-        per_channel = np.ndim(s) > 0 and np.size(s) > 1
-        enc = Encoding(scale=np.asarray(s, np.float32) if per_channel else np.float32(s),
-                       zero_point=np.zeros(np.shape(s), np.int64), bits=32, symmetric=True, signed=True,
-                       axis=0 if per_channel else None)
+        per_channel = s.ndim > 0
+        bias_axis = b.ndim - 1 if per_channel else None
+        enc = Encoding(scale=s.astype(np.float32), zero_point=np.zeros(s.shape, np.int64), bits=32, symmetric=True,
+                       signed=True, axis=bias_axis)
         spec.encoding = enc
         bg = node.graph
         bq = bg.add_constant(q.astype(np.int32), f"{v.name}_quantized")
         scale = bg.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
         zp = bg.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
         dq = bg.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
-                        {"axis": 0} if per_channel else None, name=f"{v.name}_{node_name}_DequantizeLinear",
-                        before=node)
+                        {"axis": bias_axis} if per_channel else None,
+                        name=f"{v.name}_{node_name}_DequantizeLinear", before=node)
         bg.set_input(node, slot, dq.outputs[0])
         params[v.name if v.name not in params else dq.outputs[0].name] = enc
         v.graph.drop_if_unused([v])

@@ -6,24 +6,24 @@ from typing import Dict
 
 import numpy as np
 
-from .encoding import Encoding
+from .encoding import Encoding, per_tensor, scalar
 
 
 def encoding_summary(enc: Encoding) -> dict:
-    """A JSON-friendly view of an encoding (scalars per tensor, lists per channel)."""
-    def plain(a):
-        a = np.asarray(a)
-        return a.item() if a.ndim == 0 or a.size == 1 else a.tolist()
-    d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
-         "scale": plain(np.asarray(enc.scale, np.float64)), "zero_point": plain(enc.zero_point)}
-    if enc.per_channel:
-        d["axis"] = int(enc.axis)
+    """A JSON-friendly view of an encoding (scalars per tensor, lists per channel). Per-tensor fields may hold
+    one number in any shape numpy gives it ((), (1,), (1, 1), a numpy scalar): `scalar` reads them all."""
+    if per_tensor(enc):
+        d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
+             "scale": float(scalar(enc.scale, "scale")), "zero_point": int(scalar(enc.zero_point, "zero point")),
+             "min": float(scalar(enc.min, "min")), "max": float(scalar(enc.max, "max"))}
+    else:
+        d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
+             "scale": np.asarray(enc.scale, np.float64).tolist(), "zero_point": np.asarray(enc.zero_point).tolist(),
+             "axis": int(enc.axis)}
         if enc.block_size:
             d["block_size"] = int(enc.block_size)
-        lo, hi = np.asarray(enc.min), np.asarray(enc.max)
+        lo, hi = np.asarray(enc.min, np.float64), np.asarray(enc.max, np.float64)
         d["min"], d["max"] = float(lo.min()), float(hi.max())
-    else:
-        d["min"], d["max"] = float(np.asarray(enc.min)), float(np.asarray(enc.max))
     if enc.meta.get("range_bits"):
         d["range_bits"] = int(enc.meta["range_bits"])
     if enc.frozen:
