@@ -61,3 +61,8 @@ class VerificationError(PassError):
 
 class OutputError(QCompilerError):
     """An output cannot be written safely: it would land on an input, is not a regular file, or has no folder."""
+
+
+class ProducedModelError(PassError):
+    """onnxruntime refuses a model qcompiler itself made from an input that ran: a bug in qcompiler (exit 1, one
+    line), not bad input."""

@@ -83,7 +83,13 @@ def output_errors(quant_model, kept: list, progress=False) -> Dict[str, OutputEr
     import onnxruntime as ort
     # NOTE: ORT 1.31 fuses int8 blocked DQ->MatMul into QLinearMatMul, which rejects block scales at run
     # time (other runtimes take the QDQ graph as is): measure the QDQ graph without those fusions
-    sess = make_session(quant_model, threads=1, role="quantized", opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    from ..errors import OnnxRuntimeError, ProducedModelError
+    try:
+        sess = make_session(quant_model, threads=1, role="quantized",
+                            opt_level=ort.GraphOptimizationLevel.ORT_ENABLE_BASIC)
+    except OnnxRuntimeError as e:   # the input ran in calibration: a model we made that onnxruntime refuses is ours
+        raise ProducedModelError(f"{e} (a bug in qcompiler: the float model ran, the quantized one it made does not)"
+                                 ) from None
     return _output_errors(sess, kept, progress)
 
 

@@ -436,6 +436,9 @@ def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
                 g.set_input(node, 1, scale)
                 g.set_input(node, 2, zp)
             g.drop_if_unused(old)
+            # the Q output's declared type was the 8-bit storage type: onnxruntime refused the widened model
+            # (uint8 declared, uint16 produced); the new type follows from the zero point
+            z.q.outputs[0].type = None
             acts[z.key] = enc
             spec = plan.values.get(z.key)
             if spec is not None:
