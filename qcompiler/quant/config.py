@@ -366,6 +366,11 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
         if isinstance(sg, bool):
             cfg.supergroups = sg
         elif isinstance(sg, list) and all(isinstance(x, str) for x in sg):
+            from qcompiler.passes.supergroups import SUPERGROUP_KINDS
+            for i, name in enumerate(sg):
+                if name not in SUPERGROUP_KINDS:
+                    raise ctx.err(f"supergroups[{i}]", f"unknown supergroup {short(name, 40)} "
+                                                       f"(known: {', '.join(SUPERGROUP_KINDS)})")
             cfg.supergroups = list(sg)
         else:
             raise ctx.err("supergroups", f"expected true/false or a list of supergroup names, got {short(sg)}")
