@@ -50,6 +50,7 @@ import warnings as _warnings
 from typing import Optional
 
 from .errors import ArgumentError
+from .quant.schemes import canonical_scheme
 
 _FORMATS = {"qdq": "QDQ", "qoperator": "QOperator"}
 _TYPES = {"qint8": "QInt8", "quint8": "QUInt8", "qfloat8e4m3fn": "QFLOAT8E4M3FN", "qint16": "QInt16",
@@ -57,7 +58,6 @@ _TYPES = {"qint8": "QInt8", "quint8": "QUInt8", "qfloat8e4m3fn": "QFLOAT8E4M3FN"
 _TYPE_BITS = {"qint8": 8, "quint8": 8, "qint16": 16, "quint16": 16, "qint4": 4, "quint4": 4}
 _TYPE_RANGE = {"qint8": (-128, 127), "quint8": (0, 255), "qint16": (-32768, 32767), "quint16": (0, 65535),
                "qint4": (-8, 7), "quint4": (0, 15)}
-_METHODS = {"minmax": "min_max", "entropy": "entropy", "percentile": "percentile"}
 _METHOD_NAMES = {"minmax": "MinMax", "entropy": "Entropy", "percentile": "Percentile", "distribution": "Distribution"}
 _IGNORED = ("ForceQuantizeNoInputCheck", "DedicatedQDQPair", "QDQKeepRemovableActivations", "AddQDQPairToWeight",
             "MatMulConstBOnly", "EnableSubgraph", "CalibMaxIntermediateOutputs", "CalibStridedMinMax",
@@ -136,7 +136,7 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
     if method == "distribution":
         raise ArgumentError("calibrate_method: Distribution (onnxruntime's float8 calibration) is not supported; "
                             "use MinMax, Entropy or Percentile")
-    scheme = _METHODS[method]
+    scheme = canonical_scheme(method, error=ArgumentError)  # MinMax, Entropy, Percentile: schemes.py
     per_channel = _bool(per_channel, "per_channel")
     reduce_range = _bool(reduce_range, "reduce_range")
     use_external_data_format = _bool(use_external_data_format, "use_external_data_format")

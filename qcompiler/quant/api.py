@@ -191,6 +191,7 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
     from ..arguments import got, require_bool, require_int, require_path
     from ..ir.model import Model
     from .bitwidths import check_bits
+    from .schemes import canonical_scheme
     import onnx
     if isinstance(model_or_path, (str, bytes, os.PathLike)):
         require_path(model_or_path, "model")
@@ -206,6 +207,8 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
         raise ArgumentError(f"target must be a profile name, a profile YAML path or a dict, got {got(target)}")
     if scheme is not None and not isinstance(scheme, str):
         raise ArgumentError(f"scheme must be a scheme name (e.g. 'min_max'), got {got(scheme)}")
+    if scheme is not None:
+        canonical_scheme(scheme, error=ArgumentError)
     require_bool(per_channel, "per_channel")
     check_bits(weight_bits, "weight_bits", error=ArgumentError)
     check_bits(act_bits, "act_bits", error=ArgumentError)
@@ -264,9 +267,9 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     if target is None:
         target = (config.target if config is not None and config.target else "ort_cpu")
     profile = get_profile(target)
+    from .schemes import DEFAULT_SCHEME, canonical_scheme
     if scheme is None:
-        scheme = config.scheme if config is not None and config.scheme else "min_max"
-    from .observers import canonical_scheme
+        scheme = config.scheme if config is not None and config.scheme else DEFAULT_SCHEME
     scheme = canonical_scheme(scheme)
 
     from ..progress import bar

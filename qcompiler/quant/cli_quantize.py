@@ -27,8 +27,8 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("-o", "--output", required=True, help="where to write the QDQ model")
 @click.option("--config", "config_path", type=click.Path(), help="AIMET quantsim JSON or qcompiler YAML/JSON config")
 @click.option("--target", default=None, help="backend profile: ort_cpu (default), trt, qnn_htp, or a profile YAML")
-@click.option("--scheme", default=None, help="min_max (alias post_training_tf, default), tf_enhanced, percentile, "
-              "entropy, mse")
+@click.option("--scheme", default=None, help="min_max (default; aliases post_training_tf, tf), tf_enhanced "
+              "(post_training_tf_enhanced), percentile, entropy (kl), mse")
 @click.option("--per-channel/--per-tensor", default=True, help="weights per output channel (default) or per tensor")
 @click.option("--weight-bits", type=int, default=8, show_default=True)
 @click.option("--act-bits", type=int, default=8, show_default=True)

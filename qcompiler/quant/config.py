@@ -36,12 +36,10 @@ from typing import Optional, Union
 from ..errors import ConfigError
 from ..input_files import read_bounded
 from .bitwidths import BIAS_BITS, INT_BITS, check_bits
+from .schemes import canonical_scheme
 from .untrusted import decode_text, parse_json, parse_yaml, short
 
 AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
-SCHEME_ALIASES = {"post_training_tf": "min_max", "tf": "min_max", "minmax": "min_max",
-                  "post_training_tf_enhanced": "tf_enhanced", "post_training_percentile": "percentile"}
-SCHEMES = ("min_max", "tf_enhanced", "percentile", "entropy", "mse")
 PRECISIONS = ("int", "float16", "float32")
 
 
@@ -288,10 +286,10 @@ def _constraints(ctx, v, where) -> dict:
 def _scheme(ctx, v, where) -> str:
     if not isinstance(v, str):
         raise ctx.err(where, f"expected a scheme name, got {short(v)}")
-    s = SCHEME_ALIASES.get(v.lower(), v.lower())
-    if s not in SCHEMES:
-        raise ctx.err(where, f"unknown scheme {short(v)} (known: {', '.join(SCHEMES)}, or AIMET's post_training_tf*)")
-    return s
+    try:
+        return canonical_scheme(v)
+    except ConfigError as e:
+        raise ctx.err(where, str(e)) from None
 
 
 def _parse_rule(ctx: _Ctx, i: int, r) -> Rule:
@@ -368,6 +366,11 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
         if isinstance(sg, bool):
             cfg.supergroups = sg
         elif isinstance(sg, list) and all(isinstance(x, str) for x in sg):
+            from qcompiler.passes.supergroups import SUPERGROUP_KINDS
+            for i, name in enumerate(sg):
+                if name not in SUPERGROUP_KINDS:
+                    raise ctx.err(f"supergroups[{i}]", f"unknown supergroup {short(name, 40)} "
+                                                       f"(known: {', '.join(SUPERGROUP_KINDS)})")
             cfg.supergroups = list(sg)
         else:
             raise ctx.err("supergroups", f"expected true/false or a list of supergroup names, got {short(sg)}")

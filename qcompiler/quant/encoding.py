@@ -109,15 +109,56 @@ def compute_encoding(vmin, vmax, bits: int = 8, symmetric: bool = False, signed:
                     signed=bool(signed), axis=axis)
 
 
-def quantize_dequantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
-    """Fake-quantize `x` with `enc` (numpy reference of Q followed by DQ), broadcasting along `enc.axis`."""
+def broadcast_qparams(enc: Encoding, shape: tuple, dtype=np.float64):
+    """(scale, zero point) as `dtype` arrays broadcastable to a tensor of `shape`: per-tensor scalars,
+    per-channel reshaped along `axis`, per-block repeated `block_size` times along `axis` (last block cut)."""
     if per_tensor(enc):
-        scale, zp = np.float64(scalar(enc.scale, "scale")), np.float64(scalar(enc.zero_point, "zero point"))
-    else:
-        scale, zp = np.asarray(enc.scale, np.float64), np.asarray(enc.zero_point, np.float64)
-    if enc.per_channel:
-        shape = [1] * x.ndim
-        shape[enc.axis] = -1
+        return (np.asarray(scalar(enc.scale, "per-tensor scale"), dtype)[()],
+                np.asarray(scalar(enc.zero_point, "per-tensor zero point"), dtype)[()])
+    scale = np.asarray(enc.scale, dtype)
+    zp = np.asarray(enc.zero_point, dtype)
+    if enc.block_size:
+        k = shape[enc.axis]
+        scale = np.repeat(scale, enc.block_size, axis=enc.axis).take(np.arange(k), axis=enc.axis)
+        zp = np.repeat(np.broadcast_to(zp, np.shape(enc.scale)), enc.block_size,
+                       axis=enc.axis).take(np.arange(k), axis=enc.axis)
+    elif enc.per_channel:
+        bshape = [1] * len(shape)
+        bshape[enc.axis] = -1
+        scale, zp = scale.reshape(bshape), zp.reshape(bshape)
+    return scale, zp
+
+
+def quantize_dequantize(x: np.ndarray, enc: Encoding) -> np.ndarray:
+    """Fake-quantize `x` with `enc`: exactly onnxruntime's QuantizeLinear then DequantizeLinear (the one fake-quant
+    of the project). Per tensor, per channel along `enc.axis` or per block (`enc.block_size` along `enc.axis`).
+
+    onnxruntime computes in float32: q = saturate(round_half_even(x / scale) + zero_point), then
+    (q - zero_point) * scale, so this does too (a float64 division differs at exact ties). Returns x's dtype when
+    x is floating (float64 callers get the float32 values widened), else float32.
+    """
+    x32 = np.asarray(x, np.float32)
+    scale, zp = broadcast_qparams(enc, x32.shape, np.float32)
+    q = np.rint(x32 / scale)
+    q += zp
+    np.clip(q, enc.qmin, enc.qmax, out=q)
+    out = dequantize_linear(q, scale, zp)
+    x = np.asarray(x)
+    return out.astype(x.dtype, copy=False) if np.issubdtype(x.dtype, np.floating) else out
+
+
+def dequantize_linear(q, scale, zero_point=None, axis: Optional[int] = None) -> np.ndarray:
+    """onnxruntime's DequantizeLinear (no blocks): float32(q - zero_point) * scale in float32. `scale` and
+    `zero_point` are scalars, arrays already broadcastable to q, or 1-D arrays along `axis` (opset-13..21)."""
+    q = np.asarray(q)
+    scale = np.asarray(scale, np.float32)
+    zp = np.zeros((), np.int64) if zero_point is None else np.asarray(zero_point)
+    if scale.ndim == 1 and q.ndim > 0 and axis is not None:
+        shape = [1] * q.ndim
+        shape[axis % q.ndim] = -1
         scale, zp = scale.reshape(shape), zp.reshape(shape)
-    q = np.clip(np.round(x / scale) + zp, enc.qmin, enc.qmax)
-    return ((q - zp) * scale).astype(x.dtype)
+    if np.issubdtype(q.dtype, np.integer):
+        diff = (q.astype(np.int64) - zp.astype(np.int64)).astype(np.float32)
+    else:
+        diff = (q - zp.astype(np.float32)).astype(np.float32, copy=False)
+    return diff * scale

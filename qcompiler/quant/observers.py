@@ -3,7 +3,7 @@
 Every observer reduces each batch as it arrives (min, max, counts, a magnitude histogram and, for the searching
 schemes, a 2048-bin linear histogram), so memory is O(bins) however much data flows through. Schemes:
 
-- `min_max` (alias `post_training_tf`): the observed min and max.
+- `min_max`: the observed min and max (names and aliases: schemes.py).
 - `tf_enhanced` (AIMET's): the [a, b] over a grid of shrunk candidates minimising expected quantization noise,
   sum_{x<a} (x-a)^2 + sum_{x>b} (x-b)^2 + N_in * scale^2 / 12, evaluated from histogram prefix sums.
 - `percentile`: the `percentile`-th quantile (default 99.99) on the max side and the (100 - p)-th on the min side,
@@ -23,25 +23,13 @@ import numpy as np
 from ..errors import ConfigError
 from .encoding import compute_encoding
 from .histogram import LinearHistogram, MagnitudeHistogram
-
-SCHEMES = ("min_max", "tf_enhanced", "percentile", "entropy", "mse")
-SCHEME_ALIASES = {"post_training_tf": "min_max", "minmax": "min_max", "max": "min_max",
-                  "post_training_tf_enhanced": "tf_enhanced", "kl": "entropy"}
+from .schemes import ALIASES as SCHEME_ALIASES, SCHEMES, canonical_scheme  # noqa: F401 (re-exported)
 
 # Shrink factors for the activation searches: linear near 1 plus geometric down to 1e-4, so a Gaussian bulk
 # with outliers 100x out still has candidates near its 4-sigma point.
 _SEARCH_FACTORS = np.unique(np.concatenate([np.linspace(0.02, 1.0, 50), np.geomspace(1e-4, 1.0, 60)]))
 _MSE_FACTORS = np.unique(np.concatenate([np.linspace(0.05, 1.0, 20), np.geomspace(1e-3, 1.0, 20)]))
 
-
-def canonical_scheme(scheme: str) -> str:
-    """The scheme's canonical name; raises ConfigError naming the unknown scheme and the known ones."""
-    name = str(scheme).lower()
-    name = SCHEME_ALIASES.get(name, name)
-    if name not in SCHEMES:
-        raise ConfigError(f"unknown calibration scheme '{scheme}'; known: {', '.join(SCHEMES)} "
-                          f"(aliases: {', '.join(SCHEME_ALIASES)})")
-    return name
 
 
 def finite_flat(x, int_dtype=np.float64):

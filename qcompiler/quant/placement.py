@@ -20,6 +20,8 @@ from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 
+from qcompiler.passes.supergroups import FLOAT_INTERIOR_KINDS
+
 from .plan import QuantPlan, QuantSpec
 from .profiles import weight_axis
 
@@ -62,9 +64,8 @@ def _const_kind(v):
 # --------------------------------------------------------------------------- supergroups
 
 # norms and decomposed activations: no quantizer inside (Conv/MatMul + activation pairs come from the profile).
-# NOTE: HardSigmoid gates are recognised but not a default supergroup: the gate's [0, 1] output quantizes well,
-# and on ppocr_cls keeping it float lowered agreement from 0.9925 to 0.9875. Configs can ask for it by name.
-SUPERGROUP_KINDS = ("layernorm", "rmsnorm", "gelu", "hardswish", "silu")
+# The kinds and which of them stay float are listed once, in passes/supergroups.py.
+SUPERGROUP_KINDS = FLOAT_INTERIOR_KINDS
 
 
 def find_supergroups(g, kinds: Iterable[str] = SUPERGROUP_KINDS) -> List[tuple]:

@@ -21,6 +21,8 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from .encoding import dequantize_linear
+
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 PREFOLDABLE = EIGHT_BIT + (np.dtype(np.int16), np.dtype(np.uint16), np.dtype(np.int32))
 
@@ -84,18 +86,6 @@ def _runtime_requantizes(node, profile: dict) -> bool:
     return any(getattr(u.user, "op_type", None) == "QuantizeLinear" for u in users)
 
 
-def dequantize_like_ort(q: np.ndarray, scale: np.ndarray, zp: Optional[np.ndarray], axis: int) -> np.ndarray:
-    """float32(q - zp) * scale in float32, per tensor or along `axis` (DequantizeLinear-13..21, no blocks)."""
-    q = np.asarray(q)
-    scale = np.asarray(scale, np.float32)
-    zp = np.zeros((), np.int64) if zp is None else np.asarray(zp).astype(np.int64)
-    if scale.ndim == 1 and q.ndim > 0:
-        shape = [1] * q.ndim
-        shape[axis % q.ndim] = -1
-        scale, zp = scale.reshape(shape), zp.reshape(shape)
-    return (q.astype(np.int64) - zp).astype(np.float32) * scale
-
-
 def prefold_unfused_param_dq(model, profile: dict) -> Dict[str, str]:
     """Replace each constant-input DequantizeLinear read by an unfused node with its float32 result (in place).
 
@@ -130,7 +120,7 @@ def _prefold_graph(g, profile: dict, done: Dict[str, str]) -> None:
                 unfused.append((use.user, use.index, reason))
         if not unfused:
             continue
-        arr = dequantize_like_ort(qarr, scale.const_value(), None if zp is None else zp.const_value(),
+        arr = dequantize_linear(qarr, scale.const_value(), None if zp is None else zp.const_value(),
                                   int(dq.attr("axis", 1)))
         folded = g.add_constant(arr, f"{out.name}_prefolded")
         for node, slot, _ in unfused:

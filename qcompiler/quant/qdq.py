@@ -15,7 +15,7 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .encoding import Encoding, per_tensor, scalar
+from .encoding import Encoding, broadcast_qparams, per_tensor, quantize_dequantize, scalar
 from .memory import drop_cached
 from .plan import QuantPlan, QuantSpec
 
@@ -60,24 +60,7 @@ def _as_int4(arr: np.ndarray, signed: bool):
         return arr
 
 
-def _broadcast_qparams(enc: Encoding, shape: tuple):
-    """(scale, zero point) as float64 arrays broadcastable to a tensor of `shape`: per-tensor scalars,
-    per-channel reshaped along `axis`, per-block repeated `block_size` times along `axis` (last block cut)."""
-    if per_tensor(enc):
-        return (np.float64(scalar(enc.scale, "per-tensor scale")),
-                np.float64(scalar(enc.zero_point, "per-tensor zero point")))
-    scale = np.asarray(enc.scale, np.float64)
-    zp = np.asarray(enc.zero_point, np.float64)
-    if enc.block_size:
-        k = shape[enc.axis]
-        scale = np.repeat(scale, enc.block_size, axis=enc.axis).take(np.arange(k), axis=enc.axis)
-        zp = np.repeat(np.broadcast_to(zp, np.shape(enc.scale)), enc.block_size,
-                       axis=enc.axis).take(np.arange(k), axis=enc.axis)
-    elif enc.per_channel:
-        bshape = [1] * len(shape)
-        bshape[enc.axis] = -1
-        scale, zp = scale.reshape(bshape), zp.reshape(bshape)
-    return scale, zp
+_broadcast_qparams = broadcast_qparams   # float64, for the export-time Q of weights (_quantize_array)
 
 
 def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetric: bool = True,
@@ -384,7 +367,7 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
             continue
         w = np.asarray(node.inputs[1].const_value(), np.float64)
         enc = spec.encoding
-        dq = quantize_dequantize_array(w, enc)
+        dq = quantize_dequantize(w, enc)          # what onnxruntime will compute from the exported Q/DQ
         dw = dq - w
         if node.op_type == "Conv":
             groups = int(node.attr("group", 1))
@@ -423,9 +406,3 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
                                                          source="bias correction"))
         done += 1
     return done
-
-
-def quantize_dequantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
-    q = _quantize_array(w, enc).astype(np.float64)
-    scale, zp = _broadcast_qparams(enc, np.shape(w))
-    return (q - zp) * scale

@@ -175,6 +175,6 @@ def test_degenerate_inputs(scheme):
 
 def test_unknown_scheme_and_alias():
     assert make_observer("post_training_tf").scheme == "min_max"
-    with pytest.raises(ConfigError, match="unknown calibration scheme 'bogus'"):
+    with pytest.raises(ConfigError, match="unknown scheme 'bogus'"):
         make_observer("bogus")
 
