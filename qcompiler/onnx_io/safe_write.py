@@ -501,12 +501,16 @@ def write_file(target: Target, write: Callable) -> None:
     remove_leftovers(target.folder)
     tmp = os.path.join(target.folder, _tmp_name(target.base))
     with SignalCleanup() as sig:
+        # NOTE: the create is inside the try whose finally removes the temp file: a SIGINT/SIGTERM arriving just
+        # after os.open returned (the moment the file appears, when a watcher signals) left it behind
+        mine = True
         try:
-            fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666)
-        except OSError as e:
-            raise OutputError(f"{show(target.path)}: cannot write in '{show(target.folder)}' "
-                              f"({e.strerror or e})") from None
-        try:
+            try:
+                fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0), 0o666)
+            except OSError as e:
+                mine = False   # not created by us: never remove it
+                raise OutputError(f"{show(target.path)}: cannot write in '{show(target.folder)}' "
+                                  f"({e.strerror or e})") from None
             with os.fdopen(fd, "wb", buffering=WRITE_BUFFER) as f:
                 write(f)
                 f.flush()
@@ -518,7 +522,7 @@ def write_file(target: Target, write: Callable) -> None:
                 raise OutputError(f"{show(target.path)}: cannot write ({e.strerror})") from None
             raise
         finally:
-            if os.path.lexists(tmp):
+            if mine and os.path.lexists(tmp):
                 try:
                     os.unlink(tmp)
                 except OSError:
@@ -538,12 +542,14 @@ def write_pair(target: Target, write: Callable) -> None:
     remove_leftovers(target.folder)
     tmpdir = os.path.join(target.folder, _tmp_name(target.base))
     with SignalCleanup() as sig:
+        mine = True   # see write_file: the create is inside the try whose finally removes it
         try:
-            os.mkdir(tmpdir, 0o700)
-        except OSError as e:
-            raise OutputError(f"{show(target.path)}: cannot write in '{show(target.folder)}' "
-                              f"({e.strerror or e})") from None
-        try:
+            try:
+                os.mkdir(tmpdir, 0o700)
+            except OSError as e:
+                mine = False
+                raise OutputError(f"{show(target.path)}: cannot write in '{show(target.folder)}' "
+                                  f"({e.strerror or e})") from None
             tmp_model = os.path.join(tmpdir, target.base)
             # NOTE: onnx creates the .data file mode 0600; made here first, it gets the umask's permissions
             tmp_data = os.path.join(tmpdir, target.base + ".data")
@@ -564,7 +570,8 @@ def write_pair(target: Target, write: Callable) -> None:
             raise
         finally:
             try:
-                _remove_tree(tmpdir)
+                if mine:
+                    _remove_tree(tmpdir)
             except OSError:
                 pass
     _fsync_folder(target.folder)

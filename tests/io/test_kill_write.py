@@ -268,3 +268,27 @@ def test_signal_during_the_renames_is_held_until_they_are_done(tmp_path, monkeyp
     assert replaced == [str(out) + ".data", str(out)] and seen == [(signal.SIGTERM, 2)], (replaced, seen)
     assert qcompiler.load_model(str(out)).graph.value("w").const_value().shape == (64, 64)
     assert not _ours(tmp_path)
+
+
+@pytest.mark.parametrize("which", ["file", "pair"])
+def test_a_signal_right_after_the_temp_file_is_created_leaves_nothing(tmp_path, monkeypatch, which):
+    """The moment the temp file appears is when a watcher signals: an interrupt arriving just after the create
+    returned (simulated: the real create, then KeyboardInterrupt) must still remove the temp file or folder."""
+    from qcompiler.onnx_io import safe_write
+    target = safe_write.output_target(str(tmp_path / "o.onnx"), "output model")
+    name = "open" if which == "file" else "mkdir"
+    real = getattr(os, name)
+
+    def create_then_interrupt(*a, **k):
+        r = real(*a, **k)
+        if str(a[0]).startswith(str(tmp_path)):
+            raise KeyboardInterrupt
+        return r
+    monkeypatch.setattr(safe_write.os, name, create_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        if which == "file":
+            safe_write.write_file(target, lambda f: f.write(b"x"))
+        else:
+            safe_write.write_pair(target, lambda p: None)
+    monkeypatch.undo()
+    assert [n for n in os.listdir(tmp_path) if "qcompiler" in n and not n.endswith(".lock")] == []
