@@ -314,7 +314,7 @@ def entropy_threshold(hist: LinearHistogram, vmin: float, vmax: float, bits: int
     return absmax if best >= nf else float(min(best * w, absmax))
 
 
-CLIP_QUANTILE = 0.9999  # entropy clips at most 1 - this fraction of the values (see entropy_threshold)
+CLIP_QUANTILE = 0.99999  # entropy clips at most 1 - this fraction of the values (see entropy_threshold)
 
 
 def _abs_quantile(hist: LinearHistogram, q: float) -> float:
