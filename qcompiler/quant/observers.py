@@ -328,6 +328,9 @@ def _abs_quantile(hist: LinearHistogram, q: float) -> float:
     return float(mags[k])
 
 
+_EPS = 1e-4
+
+
 def _xlogx(x):
     x = np.asarray(x, np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -342,7 +345,8 @@ def _kl_divergences(n: np.ndarray, cands: np.ndarray, levels: int) -> np.ndarray
     normalised by its own total. Within a chunk q is constant on the bins where p > 0, so
     sum p log q = sum_j (P_j / N) log(avg_j / Q) and sum p log p comes from a prefix sum of n log n. The last bin
     counts as non-empty when it holds only outliers; a candidate whose last chunk is empty while outliers exist has
-    q = 0 where p > 0 and scores inf (the full range, candidate i = len(n), is always finite).
+    q = 0 where p > 0; it gets q = 1e-4 (onnxruntime's smoothing epsilon) there instead of an infinite score, so
+    far outliers past empty bins can still be clipped.
     """
     n = np.asarray(n, np.float64)
     total = n.sum()
@@ -361,7 +365,8 @@ def _kl_divergences(n: np.ndarray, cands: np.ndarray, levels: int) -> np.ndarray
     p_mass[:, -1] += outliers
     with np.errstate(divide="ignore", invalid="ignore"):
         avg = np.where(chunk_nz > 0, chunk_sum / np.maximum(chunk_nz, 1), 0.0)
-        log_q = np.log(avg) - np.log(inside)[:, None]
+        # an empty chunk that holds only outliers (p > 0, q = 0) gets q = 1e-4, onnxruntime's smoothing epsilon
+        log_q = np.where(avg > 0, np.log(np.where(avg > 0, avg, 1.0)) - np.log(inside)[:, None], np.log(_EPS))
         plogq = np.where(p_mass > 0, p_mass * log_q, 0.0).sum(axis=1) / total
     plogp = (nlogn[cands - 1] + _xlogx(last + outliers)) / total - np.log(total)
     kl = plogp - plogq
