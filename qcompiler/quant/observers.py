@@ -252,13 +252,38 @@ def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: in
 
 
 def search_mse_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool):
-    """mse: argmin over candidates of sum n * (qdq(x) - x)^2 at 4 points per bin (compute_encoding's grid)."""
+    """mse: argmin over candidates of sum n * (qdq(x) - x)^2 at 4 points per bin (compute_encoding's grid).
+
+    Symmetric: every shrunk t at once. Asymmetric: coordinate search over the shrunk max with the min fixed, then
+    the shrunk min, then the max again (~120 candidates instead of all 1600 pairs: ppocr_cls spent 7.8 s here).
+    """
     sub = (np.arange(4) + 0.5) / 4
     x = (hist.lo + (np.arange(hist.bins)[:, None] + sub[None, :]) * hist.width).reshape(-1)
     w = np.repeat(hist.counts / 4, 4)
     keep = w > 0
     x, w = x[keep], w[keep]
-    a, b, scale = _candidates(vmin, vmax, bits, symmetric, _MSE_FACTORS)
+    if symmetric:
+        a, b, scale = _candidates(vmin, vmax, bits, symmetric, _MSE_FACTORS)
+        best = int(np.argmin(_mse_errors(x, w, a, scale, bits, symmetric)))
+        return a[best], b[best]
+    lo, hi = min(vmin, 0.0), max(vmax, 0.0)
+    a_vals, b_vals = np.unique(lo * _MSE_FACTORS), np.unique(hi * _MSE_FACTORS)
+    a_best, b_best = lo, hi
+    for axis in ("b", "a", "b"):
+        if axis == "b":
+            b = b_vals
+            a = np.full_like(b, a_best)
+        else:
+            a = a_vals
+            b = np.full_like(a, b_best)
+        scale = np.maximum((b - a) / (2 ** bits - 1), np.finfo(np.float32).tiny * 1e3)
+        k = int(np.argmin(_mse_errors(x, w, a, scale, bits, symmetric)))
+        a_best, b_best = float(a[k]), float(b[k])
+    return a_best, b_best
+
+
+def _mse_errors(x, w, a, scale, bits, symmetric):
+    """sum_i w_i (qdq(x_i) - x_i)^2 for each candidate (a, scale), in chunks of ~2M elements."""
     if symmetric:
         qmin, qmax, zp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1, np.zeros_like(scale)
     else:
@@ -270,8 +295,7 @@ def search_mse_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int,
         s, z = scale[i:i + step, None], zp[i:i + step, None]
         q = np.clip(np.round(x[None, :] / s) + z, qmin, qmax)
         err[i:i + step] = ((q - z) * s - x[None, :]) ** 2 @ w
-    best = int(np.argmin(err))
-    return a[best], b[best]
+    return err
 
 
 def entropy_threshold(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool,
