@@ -324,12 +324,19 @@ def entropy_threshold(hist: LinearHistogram, vmin: float, vmax: float, bits: int
     else:  # an unsigned grid over [vmin, t]: the levels that land on [0, t] (all of them for ReLU outputs)
         levels = int((2 ** bits - 1) * max(vmax, 0.0) / (max(vmax, 0.0) - min(vmin, 0.0)))
         levels = max(levels, 2 ** (bits - 1))
-    if levels >= nf or folded.sum() <= 0:
+    if levels >= nf and bits > 8 or folded.sum() <= 0:
         return absmax
     # NOTE: KL is blind to how far clipped values travel, and spiky histograms (the constant output of a conv over
     # zero padding) make its curve jagged: on ppocr_cls the argmin over all candidates clipped 4% of a ReLU output
-    # to 15% of its range. Candidates therefore start at the CLIP_QUANTILE of |x|: at most 0.1% of values clip.
-    first = max(levels, int(np.ceil(_abs_quantile(hist, CLIP_QUANTILE) / w - 1e-9)))
+    # to 15% of its range. Candidates therefore start at the CLIP_QUANTILE of |x| (at most 0.001% of the values
+    # clip; 0.01% already cost ppocr_cls 1 point), unless that quantile lies beyond OUTLIER_FACTOR x the 99.99th
+    # percentile: then more than 0.001% of the values form a far outlier cluster (a Gaussian with 20 values at 25
+    # sigma in 1M), and the search starts at the 99.99th percentile so the cluster can be clipped.
+    q5, q4 = _abs_quantile(hist, CLIP_QUANTILE), _abs_quantile(hist, 0.9999)
+    floor = q5 if q5 <= OUTLIER_FACTOR * q4 else q4
+    # below `levels` bins every level holds at most one bin: only the clipping counts (the bulk of a tensor with
+    # far outliers can span fewer than 128 of the 2048 bins)
+    first = max(1, int(np.ceil(floor / w - 1e-9)))
     if first >= nf:
         return absmax
     cands = np.unique(np.round(np.linspace(first, nf, min(nf - first + 1, 512))).astype(np.intp))
@@ -338,7 +345,8 @@ def entropy_threshold(hist: LinearHistogram, vmin: float, vmax: float, bits: int
     return absmax if best >= nf else float(min(best * w, absmax))
 
 
-CLIP_QUANTILE = 0.99999  # entropy clips at most 1 - this fraction of the values (see entropy_threshold)
+CLIP_QUANTILE = 0.99999  # entropy clips at most 1 - this fraction of the values (see entropy_threshold) ...
+OUTLIER_FACTOR = 3.0     # ... unless that quantile is beyond 3x the 99.99th percentile (a far outlier cluster)
 
 
 def _abs_quantile(hist: LinearHistogram, q: float) -> float:
