@@ -8,7 +8,9 @@ schemes, a 2048-bin linear histogram), so memory is O(bins) however much data fl
   sum_{x<a} (x-a)^2 + sum_{x>b} (x-b)^2 + N_in * scale^2 / 12, evaluated from histogram prefix sums.
 - `percentile`: the `percentile`-th quantile (default 99.99) on the max side and the (100 - p)-th on the min side,
   the latter only when the data goes negative.
-- `entropy`: TensorRT's KL-divergence threshold on the |x| histogram, applied to both sides.
+- `entropy`: TensorRT's KL-divergence threshold on the |x| histogram (exact zeros left out, every candidate scored
+  at once), applied to both sides; it clips at most 0.001% of the values unless they form a far outlier cluster.
+  Weights keep min/max, as in TensorRT and onnxruntime.
 - `mse`: the candidate range minimising the mean squared error between x and its fake-quantized value, using the
   same grid math as `compute_encoding` / `quantize_dequantize` on 4 points per histogram bin.
 
