@@ -98,7 +98,7 @@ class MinMaxPowerObserver:
         # NOTE: einsum, not np.dot: a BLAS dot spins OpenBLAS threads against onnxruntime's (18x slower)
         self.sum_sq += float(np.einsum("i,i->", x, x, dtype=np.float64))
 
-    def range(self):
+    def range(self, bits=None):
         return (0.0, 0.0) if self.count == 0 else (float(self.min), float(self.max))
 
     def stats(self) -> dict:
@@ -256,7 +256,8 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
             if fixed is not None:
                 lo, hi = fixed
             else:
-                ranges = [calib.observers[m].range() for m in members if m in calib.observers]
+                wide = max(s.bits for s in specs)  # search the clipping range for the grid it will get
+                ranges = [calib.observers[m].range(wide) for m in members if m in calib.observers]
                 if not ranges:
                     for s in specs:
                         s.float_("never observed during calibration")
