@@ -17,9 +17,7 @@ must reduce the same axes; a ReduceSum's 1/N must match the reduced size when it
 from __future__ import annotations
 
 from .pattern import Pattern
-from .stats import check_epsilon, check_stats, inverse_sqrt, mean_of, mean_of_squares, reduce_axes, square
-
-_reduce_axes = reduce_axes  # the name passes/supergroups.py and rmsnorm imported before stats.py existed
+from .stats import check_epsilon, check_stats, inverse_sqrt, mean_of, mean_of_squares, reduce_axes
 
 
 def _centered_variance(op, x, mu):

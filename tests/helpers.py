@@ -1,6 +1,10 @@
 """Shared test helpers: build small models, run them in onnxruntime, compare outputs, check invariants."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -34,3 +38,22 @@ def sqnr_db(ref, got):
     ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
     noise = np.sum((ref - got) ** 2)
     return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_tiny_cnn(folder) -> None:
+    """The README's example model and calibration set (`examples/make_tiny_cnn.py`) written into `folder`."""
+    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "make_tiny_cnn.py"), str(folder)], check=True,
+                   capture_output=True)
+
+
+def assert_one_line_error(r, *needles) -> str:
+    """A finished CLI process `r` exited 2 with one stderr line, no traceback, holding every needle; the line."""
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]

@@ -15,6 +15,7 @@ from ..errors import DataError, PassError, VerificationError
 from ..ir.invariants import problems
 from ..ir.printer import format_graph
 from ..onnx_io import model_to_proto
+from ..onnx_io.tensor_check import short
 from .manager import Instrumentation
 
 
@@ -128,7 +129,7 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
     for vi in proto.graph.input:
         if vi.name in inits:
             continue
-        name = _short(vi.name)
+        name = short(vi.name)
         if vi.type.WhichOneof("value") != "tensor_type":
             raise DataError(f"graph input '{name}' is not a tensor; random inputs cannot be made for it: "
                             f"pass inputs with --verify-inputs")
@@ -163,11 +164,6 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
             a = np.zeros(shape, dt)
         feeds[name] = a
     return feeds
-
-
-def _short(s: str, limit: int = 80) -> str:
-    s = s if s.isprintable() else "".join(c if c.isprintable() else repr(c)[1:-1] for c in s[:limit])
-    return s if len(s) <= limit else s[:limit] + "..."
 
 
 def run_onnxruntime(proto: onnx.ModelProto, feeds: dict, role: str = "") -> list:

@@ -25,7 +25,7 @@ import numpy as np
 from ..errors import ConfigError
 from .encoding import compute_encoding
 from .histogram import LinearHistogram, MagnitudeHistogram
-from .schemes import ALIASES as SCHEME_ALIASES, SCHEMES, canonical_scheme  # noqa: F401 (re-exported)
+from .schemes import canonical_scheme
 
 # Shrink factors for the activation searches: linear near 1 plus geometric down to 1e-4, so a Gaussian bulk
 # with outliers 100x out still has candidates near its 4-sigma point.

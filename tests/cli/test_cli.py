@@ -6,29 +6,12 @@ import sys
 
 import numpy as np
 import onnx
-import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import assert_one_line_error
 
 
 def qc(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "qcompiler", *args], capture_output=True, text=True, cwd=cwd)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "make_tiny_cnn.py"), str(d)], check=True,
-                   capture_output=True)
-    return d
-
-
-def assert_one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_inspect_text_and_json(tiny):

@@ -19,14 +19,6 @@ from qcompiler.cli import main
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "make_tiny_cnn.py"), str(d)], check=True,
-                   capture_output=True)
-    return d
-
-
 def qz(tiny, *args):
     """Run `qcompiler quantize` in-process: (exit code, stdout, stderr)."""
     r = CliRunner().invoke(main, ["quantize", str(tiny / "tiny_cnn.onnx"), "--calib", str(tiny / "tiny_cnn_calib.npz"),

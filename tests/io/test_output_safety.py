@@ -20,8 +20,7 @@ import qcompiler
 from qcompiler.errors import OutputError, QCompilerError
 from qcompiler.onnx_io import files, safe_write, write_atomic
 from qcompiler.onnx_io.safe_write import output_target
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import assert_one_line_error
 
 
 class _Result:
@@ -51,15 +50,6 @@ def qc_process(*args, cwd=None):
                           timeout=120)
 
 
-def one_line_error(r, *needles):
-    assert r.returncode == 2, (r.returncode, r.stderr)
-    lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
-    return lines[0]
-
-
 def digest(folder) -> dict:
     """Hash of every file under `folder` (links not followed): what must not change."""
     out = {}
@@ -72,14 +62,6 @@ def digest(folder) -> dict:
             else:
                 out[p] = (st.st_ino, stat.S_IFMT(st.st_mode))
     return out
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny")
-    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "make_tiny_cnn.py"), str(d)], check=True,
-                   capture_output=True)
-    return d
 
 
 @pytest.fixture
@@ -141,7 +123,7 @@ def test_run_refuses_every_name_of_an_input(work, name):
     args, needle = _trick(work, name)
     before = digest(work)
     r = qc(*args, cwd=str(work))
-    line = one_line_error(r, needle)
+    line = assert_one_line_error(r, needle)
     assert "would overwrite the input file" in line or "given for both" in line, line
     assert digest(work) == before, "nothing written, nothing replaced"
     assert not os.path.exists(work / "out.onnx")
@@ -150,12 +132,12 @@ def test_run_refuses_every_name_of_an_input(work, name):
 def test_refusals_through_a_real_process(work):
     (work / "sub").mkdir()
     before = digest(work)
-    one_line_error(qc_process("run", "tiny_cnn.onnx", "-o", "sub/../tiny_cnn.onnx", *RUN, cwd=str(work)),
+    assert_one_line_error(qc_process("run", "tiny_cnn.onnx", "-o", "sub/../tiny_cnn.onnx", *RUN, cwd=str(work)),
                    "-o would overwrite the input file 'tiny_cnn.onnx'")
     os.link(work / "tiny_cnn_calib.npz", work / "alias.npz")
-    one_line_error(qc_process("quantize", "tiny_cnn.onnx", "--calib", ".", "-o", "alias.npz", cwd=str(work)),
+    assert_one_line_error(qc_process("quantize", "tiny_cnn.onnx", "--calib", ".", "-o", "alias.npz", cwd=str(work)),
                    "-o would overwrite the input file", "(in the folder '.')")
-    one_line_error(qc_process("run", "ext/m.onnx", "-o", "ext/weights.bin", *RUN, cwd=str(work)),
+    assert_one_line_error(qc_process("run", "ext/m.onnx", "-o", "ext/weights.bin", *RUN, cwd=str(work)),
                    "external data of 'ext/m.onnx'")
     os.unlink(work / "alias.npz")
     assert digest(work) == before
@@ -182,9 +164,9 @@ def test_quantize_refuses_every_input_file(work, opt, victim):
         args += [opt, victim]
     os.link(work / victim, work / "alias")   # the same file by another name must be refused as well
     before = digest(work)
-    one_line_error(qc(*args, cwd=str(work)), f"{opt} would overwrite the input file")
+    assert_one_line_error(qc(*args, cwd=str(work)), f"{opt} would overwrite the input file")
     args[len(args) - 1 - args[::-1].index(victim)] = "alias"   # the output, not an input spelled the same
-    one_line_error(qc(*args, cwd=str(work)), "would overwrite the input file")
+    assert_one_line_error(qc(*args, cwd=str(work)), "would overwrite the input file")
     assert digest(work) == before
     assert not os.path.exists(work / "q.onnx")
 
@@ -195,13 +177,13 @@ def test_outputs_of_one_command_do_not_collide(work):
     (work / "sub").mkdir()
     os.link(work / "r.json", work / "e.json")
     before = digest(work)
-    one_line_error(qc("quantize", m, "--calib", cal, "-o", "q.onnx", "--report", "r.json", "--encodings", "e.json",
+    assert_one_line_error(qc("quantize", m, "--calib", cal, "-o", "q.onnx", "--report", "r.json", "--encodings", "e.json",
                       cwd=str(work)), "given for both")
-    one_line_error(qc("quantize", m, "--calib", cal, "-o", "q.onnx", "--report", "q.onnx.data", cwd=str(work)),
+    assert_one_line_error(qc("quantize", m, "--calib", cal, "-o", "q.onnx", "--report", "q.onnx.data", cwd=str(work)),
                    "external-data file of -o")
-    one_line_error(qc("quantize", m, "--calib", cal, "-o", "q.onnx", "--report", "./sub/../q.onnx",
+    assert_one_line_error(qc("quantize", m, "--calib", cal, "-o", "q.onnx", "--report", "./sub/../q.onnx",
                       cwd=str(work)), "given for both")
-    one_line_error(qc("run", m, "-o", "d/01_canonicalize.onnx", "--dump-dir", "d", *RUN, cwd=str(work)),
+    assert_one_line_error(qc("run", m, "-o", "d/01_canonicalize.onnx", "--dump-dir", "d", *RUN, cwd=str(work)),
                    "given for both")
     assert digest(work) == before and not os.path.exists(work / "d")
 
@@ -271,8 +253,8 @@ def test_output_that_is_not_a_regular_file_is_one_line(work, kind):
         out, needle = "tiny_cnn_calib.npz/out.onnx", "not a folder"
     before = digest(work)
     try:
-        one_line_error(qc("run", "tiny_cnn.onnx", "-o", out, *RUN, cwd=str(work)), needle)
-        one_line_error(qc("quantize", "tiny_cnn.onnx", "--calib", "tiny_cnn_calib.npz", "-o", "q.onnx",
+        assert_one_line_error(qc("run", "tiny_cnn.onnx", "-o", out, *RUN, cwd=str(work)), needle)
+        assert_one_line_error(qc("quantize", "tiny_cnn.onnx", "--calib", "tiny_cnn_calib.npz", "-o", "q.onnx",
                           "--report", out, cwd=str(work)), needle)
     finally:
         if sock is not None:
@@ -292,7 +274,7 @@ def test_dump_dir_that_cannot_be_a_folder_is_one_line(work, kind):
         os.mkfifo(work / "fifo")
         d, needle = "fifo", "is a FIFO"
     before = digest(work)
-    one_line_error(qc("run", "tiny_cnn.onnx", "-o", "out.onnx", "--dump-dir", d, *RUN, cwd=str(work)), needle)
+    assert_one_line_error(qc("run", "tiny_cnn.onnx", "-o", "out.onnx", "--dump-dir", d, *RUN, cwd=str(work)), needle)
     assert digest(work) == before and not os.path.exists(work / "out.onnx")
 
 

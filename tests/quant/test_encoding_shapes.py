@@ -15,7 +15,6 @@ import pytest
 from onnx import helper, numpy_helper
 
 import qcompiler.quant.calibrate as calibrate
-from qcompiler import model_to_proto
 from qcompiler.quant.encoding import Encoding, compute_encoding, quantize_dequantize, scalar
 from qcompiler.quant.encodings_io import read_encodings, write_encodings
 from qcompiler.quant.api import quantize

@@ -3,23 +3,14 @@ value_info): the widened Q's output type must follow its new zero point, or onnx
 (uint8 declared, uint16 produced) and a good model came out as an error."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import onnxruntime as ort
 from click.testing import CliRunner
 
 from qcompiler.cli import main
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def test_widened_output_quantizer_runs_in_onnxruntime(tmp_path):
-    subprocess.run([sys.executable, os.path.join(ROOT, "examples", "make_tiny_cnn.py"), str(tmp_path)], check=True,
-                   capture_output=True)
-    model, calib, out = tmp_path / "tiny_cnn.onnx", tmp_path / "tiny_cnn_calib.npz", tmp_path / "q.onnx"
+def test_widened_output_quantizer_runs_in_onnxruntime(tiny, tmp_path):
+    model, calib, out = tiny / "tiny_cnn.onnx", tiny / "tiny_cnn_calib.npz", tmp_path / "q.onnx"
     # a floor no 8-bit model reaches: the net widens what helps, then the gate says exit 3
     r = CliRunner().invoke(main, ["quantize", str(model), "--calib", str(calib), "-o", str(out), "--min-sqnr", "60"])
     assert r.exit_code == 3, r.output
