@@ -20,8 +20,8 @@ from ..ir.node import AT, Attr, Node
 from ..ir.tensor import Tensor
 from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
-from .tensor_check import (check_sparse, check_tensor, collect_external_files, scan_attributes, scan_model_extras,
-                           schema_attribute_types, short)
+from .tensor_check import (check_sparse, check_tensor, collect_external_files, default_schema, scan_attributes,
+                           scan_model_extras, schema_attribute_types, short)
 
 
 
@@ -73,12 +73,11 @@ def _opset_version(domain: str, version: int) -> int:
 
 
 class _Ctx:
-    __slots__ = ("base_dir", "stubs", "pending", "opset", "required")
+    __slots__ = ("base_dir", "stubs", "pending", "opset")
 
     def __init__(self, base_dir, stubs=False, opset=None):
         self.base_dir, self.stubs = base_dir, stubs
         self.opset = opset   # the default domain's version: which schema says what inputs an op requires
-        self.required: dict = {}   # op_type -> slots its schema requires (an empty name there is refused)
         # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
         # half way leaves nothing behind)
         self.pending: dict = {}
@@ -97,16 +96,9 @@ def _empty_input(ctx: _Ctx, g: Graph, name: str, op_type: str, domain: str, slot
     every pass reading it would trip over None, so the model is refused here with one line."""
     if domain not in ("", "ai.onnx") or ctx.opset is None:
         return
-    required = ctx.required.get(op_type)
-    if required is None:
-        try:
-            schema = onnx.defs.get_schema(op_type, ctx.opset, "")
-            single = onnx.defs.OpSchema.FormalParameterOption.Single
-            required = frozenset(i for i, p in enumerate(schema.inputs) if p.option == single)
-        except Exception:  # noqa: BLE001 - an op onnx does not know: onnxruntime names it when a session is made
-            required = frozenset()
-        ctx.required[op_type] = required
-    if slot in required:
+    schema = default_schema(op_type, ctx.opset)
+    inputs = schema.inputs if schema is not None else ()
+    if slot < len(inputs) and inputs[slot].option == onnx.defs.OpSchema.FormalParameterOption.Single:
         raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) input {slot} "
                                 f"is empty, but {short(op_type)} requires that input")
 

@@ -24,6 +24,7 @@ Python ints throughout: a dimension of 2^62 cannot overflow a size.
 from __future__ import annotations
 
 import contextvars
+import functools
 import math
 import os
 import stat
@@ -272,22 +273,21 @@ def check_sparse(sp: onnx.SparseTensorProto, where: Callable[[], str], base_dir:
     return vref is not None or iref is not None
 
 
-_SCHEMA_ATTRS: dict = {}
+@functools.lru_cache(maxsize=None)
+def default_schema(op_type: str, opset: Optional[int]):
+    """The default domain's OpSchema of `op_type` at `opset`, or None when onnx does not define it (onnxruntime
+    names an unknown op when a session is made). One lookup per (op, opset) for every import check."""
+    try:
+        return onnx.defs.get_schema(op_type, opset, "")
+    except Exception:  # noqa: BLE001 - an op or version onnx does not define
+        return None
 
 
+@functools.lru_cache(maxsize=None)
 def schema_attribute_types(op_type: str, opset: Optional[int]) -> Optional[dict]:
-    """`{attribute name: AttributeProto type}` the default domain's schema of `op_type` at `opset` declares, or
-    None when onnx does not know the op (onnxruntime names an unknown op when a session is made)."""
-    key = (op_type, opset)
-    got = _SCHEMA_ATTRS.get(key, False)
-    if got is False:
-        try:
-            schema = onnx.defs.get_schema(op_type, opset, "")
-            got = {name: int(a.type) for name, a in schema.attributes.items()}
-        except Exception:  # noqa: BLE001 - an op or version onnx does not define
-            got = None
-        _SCHEMA_ATTRS[key] = got
-    return got
+    """`{attribute name: AttributeProto type}` the schema of `op_type` at `opset` declares, or None."""
+    schema = default_schema(op_type, opset)
+    return None if schema is None else {name: int(a.type) for name, a in schema.attributes.items()}
 
 
 def _wrong_type(a_name: str, t: int, expected: Optional[dict], where: Callable[[], str]) -> None:
