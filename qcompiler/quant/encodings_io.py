@@ -21,7 +21,7 @@ Reading back (the information the formats lack):
 Every encoding read is `frozen=True`. A malformed file raises ConfigError naming the file and the entry: bit
 widths outside bitwidths.py's table (INT 4/8/16, FLOAT 16/32; float8, bfloat16, 33 or 64 bits are refused),
 NaN/Inf/zero/negative scales, offsets or zero points outside the grid. Before use, `fit_param_encoding` and
-`check_activation_encoding` check each entry against the model (quant/api.py `_freeze`): the axis in range for
+`check_activation_encoding` check each entry against the model (quant/freeze.py): the axis in range for
 the weight's rank, one scale per channel on that axis, a block size no larger than the blocked dim and the
 scale count ceil(dim / block_size) per block row (ONNX DequantizeLinear's rule; a last block may be partial).
 """

@@ -1,7 +1,7 @@
 """Hostile AIMET encodings files (issue 10 items 5, 6, 9): each is one line naming the file and entry, exit 2.
 
 Counts and axes are checked against the model's weights before use (encodings_io.fit_param_encoding, called
-from api._freeze); bit widths and dtypes against bitwidths.py; files are opened through input_files.py.
+from freeze.freeze_encodings); bit widths and dtypes against bitwidths.py; files are opened through input_files.py.
 """
 import copy
 import json
