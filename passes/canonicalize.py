@@ -92,6 +92,7 @@ def unique_node_names(g: Graph) -> int:
 @register_pass
 class Canonicalize(Pass):
     name = "canonicalize"
+    ensures = ("canonical-names",)
     description = "unique node names, Identity removal (graph output names kept), dead-code elimination"
     preserves_semantics = True
 

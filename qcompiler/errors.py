@@ -23,6 +23,11 @@ class UnknownPassError(QCompilerError):
     """A pipeline names a pass that no registry knows."""
 
 
+class PipelineError(UnknownPassError):
+    """A pipeline whose passes' contracts do not hold in its order (a pass requires what no earlier pass
+    ensures), or a recipe that cannot be placed."""
+
+
 class PatternError(QCompilerError):
     """A pattern name or pattern definition is unknown or malformed."""
 

@@ -1,4 +1,5 @@
-"""What a pass is: a name, a description, whether it preserves semantics, and `run(model) -> PassResult`."""
+"""What a pass is: a name, a description, whether it preserves semantics, its contract (`requires`/`ensures`,
+as onnx-ir's passes declare theirs) and `run(model) -> PassResult`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,9 +26,18 @@ class Pass:
     name: str = ""
     description: str = ""
     preserves_semantics: bool = True
+    # the contract: facts (names in passmanager.facts.FACTS) that must hold before the pass runs, and those
+    # that hold after it; the manager checks a whole pipeline against them before any pass runs
+    requires: tuple = ()
+    ensures: tuple = ()
 
     def run(self, model: Model) -> PassResult:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def apply(self, model: Model, context=None) -> PassResult:
+        """What the manager calls. A model pass ignores the context; a pass on a shared context (the
+        quantization passes: qcompiler.quant.context.QuantPass) overrides this to run on it."""
+        return self.run(model)
 
     def __repr__(self) -> str:
         return f"<pass {self.name}>"

@@ -6,6 +6,7 @@ from typing import Iterable, List, Sequence
 from ..errors import PassError, QCompilerError
 from ..ir.model import Model
 from .base import Pass, PassResult
+from .facts import START_FACTS, check_contracts
 from .registry import parse_pipeline
 
 
@@ -35,14 +36,18 @@ def add_default_instrumentation(factory) -> None:
 class PassManager:
     """Run passes in order over a model, in place. `run` returns [(pass, PassResult), ...]."""
 
-    def __init__(self, pipeline, instrumentations: Iterable[Instrumentation] = ()):
+    def __init__(self, pipeline, instrumentations: Iterable[Instrumentation] = (), start=START_FACTS):
+        """`start`: the facts that hold before the first pass (passmanager.facts); the pipeline's contracts are
+        checked against them now, so a pass out of order fails before the model is read."""
         self.passes: List[Pass] = parse_pipeline(pipeline)
+        check_contracts(self.passes, start)
         self.instrumentations: List[Instrumentation] = [f() for f in _DEFAULT_INSTRUMENTATIONS] + list(instrumentations)
 
     def add_instrumentation(self, inst: Instrumentation) -> None:
         self.instrumentations.append(inst)
 
-    def run(self, model: Model) -> list:
+    def run(self, model: Model, context=None) -> list:
+        """Run every pass on `model` (and `context`, for passes that work on one: Pass.apply)."""
         results = []
         for inst in self.instrumentations:
             inst.before_pipeline(self.passes, model)
@@ -50,14 +55,15 @@ class PassManager:
             for inst in self.instrumentations:
                 inst.before_pass(p, model)
             try:
-                r = p.run(model)
+                r = p.apply(model, context)
                 if not isinstance(r, PassResult):
                     r = PassResult(bool(r))
-            except QCompilerError:
-                raise
             except Exception as e:
+                # hooks unwind on every failure, a user error (QCompilerError) included
                 for inst in reversed(self.instrumentations):
                     inst.after_pass_failed(p, model, e)
+                if isinstance(e, QCompilerError):
+                    raise
                 before = ", ".join(q.name for q in self.passes[:i]) or "none"
                 if isinstance(e, PassError):
                     raise

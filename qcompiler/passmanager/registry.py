@@ -8,6 +8,9 @@ from ..errors import UnknownPassError
 from .base import Pass
 
 ENTRY_POINT_GROUP = "qcompiler.passes"
+# the graph passes, and the quantization passes (imported apart: they import qcompiler.quant, which imports
+# graph passes such as qcompiler.passes.supergroups)
+BUILTIN_MODULES = ("qcompiler.passes", "qcompiler.passes.quantize")
 _REGISTRY: Dict[str, Type[Pass]] = {}
 _loaded = False
 
@@ -28,7 +31,8 @@ def _load() -> None:
         return
     _loaded = True
     import importlib
-    importlib.import_module("qcompiler.passes")  # built-ins register on import
+    for module in BUILTIN_MODULES:   # built-ins register on import
+        importlib.import_module(module)
     try:
         from importlib.metadata import entry_points
         eps = entry_points()

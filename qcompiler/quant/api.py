@@ -1,35 +1,27 @@
 """`quantize(...)`: float ONNX model + calibration data in, QDQ model + encodings + report out.
 
-Steps: load (a private copy), prepare (constant-to-initializer so Constant-node weights are weights,
-fold-batchnorm, canonicalize; opset raised to 13 for per-channel Q/DQ, to 21 for int16/int4), one streaming
-calibration pass, placement into a QuantPlan, encodings (frozen ones from `load_encodings` win), QDQ
-insertion, and a report with per-output SQNR and max abs error on the calibration samples (the float
-outputs are kept during calibration, up to report.SQNR_MAX_SAMPLES samples / SQNR_KEEP_BYTES bytes).
+This module checks the arguments, loads the model (a private copy), makes the QuantContext (settings, profile,
+output opset, samples) and runs the quantization pipeline (qcompiler/quant/pipeline.py: every step a registered
+pass in passes/quantize/), then builds the report from the context. The report has per-output SQNR and max abs
+error on the calibration samples (their float outputs are kept during calibration, up to
+report.SQNR_MAX_SAMPLES samples / SQNR_KEEP_BYTES bytes).
 """
 from __future__ import annotations
 
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterable, Optional
 
-import numpy as np
-
-from ..errors import ArgumentError, QCompilerError, UnknownPassError
-from ..ir import verify
+from ..errors import ArgumentError
 from ..onnx_io import load_model, model_from_proto, model_to_proto
-from .calibrate import assign_encodings, calibrate
-from .placement import PlacementOptions, build_plan, observed_names
+from .context import QuantContext, QuantSettings
+from .pipeline import DEFAULT_PIPELINE, build_pipeline, recipe_from_arguments, run_quantization
+from .placement import PlacementOptions
 from .profiles import get_profile
-from .prefold import prefold_unfused_param_dq
-from .float16 import apply_float16, float16_nodes
-from .memory import release
-from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases
-from .report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES, build_report, layer_choices, output_errors
+from .report import build_report
 
-PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
-PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
-WIDE_INT_OPSET = 21      # int16/int4 QuantizeLinear in the standard domain (anchors B; ORT runs them)
+__all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE"]
 
 
 @dataclass
@@ -41,6 +33,7 @@ class QuantizeResult:
     report: dict
     stats: dict = field(default_factory=dict)
     plan: object = None
+    passes: list = field(default_factory=list)   # [(pass, PassResult)] in pipeline order
 
     def save(self, path: str, external_data: Optional[bool] = None, protect: tuple = ()) -> None:
         """Write the QDQ model atomically; never over the float model it came from, its external data, or a file
@@ -61,6 +54,8 @@ class QuantizeResult:
                                protect=protect)
 
 
+
+
 def _load(model_or_path):
     if isinstance(model_or_path, (str, os.PathLike)):
         return load_model(os.fspath(model_or_path))
@@ -73,77 +68,15 @@ def _load(model_or_path):
     return m
 
 
-def _prepare(model, notes: list) -> None:
-    from ..passmanager import run_pipeline
-    for name in PREPARE_PASSES:
-        try:
-            run_pipeline(model, name)
-        except UnknownPassError:
-            notes.append(f"pass '{name}' not available; skipped")
-
-
-def _raise_opset(model, opset: int, notes: list):
-    """A new model at `opset` (onnx's version converter), or the same model when already there."""
-    if model.opset >= opset:
-        return model
-    from onnx import version_converter
-    # NOTE: the converter copies the model several times over (minilm: +540 MB for 90 MB); its adapters read
-    # no initializer data, so it gets the graph with large initializers as stubs (no data), and the new model
-    # takes the old model's Tensor objects back: no copy of the weights is made at all
-    proto = model_to_proto(model, stub_over=_STUB_BYTES)
-    try:
-        conv = version_converter.convert_version(proto, opset)
-    except Exception as e:
-        raise QCompilerError(f"cannot raise the model's opset {model.opset} to {opset} (needed for "
-                             f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200]}") from None
-    del proto
-    new = model_from_proto(conv, data_stubs=True)   # stubs: the weights are put back below
-    del conv
-    for name, v in model.graph.initializers.items():
-        t = v.tensor
-        if t.nbytes <= _STUB_BYTES:
-            continue
-        w = new.graph.initializers.get(name)
-        if w is None or tuple(w.tensor.dims) != tuple(t.dims) or w.tensor.dtype != t.dtype:
-            raise QCompilerError(f"raising the opset to {opset} changed initializer '{name}'; cannot restore it")
-        w.tensor = t   # the stub's Tensor, replaced before anyone reads it (as the importer sets it)
-    notes.append(f"opset raised from {model.opset} to {opset}")
-    new.base_dir = model.base_dir
-    new.source_path = getattr(model, "source_path", None)   # the file save_model must never write over
-    return new
-
-
-_STUB_BYTES = 4096   # initializers above this size go to the version converter without their data
-COLLECT_OVER_BYTES = 16 << 20   # below this, a full gc (~15 ms) costs more than the replaced model holds
-
-
-def _weight_bytes(model) -> int:
-    return sum(v.tensor.nbytes for v in model.graph.initializers.values())
-
-
-def _config_updates(cfg) -> list:
-    """Every settings dict of a config: its defaults, its per-op-type entries and its rules' updates."""
-    if cfg is None:
-        return []
-    return [vars(cfg.defaults)] + list(cfg.op_type.values()) + [r.updates for r in cfg.rules]
-
-
-def _config_blocks(cfg) -> bool:
-    """Does any config setting ask for per-block weights (DequantizeLinear block_size: opset 21)?"""
-    return any(u.get("weight_block") for u in _config_updates(cfg))
-
-
-def _config_bits(cfg) -> set:
-    """Every activation or weight bit width a config setting asks for."""
-    return {int(u[k]) for u in _config_updates(cfg) for k in ("act_bits", "weight_bits") if k in u}
-
 
 def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
              bias_correction: bool = False, weight_block: Optional[int] = None,
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
-             act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None) -> QuantizeResult:
+             act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
+             recipe=None, pipeline=None, opset: Optional[int] = None,
+             instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
@@ -163,8 +96,15 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     it the safety net keeps float or widens the quantizers that break the output, and the outputs still below
     it are listed in report['below_floor'] (never raised: the CLI exits 3 on them).
 
+    The work is a pipeline of registered passes (qcompiler.quant.pipeline.DEFAULT_PIPELINE). `recipe`: optional
+    passes to add, each where it belongs ("bias-correction", or a plug-in's pass with an `after`); `pipeline`: the
+    whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
+    opset; `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
+    every pass.
+
     Errors (all subclasses of qcompiler.errors.QCompilerError, one line naming the file, argument or sample):
-    ArgumentError for an argument of the wrong type or out of range (`_check_arguments`); ModelLoadError /
+    ArgumentError for an argument of the wrong type or out of range (`_check_arguments`); UnknownPassError /
+    PipelineError for an unknown pass name or a pipeline whose order breaks a pass's `requires`; ModelLoadError /
     InvalidModelError for a model that cannot be read or is not a valid graph; OnnxRuntimeError when
     onnxruntime refuses the model (its reason); DataError for calibration data that does not fit the model or
     that onnxruntime cannot run (names the sample); ConfigError for a bad config, profile or encodings file.
@@ -172,6 +112,15 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     """
     _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
                      load_encodings, progress, limit, bias_correction, weight_block)
+    if opset is not None:
+        from ..arguments import require_int
+        require_int(opset, "opset", lo=13, hi=1 << 16)
+    # the pipeline first: an unknown pass name or a broken order fails before the model is read
+    names = build_pipeline(recipe_from_arguments(recipe, bias_correction, load_encodings), pipeline)
+    from ..passmanager.registry import parse_pipeline
+    from ..passmanager.facts import check_contracts
+    from .pipeline import START_FACTS
+    check_contracts(parse_pipeline(names), START_FACTS)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
     sel = _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric)
@@ -181,8 +130,12 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         for a in (model_or_path, calib, target, config, load_encodings))
     from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
-        return _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
-                         load_encodings, progress, limit, bias_correction, weight_block, min_sqnr, sel=sel)
+        return _quantize(model_or_path, calib, names, instrumentations,
+                         QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
+                                       act_bits=act_bits, config=config, load_encodings=load_encodings,
+                                       progress=progress, limit=limit, weight_block=weight_block,
+                                       min_sqnr=min_sqnr, selection=sel, opset=opset))
+
 
 
 def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -257,137 +210,106 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
     return config_with_rules(config, rules, defaults, sym)
 
 
-def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config, load_encodings,
-              progress, limit, bias_correction, weight_block, min_sqnr=None, sel=None) -> QuantizeResult:
-    t_start = time.perf_counter()
-    timings, notes = {}, []
-    if config is not None and not hasattr(config, "settings_for"):
-        from .config import load_config
-        config = load_config(os.fspath(config))
-    if target is None:
-        target = (config.target if config is not None and config.target else "ort_cpu")
-    profile = get_profile(target)
-    from .schemes import DEFAULT_SCHEME, canonical_scheme
-    if scheme is None:
-        scheme = config.scheme if config is not None and config.scheme else DEFAULT_SCHEME
-    scheme = canonical_scheme(scheme)
 
+
+
+def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
+    """Resolve the settings (config file, target, scheme), load the model and make the context: the profile,
+    the output opset (decided here, once) and the calibration samples (read lazily by `calibrate`)."""
     from ..progress import bar
-    from .selection import Selection, check_unmatched, unmatched_config_rules
-    sel = sel if sel is not None else Selection()
-    with bar("loading", 2, progress) as loading:
+    from .data import input_specs, load_samples
+    from .opset import choose_opset
+    from .schemes import DEFAULT_SCHEME, canonical_scheme
+    from .selection import check_unmatched, unmatched_config_rules
+    if s.config is not None and not hasattr(s.config, "settings_for"):
+        from .config import load_config
+        s.config = load_config(os.fspath(s.config))
+    cfg = s.config
+    if s.target is None:
+        s.target = cfg.target if cfg is not None and cfg.target else "ort_cpu"
+    profile = get_profile(s.target)
+    if s.scheme is None:
+        s.scheme = cfg.scheme if cfg is not None and cfg.scheme else DEFAULT_SCHEME
+    s.scheme = canonical_scheme(s.scheme)
+    with bar("loading", 1, s.progress) as loading:
         model = _load(model_or_path)
         loading.update(1)
-        check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
-        sel.warnings.extend(unmatched_config_rules(model, config))
-        t = time.perf_counter()
-        _prepare(model, notes)
-        loading.update(1)
-    opset_before = model.opset
-    bits = _config_bits(config) | {weight_bits, act_bits}
-    blocked = bool(weight_block) or _config_blocks(config)
-    need = WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
-    if need < WIDE_INT_OPSET and profile.get("wide_activation_bits"):
-        # NOTE: raise now if int16 widening may need opset 21 later: onnx's version converter holds ~4 copies of
-        # the model, which on top of calibration's leftovers set the peak (minilm 896 -> ~530 MB); a model the
-        # converter cannot take still quantizes at opset 13 (then only 8-bit widening fails later)
-        try:
-            model = _raise_opset(model, WIDE_INT_OPSET, notes)
-        except QCompilerError:
-            pass
-    model = _raise_opset(model, need, notes)
-    if model.opset != opset_before and _weight_bytes(model) > COLLECT_OVER_BYTES:
-        release(collect=True)   # the replaced model: one big cycle, gone only at a full collection (memory.py)
-    timings["prepare"] = time.perf_counter() - t
-
-    from .data import input_specs, load_samples
-    samples = load_samples(calib, input_specs(model.graph), limit=limit)
-    t = time.perf_counter()
-    config = _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_bits, weight_block)
-    opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
-                            supergroups=_supergroup_choice(config), weight_block=weight_block,
-                            act_symmetric=sel.act_symmetric, weight_symmetric=sel.weight_symmetric)
-    act_sym = profile["activation"]["symmetric"] if sel.act_symmetric is None else sel.act_symmetric
-    cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=act_sym,
-                    progress=progress, names=observed_names(model, profile, opts),
-                    keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
-                    channel_axes=_bias_correction_inputs(model, profile, opts) if bias_correction else None)
-    release()   # the calibration session's freed heap (memory.py)
-    timings["calibrate"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    stats = cal.stats()
-    plan = build_plan(model, profile, cal.dtypes, stats, opts)
-    if plan.needs_opset() > model.opset:
-        # NOTE: value names survive onnx's version converter, so the name-keyed statistics still apply
-        model = _raise_opset(model, plan.needs_opset(), notes)
-        release(collect=True)
-        plan = build_plan(model, profile, cal.dtypes, stats, opts)
-    if load_encodings is not None:
-        from .freeze import freeze_encodings
-        freeze_encodings(plan, model, load_encodings, notes, sel.warnings)
-    assign_encodings(plan, model, cal, scheme)
-    assign_block_encodings(plan, model, scheme)
-    layers = layer_choices(model, plan, config)
-    if bias_correction:
-        n = correct_biases(model, plan, cal.channel_mean)
-        if n:
-            notes.append(f"bias correction on {n} Conv/Gemm nodes")
-    fp16 = float16_nodes(model, config, plan.dtypes)
-    acts, params = apply_plan(model, plan)
-    if fp16:
-        done = apply_float16(model, fp16, probe_ort=str(profile.get("name", "")).startswith("ort"))
-        for name, what in done.items():
-            layers.setdefault(name, {})["float16"] = what
-        notes.append(f"{sum(w.startswith('float16') for w in done.values())} of {len(done)} nodes marked "
-                     f"precision: float16 run in fp16 (see report 'layers')")
-    prefolded = prefold_unfused_param_dq(model, profile)
-    if prefolded:
-        notes.append(f"{len(prefolded)} weights/biases stored fake-quantized (float on their int grid): their "
-                     f"node has no integer kernel on {profile.get('name', target)}, a DQ would run every inference")
-    verify(model.graph)
-    timings["place_and_insert"] = time.perf_counter() - t
-
-    t = time.perf_counter()
-    errors = output_errors(model, cal.kept, progress)
-    release()
-    timings["report_sqnr"] = time.perf_counter() - t
-    # issue 11 items 2-3: the safety net (only below the floor) and the quality gate's below_floor list
-    from .safety_net import report_fields, run_safety_net
-    t = time.perf_counter()
-    net, fixed_errors = run_safety_net(model, plan, acts, cal.kept, errors, min_sqnr, profile)
-    errors = errors if fixed_errors is None else fixed_errors
-    timings["safety_net"] = time.perf_counter() - t
-    timings["total"] = time.perf_counter() - t_start
-    report = build_report(plan, acts, params, cal, timings, target, scheme, notes, errors=errors,
-                          layers=layers)
-    report_fields(report, net, min_sqnr, timings["safety_net"])
-    report["warnings"] = list(sel.warnings)
-    report["prefolded_params"] = prefolded
-    report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
-                                "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),
-                                "per_channel_quantization": bool(per_channel), "quant_scheme": scheme}
-    stats = {"calibration_seconds": cal.seconds, "samples": cal.samples, "observed_values": len(cal.observers)}
-    return QuantizeResult(model=model, encodings={"activations": acts, "params": params}, report=report,
-                          stats=stats, plan=plan)
+    sel = s.selection
+    check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
+    sel.warnings.extend(unmatched_config_rules(model, cfg))
+    opset, fallback = choose_opset(s, profile, model.opset)
+    ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback)
+    ctx.samples = load_samples(calib, input_specs(model.graph), limit=s.limit)
+    config = _apply_selection(model, cfg, sel, profile, s.per_channel, s.weight_bits, s.act_bits, s.weight_block)
+    ctx.options = PlacementOptions(per_channel=s.per_channel, weight_bits=s.weight_bits, act_bits=s.act_bits,
+                                   config=config, supergroups=_supergroup_choice(config),
+                                   weight_block=s.weight_block, act_symmetric=sel.act_symmetric,
+                                   weight_symmetric=sel.weight_symmetric)
+    return ctx
 
 
-def _bias_correction_inputs(model, profile, opts) -> dict:
-    """Which inputs need per-channel means: those of the Conv/Gemm nodes whose weights the plan quantizes."""
-    plan = build_plan(model, profile, _float_dtypes_guess(model), {}, opts)
-    return bias_correction_inputs(model, plan)
+class _PassSeconds:
+    """Wall time of each pass, for the report's `seconds` (an instrumentation like passmanager's Timing)."""
+
+    def __init__(self):
+        self.seconds: dict = {}
+        self._t0 = 0.0
+
+    def before_pipeline(self, passes, model): ...
+
+    def before_pass(self, p, model):
+        self._t0 = time.perf_counter()
+
+    def after_pass(self, p, model, result):
+        self.seconds[p.name] = self.seconds.get(p.name, 0.0) + time.perf_counter() - self._t0
+
+    def after_pass_failed(self, p, model, error): ...
+
+    def after_pipeline(self, model, results): ...
 
 
-def _float_dtypes_guess(model) -> dict:
-    """Before calibration: treat every non-constant value as float (only weight slots matter here)."""
-    out = {}
-    for n in model.graph.nodes:
-        for v in n.outputs:
-            if v is not None:
-                out[v.name] = np.dtype(np.float32)
-    for v in model.graph.inputs:
-        out[v.name] = np.dtype(np.float32)
-    return out
+def _quantize(model_or_path, calib, names, instrumentations, s: QuantSettings) -> QuantizeResult:
+    t_start = time.perf_counter()
+    ctx = _context(model_or_path, calib, s)
+    seconds = _PassSeconds()
+    seconds.seconds["load"] = time.perf_counter() - t_start
+    results = run_quantization(ctx, names, [seconds] + list(instrumentations))
+    seconds.seconds["total"] = time.perf_counter() - t_start
+    return QuantizeResult(model=ctx.model, encodings={"activations": ctx.activations, "params": ctx.params},
+                          report=_report(ctx, seconds.seconds, [p.name for p, _ in results]),
+                          stats=_stats(ctx), plan=ctx.plan, passes=results)
+
+
+def _stats(ctx) -> dict:
+    cal = ctx.calibration
+    if cal is None:
+        return {}
+    return {"calibration_seconds": cal.seconds, "samples": cal.samples, "observed_values": len(cal.observers)}
+
+
+def _report(ctx, seconds: dict, ran: list) -> dict:
+    """The report from the context; a pipeline without a plan or calibration (an expert's `--pipeline`) gets
+    the fields it can have."""
+    from .safety_net import Outcome, report_fields
+    s, cal, plan = ctx.settings, ctx.calibration, ctx.plan
+    if plan is None or cal is None:
+        report = {"target": s.target if isinstance(s.target, str) else ctx.profile.get("name"),
+                  "scheme": s.scheme, "pipeline": ran, "notes": list(ctx.notes),
+                  "seconds": {k: round(v, 3) for k, v in seconds.items()},
+                  "output_sqnr_db": {}, "left_float": {}, "counts": {"activations": 0, "params": 0, "left_float": 0, "widened": 0}}
+    else:
+        report = build_report(plan, ctx.activations, ctx.params, cal, seconds,
+                              s.target if isinstance(s.target, str) else ctx.profile.get("name", "profile"),
+                              s.scheme, ctx.notes, errors=ctx.errors, layers=ctx.layers)
+        report["pipeline"] = ran
+    net = ctx.safety_net if ctx.safety_net is not None else Outcome()
+    report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
+    report["warnings"] = list(ctx.warnings)
+    report["prefolded_params"] = ctx.prefolded
+    report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
+                                "dtype": "int", "is_symmetric": bool(ctx.profile["weight"]["symmetric"]),
+                                "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}
+    return report
 
 
 def _supergroup_choice(config):

@@ -1,0 +1,38 @@
+"""`convert-opset`: bring the model to the output opset chosen before the pipeline (qcompiler/quant/opset.py),
+once, before calibration: nothing later converts again, so the statistics, the plan and the IR's annotations
+all refer to one model."""
+from __future__ import annotations
+
+from qcompiler.errors import QCompilerError
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.context import QuantPass
+from qcompiler.quant.memory import release
+from qcompiler.quant.opset import convert_in_place, opset_note, weight_bytes
+
+COLLECT_OVER_BYTES = 16 << 20   # below this, a full gc (~15 ms) costs more than the replaced graph holds
+
+
+@register_pass
+class ConvertOpset(QuantPass):
+    name = "convert-opset"
+    description = "convert the model to the output opset chosen for its Q/DQ (13; 21 for int4/int16/blocks)"
+    requires = ("quant-context",)
+    ensures = ("output-opset",)
+
+    def run(self, ctx) -> PassResult:
+        model, before = ctx.model, ctx.model.opset
+        try:
+            changed = convert_in_place(model, ctx.opset)
+        except QCompilerError:
+            # the wish for opset 21 came only from the profile's optional 16-bit widening: quantize at the
+            # opset the settings need (widening a value to 16 bits then fails with one line, at `place`)
+            if ctx.opset_fallback is None:
+                raise
+            ctx.opset = ctx.opset_fallback
+            ctx.notes.append("the model could not be converted to opset 21; 16-bit widening is off")
+            changed = convert_in_place(model, ctx.opset)
+        if changed:
+            ctx.notes.append(opset_note(before, model.opset))
+            if weight_bytes(model) > COLLECT_OVER_BYTES:
+                release(collect=True)   # the replaced graph: one big cycle, gone only at a full collection
+        return PassResult(changed, {"opset": model.opset})

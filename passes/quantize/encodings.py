@@ -1,0 +1,42 @@
+"""`load-encodings` (optional: `--load-encodings FILE`) freezes encodings read from an AIMET file onto the plan;
+`assign-encodings` computes every other encoding from the statistics (and per-block weight grids)."""
+from __future__ import annotations
+
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.calibrate import assign_encodings
+from qcompiler.quant.context import QuantPass
+from qcompiler.quant.qdq import assign_block_encodings
+from qcompiler.quant.report import layer_choices
+
+
+@register_pass
+class LoadEncodings(QuantPass):
+    name = "load-encodings"
+    description = "freeze the encodings of an AIMET encodings file (--load-encodings); the rest is calibrated"
+    requires = ("quant-context", "plan")
+    after = "place"
+
+    def run(self, ctx) -> PassResult:
+        from qcompiler.errors import ConfigError
+        from qcompiler.quant.freeze import freeze_encodings
+        path = ctx.settings.load_encodings
+        if path is None:
+            raise ConfigError("pass 'load-encodings' needs an encodings file: pass --load-encodings FILE")
+        freeze_encodings(ctx.plan, ctx.model, path, ctx.notes, ctx.warnings)
+        frozen = sum(1 for s in list(ctx.plan.values.values()) + list(ctx.plan.uses.values()) if s.frozen)
+        return PassResult(False, {"frozen": frozen})
+
+
+@register_pass
+class AssignEncodings(QuantPass):
+    name = "assign-encodings"
+    description = "scales and zero points for every quantized value of the plan (frozen ones kept)"
+    requires = ("quant-context", "plan", "statistics")
+    ensures = ("encodings",)
+
+    def run(self, ctx) -> PassResult:
+        scheme = ctx.settings.scheme
+        assign_encodings(ctx.plan, ctx.model, ctx.calibration, scheme)
+        blocks = assign_block_encodings(ctx.plan, ctx.model, scheme)
+        ctx.layers = layer_choices(ctx.model, ctx.plan, ctx.settings.config)
+        return PassResult(False, {"per_block_weights": blocks})

@@ -1,0 +1,84 @@
+"""What the quantization passes share: one QuantContext per `quantize` run, and the QuantPass base class.
+
+Every step of quantization is a registered pass (passes/quantize/) that reads and fills this context: the
+settings as the user gave them (checked), the target profile, the calibration samples and statistics, the plan,
+the encodings and the report's notes. A new algorithm is one more QuantPass: the pass manager gives it timing,
+--print-after, --dump-dir and --verify-each, and its `requires`/`ensures` (passmanager/facts.py) are checked
+against the pipeline before anything runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from ..passmanager.base import Pass, PassResult
+
+
+@dataclass
+class QuantSettings:
+    """The arguments of one `quantize` run, checked and resolved (config file read, scheme canonical)."""
+
+    target: Any = "ort_cpu"             # profile name, YAML path or dict (as given)
+    scheme: str = "min_max"
+    per_channel: bool = True
+    weight_bits: int = 8
+    act_bits: int = 8
+    config: Any = None                  # QuantConfig or None
+    load_encodings: Optional[str] = None
+    progress: Optional[bool] = None
+    limit: Optional[int] = None
+    weight_block: Optional[int] = None
+    min_sqnr: float = 15.0
+    selection: Any = None               # quant.selection.Selection
+    opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
+
+
+@dataclass
+class QuantContext:
+    """The shared state of one quantization pipeline. Passes fill it in pipeline order."""
+
+    model: Any
+    settings: QuantSettings
+    profile: dict
+    samples: Any = None                 # data.SampleSet: read by `calibrate`
+    opset: int = 13                     # the output opset, decided before the pipeline (quant.opset)
+    opset_fallback: Optional[int] = None  # the opset the settings need, when `opset` is only the profile's wish
+    options: Any = None                 # placement.PlacementOptions (config with the selection's rules)
+    calibration: Any = None             # calibrate.CalibrationResult
+    plan: Any = None                    # plan.QuantPlan
+    layers: Dict[str, dict] = field(default_factory=dict)      # per-node precision choices (report 'layers')
+    float16: list = field(default_factory=list)               # nodes placement chose for fp16 islands
+    activations: Dict[str, Any] = field(default_factory=dict)  # value name -> Encoding, as written
+    params: Dict[str, Any] = field(default_factory=dict)
+    prefolded: Dict[str, str] = field(default_factory=dict)    # weights stored float on their int grid
+    errors: Optional[dict] = None       # report.output_errors: per-output SQNR on the kept samples
+    safety_net: Any = None              # safety_net.Outcome
+    notes: List[str] = field(default_factory=list)
+    passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
+
+    @property
+    def warnings(self) -> list:
+        """Warnings for the user (selectors, config rules or frozen encodings that match nothing)."""
+        return self.settings.selection.warnings
+
+
+class QuantPass(Pass):
+    """A pass that runs on a QuantContext (`run(ctx)`), inside `qcompiler quantize`.
+
+    `after`: for an optional pass (one not in the default pipeline), the pass it follows when a recipe names it
+    (`--recipe bias-correction` runs it right after `assign-encodings`). `calibration_request(ctx)`: value name
+    -> channel axis of the float activations whose per-channel means the pass needs (collected by `calibrate`
+    in its one pass over the data).
+    """
+
+    requires: tuple = ("quant-context",)
+    after: str = ""
+
+    def run(self, ctx: QuantContext) -> PassResult:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def apply(self, model, context=None) -> PassResult:
+        return self.run(context)
+
+    def calibration_request(self, ctx: QuantContext) -> Dict[str, int]:
+        return {}

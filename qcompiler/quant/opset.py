@@ -1,0 +1,91 @@
+"""The output opset, decided once before the pipeline, and the one conversion to it (the `convert-opset` pass).
+
+Q/DQ need opset 13 (DequantizeLinear `axis`: per-channel weights) and opset 21 for int16/int4 grids and per-block
+weights (`block_size`; anchors B). The choice reads the settings (bits, blocks, the config's rules) and the
+profile: a profile that may widen activations to 16 bits (`wide_activation_bits`) asks for 21 as well, so
+widening never needs a second conversion in the middle of the pipeline. `--opset N` pins it; a pin the
+settings' grids cannot live in is one ArgumentError line.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import ArgumentError, QCompilerError
+from ..onnx_io import model_from_proto, model_to_proto
+
+PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
+WIDE_INT_OPSET = 21      # int16/int4 QuantizeLinear in the standard domain, per-block DequantizeLinear
+_STUB_BYTES = 4096       # initializers above this size go to the version converter without their data
+
+
+def _config_updates(cfg) -> list:
+    """Every settings dict of a config: its defaults, its per-op-type entries and its rules' updates."""
+    if cfg is None:
+        return []
+    return [vars(cfg.defaults)] + list(cfg.op_type.values()) + [r.updates for r in cfg.rules]
+
+
+def required_opset(settings) -> int:
+    """The lowest opset the requested grids can be written in."""
+    cfg = settings.config
+    bits = {int(u[k]) for u in _config_updates(cfg) for k in ("act_bits", "weight_bits") if k in u}
+    bits |= {settings.weight_bits, settings.act_bits}
+    blocked = bool(settings.weight_block) or any(u.get("weight_block") for u in _config_updates(cfg))
+    return WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
+
+
+def choose_opset(settings, profile, model_opset: int) -> tuple:
+    """(opset to convert to, whether a failed conversion may fall back to the required one).
+
+    Never below the model's own opset (no down-conversion unless pinned)."""
+    need = required_opset(settings)
+    if settings.opset is not None:
+        if settings.opset < need:
+            raise ArgumentError(f"--opset {settings.opset} cannot carry these settings' Q/DQ: int4/int16 grids "
+                                f"and per-block weights need opset {need}")
+        return settings.opset, None
+    want = max(need, WIDE_INT_OPSET if profile.get("wide_activation_bits") else need)
+    fallback = max(need, model_opset) if want > need else None
+    return max(want, model_opset), fallback
+
+
+def convert_in_place(model, opset: int) -> bool:
+    """Convert `model` to `opset` with onnx's version converter, in place (the Model object stays the same, so
+    every pass and the context keep their reference). False when already there."""
+    if model.opset == opset:
+        return False
+    from onnx import version_converter
+    # NOTE: the converter copies the model several times over (minilm: +540 MB for 90 MB); its adapters read
+    # no initializer data, so it gets the graph with large initializers as stubs (no data), and the new model
+    # takes the old model's Tensor objects back: no copy of the weights is made at all
+    proto = model_to_proto(model, stub_over=_STUB_BYTES)
+    try:
+        conv = version_converter.convert_version(proto, opset)
+    except Exception as e:   # noqa: BLE001 - onnx raises anything; one line
+        raise QCompilerError(f"cannot convert the model's opset {model.opset} to {opset} (needed for "
+                             f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
+    del proto
+    new = model_from_proto(conv, data_stubs=True)   # stubs: the weights are put back below
+    del conv
+    for name, v in model.graph.initializers.items():
+        t = v.tensor
+        if t.nbytes <= _STUB_BYTES:
+            continue
+        w = new.graph.initializers.get(name)
+        if w is None or tuple(w.tensor.dims) != tuple(t.dims) or w.tensor.dtype != t.dtype:
+            raise QCompilerError(f"converting the opset to {opset} changed initializer '{name[:80]}'; "
+                                 f"cannot restore it")
+        w.tensor = t   # the stub's Tensor, replaced before anyone reads it (as the importer sets it)
+    model.graph = new.graph
+    model.opset_imports = dict(new.opset_imports)
+    model.ir_version = max(model.ir_version, new.ir_version)
+    model.functions = list(new.functions)
+    return True
+
+
+def weight_bytes(model) -> int:
+    return sum(v.tensor.nbytes for v in model.graph.initializers.values())
+
+
+def opset_note(before: int, after: int, fallback: Optional[str] = None) -> str:
+    return f"opset converted from {before} to {after}" + (f" ({fallback})" if fallback else "")

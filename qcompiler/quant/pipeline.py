@@ -1,0 +1,77 @@
+"""The quantization pipeline: the default list of pass names, recipes and the one runner.
+
+    constant-to-initializer, fold-batchnorm, simplify-shape-of, canonicalize   (preparation: model passes)
+    convert-opset        the output opset, chosen before the pipeline (quant/opset.py)
+    calibrate            one streaming pass over the calibration data
+    place                the plan: what each value and weight use becomes (quant/placement.py)
+    assign-encodings     scales and zero points from the statistics (and per-block weight grids)
+    insert-qdq           the plan written into the model as Q/DQ (quant/qdq.py)
+    float16-islands      nodes a config marks `precision: float16` run in fp16 between Casts
+    measure-sqnr         per-output SQNR against float on the kept calibration samples
+    safety-net           below the SQNR floor: keep float or widen the quantizers that break an output
+
+`--recipe a,b` adds optional passes, each right after the pass named by its `after` (bias-correction after
+assign-encodings; load-encodings after place); `--pipeline` replaces the whole list for experts. Third-party
+passes join through the `qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
+"""
+from __future__ import annotations
+
+from typing import Iterable, List, Optional, Sequence
+
+from ..errors import PipelineError
+
+PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
+DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "calibrate", "place", "assign-encodings", "insert-qdq",
+                                     "float16-islands", "measure-sqnr", "safety-net")
+START_FACTS = ("model", "quant-context")
+
+
+def _names(spec) -> List[str]:
+    if spec is None:
+        return []
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    return [s.strip() if isinstance(s, str) else s for s in items if not isinstance(s, str) or s.strip()]
+
+
+def build_pipeline(recipe=None, pipeline=None) -> list:
+    """The pass names to run: `pipeline` as given, else the default list with each `recipe` pass inserted after
+    its `after` pass (in recipe order when two follow the same pass). Unknown names raise UnknownPassError."""
+    from ..passmanager import get_pass
+    if pipeline is not None:
+        names = _names(pipeline)
+        if recipe:
+            raise PipelineError("--recipe adds passes to the default pipeline; with --pipeline, list them in it")
+        return names
+    names = list(DEFAULT_PIPELINE)
+    inserted: dict = {}
+    for name in _names(recipe):
+        if name in names:
+            continue   # already in the pipeline (named twice, or a default pass)
+        p = get_pass(name) if isinstance(name, str) else name
+        anchor = getattr(p, "after", "")
+        if not anchor or anchor not in names:
+            raise PipelineError(f"pass '{p.name}' has no place in the default pipeline (it names no `after` "
+                                f"pass of it); list the whole order with --pipeline")
+        at = names.index(inserted.get(anchor, anchor)) + 1
+        names.insert(at, name)
+        inserted[anchor] = name
+    return names
+
+
+def run_quantization(ctx, names: Sequence, instrumentations: Iterable = ()) -> list:
+    """Run the pass names on the context's model; returns [(pass, PassResult)]. The contracts are checked
+    before the first pass (passmanager.facts)."""
+    from ..passmanager import PassManager
+    pm = PassManager(list(names), instrumentations, start=START_FACTS)
+    ctx.passes = pm.passes
+    return pm.run(ctx.model, ctx)
+
+
+def recipe_from_arguments(recipe, bias_correction: bool, load_encodings: Optional[str]) -> list:
+    """The API's switches as recipe entries (`bias_correction=True` is `--recipe bias-correction`)."""
+    names = _names(recipe)
+    if load_encodings is not None and "load-encodings" not in names:
+        names.insert(0, "load-encodings")
+    if bias_correction and "bias-correction" not in names:
+        names.append("bias-correction")
+    return names
