@@ -15,6 +15,8 @@ import sys
 
 import click
 
+from .cli_instruments import Instruments, first_sample, instrument_options
+
 from .errors import PassError, QCompilerError
 
 MESSAGE_CHARS = 600   # a safety net: messages cut untrusted values themselves (~80 chars each)
@@ -155,62 +157,55 @@ def inspect_cmd(model_path, as_json, no_patterns):
 @click.argument("model_path", metavar="MODEL")
 @click.option("-o", "--output", required=True, help="where to write the transformed model")
 @click.option("--pipeline", required=True, help="comma-separated pass names (see list-passes)")
-@click.option("--verify-each", is_flag=True, help="after each pass: IR invariants, onnx.checker, and onnxruntime outputs for semantics-preserving passes")
 @click.option("--verify-inputs", type=click.Path(), help=".npz with inputs for --verify-each (default: random)")
-@click.option("--print-after", "print_after", multiple=True, help="print the IR after this pass ('all' for every pass)")
-@click.option("--dump-dir", type=click.Path(), help="write the ONNX model after each pass into this folder")
-@click.option("--time-passes", is_flag=True, help="print the wall time of each pass")
-@click.option("--stats", is_flag=True, help="print each pass's statistics")
-def run_cmd(model_path, output, pipeline, verify_each, verify_inputs, print_after, dump_dir, time_passes, stats):
+@instrument_options
+def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
     """Run a pipeline of passes over MODEL and write the result to OUTPUT."""
     from .onnx_io import load_model, save_model
-    from .passmanager import PassManager
-    from .passmanager.instrumentation import DumpONNX, PrintIR, Statistics, Timing, Verifier
     from .onnx_io.files import check_output_paths
-    pm = PassManager(pipeline)  # unknown pass names fail before the model is read
+    from .passmanager import PassManager
+    pm = PassManager(pipeline)  # unknown pass names and broken contracts fail before the model is read
     inputs = (model_path, verify_inputs)
-    outputs = [("-o", output)]
-    if dump_dir is not None:   # every dump is an output too, checked now rather than after some passes ran
-        outputs += [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(pm.passes)]
-    check_output_paths(outputs, inputs, models=(model_path,), new_folders={"--dump-dir": dump_dir})
+    outputs = [("-o", output)] + Instruments.dump_outputs(pm.passes, flags["dump_dir"])
+    check_output_paths(outputs, inputs, models=(model_path,), new_folders={"--dump-dir": flags["dump_dir"]})
+    instruments = Instruments(pm.passes, inputs, feeds_name=verify_inputs,
+                              feeds_factory=first_sample(verify_inputs, "verification inputs"), **flags)
+    for inst in instruments.list:
+        pm.add_instrumentation(inst)
     model = load_model(model_path)
-    timing, statistics, verifier = Timing(), Statistics(), None
-    if verify_each:
-        feeds = None
-        if verify_inputs:
-            from .quant.data import input_specs, load_samples
-            feeds = next(iter(load_samples(verify_inputs, input_specs(model.graph), what="verification inputs")))
-        verifier = Verifier(feeds=feeds, feeds_name=verify_inputs)
-        pm.add_instrumentation(verifier)
-    if time_passes:
-        pm.add_instrumentation(timing)
-    if stats:
-        pm.add_instrumentation(statistics)
-    if print_after:
-        pm.add_instrumentation(PrintIR(print_after))
-    if dump_dir:
-        pm.add_instrumentation(DumpONNX(dump_dir, protect=inputs))
     from .ort_session import model_label
     with model_label(model_path):   # onnxruntime's refusals of the input (--verify-each) name MODEL
         pm.run(model)
     save_model(model, output, protect=inputs)
-    if verifier is not None:
-        for line in verifier.log:
-            click.echo(f"verify: {line}", err=True)
-    if time_passes:
-        click.echo(timing.report(), err=True)
-    if stats:
-        click.echo(statistics.report(), err=True)
+    instruments.report()
     click.echo(f"wrote {output}", err=True)
 
 
 @main.command("list-passes")
 def list_passes_cmd():
-    """List the registered passes (built-in and plug-ins)."""
+    """List the registered passes (built-in and plug-ins): graph passes for `run`, then the quantization passes
+    for `quantize` (the default pipeline in its order, then the optional ones for --recipe)."""
     from .passmanager import available_passes
-    for name, cls in available_passes().items():
+    from .quant.pipeline import DEFAULT_PIPELINE
+    passes = available_passes()
+    quant = {n: c for n, c in passes.items() if "quant-context" in getattr(c, "requires", ())}
+
+    def row(name, cls, extra=""):
         tag = "" if getattr(cls, "preserves_semantics", True) else "  [changes semantics]"
-        click.echo(f"{name:<26}{getattr(cls, 'description', '')}{tag}")
+        click.echo(f"  {name:<26}{getattr(cls, 'description', '')}{tag}{extra}")
+    click.echo("graph passes (qcompiler run --pipeline a,b,c):")
+    for name, cls in passes.items():
+        if name not in quant:
+            row(name, cls)
+    click.echo("quantization passes, default pipeline of `qcompiler quantize` (preparation above: "
+               + ", ".join(n for n in DEFAULT_PIPELINE if n not in quant) + "):")
+    for name in DEFAULT_PIPELINE:
+        if name in quant:
+            row(name, quant[name])
+    click.echo("optional quantization passes (qcompiler quantize --recipe a,b):")
+    for name, cls in quant.items():
+        if name not in DEFAULT_PIPELINE:
+            row(name, cls, f"  [after {cls.after}]" if getattr(cls, "after", "") else "  [--pipeline only]")
 
 
 @main.command("match")

@@ -177,15 +177,21 @@ class Verifier(Instrumentation):
     """After each pass: IR invariants, onnx.checker, and (for semantics-preserving passes) a numerical check with
     onnxruntime against the outputs before the pass, naming the first output that differs and by how much.
 
+    A pass that changes semantics (e.g. `insert-qdq`) gets the structural checks, then onnxruntime loads and
+    runs the new model on the same feeds and the log gives each output's SQNR against the input model's outputs
+    (quantization is expected to move them; the number says by how much).
+
     The input model is checked first: onnx.checker rejecting it, or onnxruntime refusing it or failing on the
     feeds (with `numeric`), is bad input (InvalidModelError, OnnxRuntimeError, DataError; exit 2), never blamed on
     the first pass. Messages name the model by `qcompiler.ort_session.model_label` (the CLI's MODEL path).
     """
 
     def __init__(self, numeric: bool = True, feeds: Optional[dict] = None, rtol: float = 1e-3, atol: float = 1e-4,
-                 checker: bool = True, feeds_name: Optional[str] = None):
+                 checker: bool = True, feeds_name: Optional[str] = None, feeds_factory=None):
         self.numeric, self.feeds, self.rtol, self.atol, self.checker = numeric, feeds, rtol, atol, checker
         self.feeds_name = feeds_name   # where `feeds` came from (the --verify-inputs file), for messages
+        self.feeds_factory = feeds_factory   # model -> feeds, called once when no feeds are given
+        self._reference = None   # the input model's outputs: what a semantics-changing pass is measured against
         self._before = None
         self._last = None   # outputs after the previous pass: the next pass's "before", computed once
         self._changed_by = None   # the last pass that changed the model
@@ -194,7 +200,7 @@ class Verifier(Instrumentation):
     def before_pipeline(self, passes, model):
         proto = self._check_structure(None, model)
         if self.numeric:
-            self._last = self._input_outputs(model, proto)
+            self._last = self._reference = self._input_outputs(model, proto)
 
     def before_pass(self, p, model):
         self._before = None
@@ -211,6 +217,8 @@ class Verifier(Instrumentation):
         from ..ort_session import create_session, model_prefix, short_path
         proto = proto if proto is not None else model_to_proto(model)
         sess = create_session(proto, threads=None)   # a refusal is the input's fault: OnnxRuntimeError, exit 2
+        if self.feeds is None and self.feeds_factory is not None:
+            self.feeds = self.feeds_factory(model)
         given = self.feeds is not None
         if not given:
             self.feeds = random_feeds(proto)
@@ -263,6 +271,12 @@ class Verifier(Instrumentation):
         self._last = None
         self._changed_by = p
         if self._before is None:
+            if not p.preserves_semantics and self.numeric and self._reference is not None:
+                after = self._outputs_after(p, proto if proto is not None else model_to_proto(model))
+                self._last = after
+                self.log.append(f"{p.name}: structure verified, onnxruntime runs it; output SQNR against the input "
+                                f"model: {sqnr_text([v.name for v in model.graph.outputs], self._reference, after)}")
+                return
             why = "pass changes semantics" if not p.preserves_semantics else "numerical checks are off"
             self.log.append(f"{p.name}: structure verified (no numerical check: {why})")
             return
@@ -284,3 +298,22 @@ class Verifier(Instrumentation):
             elif not np.array_equal(a, b):
                 raise VerificationError(f"after pass '{p.name}': output '{name}' differs ({int((a != b).sum())} elements)")
         self.log.append(f"{p.name}: outputs match ({len(names)} outputs)")
+
+
+def sqnr_text(names, reference, got) -> str:
+    """'y 43.1 dB, z inf dB' : each float output's SQNR of `got` against `reference` (others: equal or not)."""
+    parts = []
+    for name, a, b in zip(names, reference, got):
+        a, b = np.asarray(a), np.asarray(b)
+        label = short(name)
+        if a.shape != b.shape:
+            parts.append(f"{label} shape {a.shape} -> {b.shape}")
+        elif a.dtype.kind in "fc":
+            ref = a.astype(np.float64).ravel()
+            noise = float(np.sum((ref - b.astype(np.float64).ravel()) ** 2))
+            signal = float(np.sum(ref ** 2))
+            db = float("inf") if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else float("-inf"))
+            parts.append(f"{label} {db:.1f} dB")
+        else:
+            parts.append(f"{label} {'equal' if np.array_equal(a, b) else 'differs'}")
+    return ", ".join(parts)

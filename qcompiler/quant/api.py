@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 from ..errors import ArgumentError
 from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .context import QuantContext, QuantSettings
-from .pipeline import DEFAULT_PIPELINE, build_pipeline, recipe_from_arguments, run_quantization
+from .pipeline import DEFAULT_PIPELINE, pipeline_for, run_quantization
 from .placement import PlacementOptions
 from .profiles import get_profile
 from .report import build_report
@@ -116,7 +116,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         from ..arguments import require_int
         require_int(opset, "opset", lo=13, hi=1 << 16)
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
-    names = build_pipeline(recipe_from_arguments(recipe, bias_correction, load_encodings), pipeline)
+    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings)
     from ..passmanager.registry import parse_pipeline
     from ..passmanager.facts import check_contracts
     from .pipeline import START_FACTS

@@ -15,6 +15,10 @@ import math
 
 import click
 
+from ..cli_instruments import Instruments, first_sample, instrument_options
+from ..passmanager.registry import parse_pipeline
+from .pipeline import pipeline_for
+
 # the API's warning kinds, named as the command line names them
 FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node", "config rule": "config rule",
                "frozen encoding": "--load-encodings entry"}
@@ -42,7 +46,15 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("--symmetric-activations", is_flag=True, default=False,
               help="symmetric activation grids (zero point 0), whatever the target's default")
 @click.option("--bias-correction/--no-bias-correction", default=False, show_default=True,
-              help="empirical bias correction of Conv/Gemm weights (helps weight-only, may hurt W8A8)")
+              help="empirical bias correction of Conv/Gemm weights (helps weight-only, may hurt W8A8); the same as "
+              "--recipe bias-correction")
+# --- the pipeline (issue 12): passes, recipes, opset ---
+@click.option("--recipe", default=None, metavar="PASS[,PASS...]", help="optional quantization passes to add, "
+              "each where it belongs in the default pipeline (see `qcompiler list-passes`)")
+@click.option("--pipeline", "pipeline", default=None, metavar="PASS[,PASS...]",
+              help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
+@click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
+              "grids, per-block weights or the target's 16-bit widening need it)")
 # --- outputs ---
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
@@ -59,11 +71,15 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("--progress/--no-progress", default=None, help="progress bars on stderr for loading, calibration "
               "and the report pass (default: on a terminal only; plain lines in logs)")
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
+@instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, exclude, op_types, symmetric_activations, bias_correction, encodings_path,
-                 encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr, as_json, progress,
-                 quiet):
-    """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."""
+                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, opset,
+                 encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
+                 as_json, progress, quiet, **flags):
+    """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
+
+    The work is a pipeline of passes (`qcompiler list-passes`): the flags of `qcompiler run` (--time-passes,
+    --print-after, --dump-dir, --stats, --verify-each) reach every one of them."""
     from ..onnx_io import save_model
     from ..onnx_io.files import check_output_paths
     from .api import quantize
@@ -72,17 +88,25 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
         raise click.UsageError("--json and --report - both write to stdout; give --report a file")
     ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
-    check_output_paths({"-o": output, "--encodings": encodings_path,
-                        "--report": None if report_stdout else report_path}, inputs, models=(model_path,))
+    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings)
+    passes = parse_pipeline(names)   # unknown names fail here, before any file is read
+    outputs = [("-o", output), ("--encodings", encodings_path),
+               ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])
+    check_output_paths([(k, v) for k, v in outputs if v], inputs, models=(model_path,),
+                       new_folders={"--dump-dir": flags["dump_dir"]})
+    instruments = Instruments(passes, inputs, feeds_name=calib, feeds_factory=first_sample(calib, "calibration data"),
+                              **flags)
     res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
                    weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
                    progress=False if quiet else progress, limit=limit, weight_block=block_size,
-                   bias_correction=bias_correction, exclude=list(exclude) or None, op_types=ops,
-                   act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr)
+                   exclude=list(exclude) or None, op_types=ops,
+                   act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
+                   pipeline=names, opset=opset, instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
     _write_report(res.report, report_path, inputs)
+    instruments.report()
     for w in res.report.get("warnings", []):
         click.echo(f"qcompiler: warning: {warning_line(w)}", err=True)
     if as_json:

@@ -16,7 +16,7 @@ passes join through the `qcompiler.passes` entry point (passmanager/registry.py)
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Optional, Sequence
+from typing import Iterable, List, Sequence
 
 from ..errors import PipelineError
 
@@ -67,11 +67,18 @@ def run_quantization(ctx, names: Sequence, instrumentations: Iterable = ()) -> l
     return pm.run(ctx.model, ctx)
 
 
-def recipe_from_arguments(recipe, bias_correction: bool, load_encodings: Optional[str]) -> list:
-    """The API's switches as recipe entries (`bias_correction=True` is `--recipe bias-correction`)."""
-    names = _names(recipe)
-    if load_encodings is not None and "load-encodings" not in names:
-        names.insert(0, "load-encodings")
-    if bias_correction and "bias-correction" not in names:
-        names.append("bias-correction")
-    return names
+SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction"}   # argument -> its pass
+
+
+def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
+    """The pass names for `quantize`'s arguments: a switch that asks for a pass (`bias_correction=True`,
+    `load_encodings=FILE`) adds it like a recipe entry; a full `pipeline` must already name it."""
+    wanted = [SWITCHES[k] for k, v in switches.items() if v not in (None, False)]
+    if pipeline is not None:
+        names = build_pipeline(recipe, pipeline)
+        for name in wanted:
+            if name not in names:
+                raise PipelineError(f"the pipeline has no '{name}' pass, which "
+                                    f"{[k for k, v in SWITCHES.items() if v == name][0]} asks for: add it")
+        return names
+    return build_pipeline(_names(recipe) + [n for n in wanted if n not in _names(recipe)], None)
