@@ -41,8 +41,9 @@ class Instruments:
             known = {p.name for p in passes} | {"all"}
             unknown = [n for n in print_after if n not in known]
             if unknown:
-                raise click.BadParameter(f"'{unknown[0][:80]}' is not a pass of this pipeline "
-                                         f"({', '.join(p.name for p in passes)})", param_hint="--print-after")
+                from .errors import ArgumentError
+                raise ArgumentError(f"--print-after '{unknown[0][:80]}' is not a pass of this pipeline "
+                                    f"({', '.join(p.name for p in passes)})")
             self.list.append(PrintIR(print_after, stream=click.get_text_stream("stdout")))
         if dump_dir:
             self.list.append(DumpONNX(dump_dir, protect=inputs))
