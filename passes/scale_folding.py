@@ -15,7 +15,7 @@ So: (1) the whole fold is planned first and refused with a reason before anythin
 shapes are checked (a scalar may be expanded into a private per-channel copy when the output shape stays the
 same); (3) a constant with other readers is never written in place (`Graph.set_constant(..., writer=)` copies
 on write; Constant-node outputs are always replaced by a new initializer); (4) constants marked as part of a
-recognised structure (`value.meta["protected"]`/`["supergroup"]`, or the `protected` argument) and elementwise
+recognised structure (the `protected`/`supergroup` annotations, qcompiler/ir/annotations.py, or the `protected` argument) and elementwise
 nodes inside a supergroup are never folded into.
 """
 from __future__ import annotations
@@ -26,6 +26,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from qcompiler.ir import Graph, Node, Value
+from qcompiler.ir.annotations import annotation
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
 LINEAR_PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -45,14 +46,12 @@ def is_protected(value: Value, protected: Optional[Iterable] = None) -> bool:
     """True if `value` belongs to a recognised structure (a GELU's 0.5, a LayerNorm epsilon) and must not change."""
     if protected and (value in protected or value.name in protected):
         return True
-    for meta in (value.meta, value.producer.meta if value.producer is not None else None):
-        if meta and (meta.get("protected") or meta.get("supergroup")):
-            return True
-    return False
+    return _node_in_structure(value) or _node_in_structure(value.producer)
 
 
-def _node_in_structure(node: Node) -> bool:
-    return bool(node.meta and (node.meta.get("supergroup") or node.meta.get("protected")))
+def _node_in_structure(obj) -> bool:
+    """A node (or value) that a recognised structure owns: a supergroup member or a protected constant."""
+    return bool(annotation(obj, "supergroup") or annotation(obj, "protected"))
 
 
 def _rank(*values) -> Optional[int]:

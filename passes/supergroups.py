@@ -1,8 +1,8 @@
 """annotate-supergroups, fuse-layernorm, fuse-gelu: turn the pattern library's matches into IR facts.
 
-A *supergroup* is an annotation: every member node gets `node.meta["supergroup"] = "<group>:<k>"`, every value
-computed inside it (not one of its outputs) gets `value.meta["supergroup_interior"]`, and its structural
-constants (a GELU's 0.5, a LayerNorm's epsilon) get `value.meta["protected"] = True`. The quantization plan reads
+A *supergroup* is an annotation (qcompiler/ir/annotations.py lists every key): every member node gets
+`supergroup = "<group>:<k>"`, every value computed inside it (not one of its outputs) gets `supergroup_interior`,
+and its structural constants (a GELU's 0.5, a LayerNorm's epsilon) get `protected`. The quantization plan reads
 these: quantizers sit only at a supergroup's boundary (field notes §2), and scale folding refuses protected
 constants (field notes §4). A *fusion* is an actual rewrite into one ONNX op, done only where the opset has it
 (LayerNormalization from opset 17, Gelu from opset 20); elsewhere the structure stays a supergroup.
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qcompiler.ir.annotations import annotate, annotation
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
 # The one list of supergroup kinds: kind -> whether quantization keeps its interior float by default
@@ -25,12 +26,6 @@ DEFAULT_GROUPS = tuple(SUPERGROUP_KINDS)
 FLOAT_INTERIOR_KINDS = tuple(k for k, keep_float in SUPERGROUP_KINDS.items() if keep_float)
 
 
-def _meta(obj) -> dict:
-    if obj.meta is None:
-        obj.meta = {}
-    return obj.meta
-
-
 def annotate_supergroups(model, groups=DEFAULT_GROUPS) -> dict:
     """Mark every match of `groups` in the model (bodies too) as a supergroup; returns {group: count}."""
     return annotate_graph(model.graph, groups)
@@ -43,25 +38,25 @@ def annotate_graph(graph, groups=DEFAULT_GROUPS, recurse: bool = True) -> dict:
     counts = {}
     for group in groups:
         n = 0
-        taken = {node.meta["supergroup"] for g in ([graph] + (graph.subgraphs(True) if recurse else []))
-                 for node in g if node.meta and node.meta.get("supergroup", "").startswith(group + ":")}
+        taken = {annotation(node, "supergroup") for g in ([graph] + (graph.subgraphs(True) if recurse else []))
+                 for node in g if annotation(node, "supergroup", "").startswith(group + ":")}
         k = len(taken)
         for m in find_matches(graph, group, recurse=recurse):
-            if any(node.meta and node.meta.get("supergroup") for node in m.nodes):
+            if any(annotation(node, "supergroup") for node in m.nodes):
                 continue
             sg = f"{group}:{k}"
             k += 1
             outs = {id(v) for v in m.outputs}
             for node in m.nodes:
-                _meta(node)["supergroup"] = sg
-                _meta(node)["supergroup_pattern"] = m.pattern
+                annotate(node, "supergroup", sg)
+                annotate(node, "supergroup_pattern", m.pattern)
                 for v in node.outputs:
                     if v is not None and id(v) not in outs:
-                        _meta(v)["supergroup_interior"] = sg
+                        annotate(v, "supergroup_interior", sg)
             for c in m.constants.values():
-                _meta(c)["protected"] = True
+                annotate(c, "protected")
                 if c.producer is not None:
-                    _meta(c.producer)["protected"] = True
+                    annotate(c.producer, "protected")
             n += 1
         counts[group] = n
     return counts
@@ -71,7 +66,7 @@ def supergroups_in(graph) -> dict:
     """{supergroup id: [nodes in graph order]} as annotated in one graph."""
     out: dict = {}
     for node in graph:
-        sg = node.meta.get("supergroup") if node.meta else None
+        sg = annotation(node, "supergroup")
         if sg:
             out.setdefault(sg, []).append(node)
     return out
