@@ -92,7 +92,7 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     outputs = [("-o", output), ("--encodings", encodings_path),
                ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])
-    check_output_paths([(k, v) for k, v in outputs if v], inputs, models=(model_path,),
+    check_output_paths(outputs, inputs, models=(model_path,),
                        new_folders={"--dump-dir": flags["dump_dir"]})
     instruments = Instruments(passes, inputs, feeds_name=calib, feeds_factory=first_sample(calib, "calibration data"),
                               **flags)
