@@ -206,6 +206,9 @@ def list_passes_cmd():
     for name, cls in quant.items():
         if name not in DEFAULT_PIPELINE:
             row(name, cls, f"  [after {cls.after}]" if getattr(cls, "after", "") else "  [--pipeline only]")
+    from .passmanager.registry import BROKEN_PLUGINS
+    for name, why in BROKEN_PLUGINS.items():
+        click.echo(f"qcompiler: warning: plug-in '{name}' failed to load: {why}", err=True)
 
 
 @main.command("match")

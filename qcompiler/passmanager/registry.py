@@ -12,6 +12,7 @@ ENTRY_POINT_GROUP = "qcompiler.passes"
 # graph passes such as qcompiler.passes.supergroups)
 BUILTIN_MODULES = ("qcompiler.passes", "qcompiler.passes.quantize")
 _REGISTRY: Dict[str, Type[Pass]] = {}
+BROKEN_PLUGINS: Dict[str, str] = {}   # entry-point name -> why it did not load
 _loaded = False
 
 
@@ -37,16 +38,30 @@ def _load() -> None:
         from importlib.metadata import entry_points
         eps = entry_points()
         group = eps.select(group=ENTRY_POINT_GROUP) if hasattr(eps, "select") else eps.get(ENTRY_POINT_GROUP, [])
-        for ep in group:
+    except Exception as e:   # noqa: BLE001 - broken package metadata must not break the built-ins
+        BROKEN_PLUGINS["<entry points>"] = _reason(e)
+        return
+    for ep in group:
+        # NOTE: a plug-in that fails to import must not break the built-ins, but it is never silent either:
+        # list-passes shows it and naming it in a pipeline says why it is missing
+        try:
             obj = ep.load()
-            if isinstance(obj, type) and issubclass(obj, Pass):
-                if not obj.name:
-                    obj.name = ep.name
-                _REGISTRY.setdefault(obj.name, obj)
-            elif callable(obj):
-                _REGISTRY.setdefault(ep.name, obj)
-    except Exception:  # a broken plug-in must not break the built-ins
-        pass
+        except Exception as e:   # noqa: BLE001 - third-party code raises anything
+            BROKEN_PLUGINS[ep.name] = _reason(e)
+            continue
+        if isinstance(obj, type) and issubclass(obj, Pass):
+            if not obj.name:
+                obj.name = ep.name
+            _REGISTRY.setdefault(obj.name, obj)
+        elif callable(obj):
+            _REGISTRY.setdefault(ep.name, obj)
+        else:
+            BROKEN_PLUGINS[ep.name] = f"{type(obj).__name__} is neither a Pass subclass nor a factory"
+
+
+def _reason(e: BaseException) -> str:
+    text = (str(e).strip().splitlines() or [""])[0][:160]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 def available_passes() -> Dict[str, Type[Pass]]:
@@ -59,6 +74,8 @@ def get_pass(name: str) -> Pass:
     _load()
     cls = _REGISTRY.get(name)
     if cls is None:
+        if name in BROKEN_PLUGINS:
+            raise UnknownPassError(f"pass '{name}' is a plug-in that failed to load ({BROKEN_PLUGINS[name]})")
         raise UnknownPassError(f"unknown pass '{name}'; known passes: {', '.join(sorted(_REGISTRY))}")
     return cls()
 

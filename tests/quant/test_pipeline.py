@@ -238,3 +238,18 @@ def test_third_party_pass_runs_inside_recipe(tiny, tmp_path):
     feeds = {"image": np.load(str(c))["image"][0]}
     ref = run(onnx.load(str(m)), feeds)[0]
     assert sqnr_db(ref, run(q, feeds)[0]) > 25
+
+
+def test_a_broken_plugin_is_named_never_silent(tiny, tmp_path):
+    (tmp_path / "qc_plugin_broken.py").write_text("raise ImportError('needs torch')\n")
+    dist = tmp_path / "qc_plugin_broken-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: qc-plugin-broken\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[qcompiler.passes]\ntest-broken = qc_plugin_broken:Pass\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), ROOT]))
+    lst = _cli("list-passes", env=env)
+    assert lst.returncode == 0 and "calibrate" in lst.stdout
+    assert "plug-in 'test-broken' failed to load: ImportError: needs torch" in lst.stderr
+    m, c = _paths(tiny)
+    r = _cli("quantize", m, "--calib", c, "-o", tmp_path / "q.onnx", "--recipe", "test-broken", env=env)
+    assert_one_line_error(r, "'test-broken' is a plug-in that failed to load (ImportError: needs torch)")
