@@ -21,7 +21,7 @@ from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .calibrate import assign_encodings, calibrate
 from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
-from .prefold import prefold_unfused_param_dq
+from .weight_storage import decide_storage
 from .float16 import apply_float16, float16_nodes
 from .memory import release
 from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases
@@ -334,6 +334,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
         if n:
             notes.append(f"bias correction on {n} Conv/Gemm nodes")
     fp16 = float16_nodes(model, config, plan.dtypes)
+    decide_storage(plan, model)
     acts, params = apply_plan(model, plan)
     if fp16:
         done = apply_float16(model, fp16, probe_ort=str(profile.get("name", "")).startswith("ort"))
@@ -341,7 +342,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
             layers.setdefault(name, {})["float16"] = what
         notes.append(f"{sum(w.startswith('float16') for w in done.values())} of {len(done)} nodes marked "
                      f"precision: float16 run in fp16 (see report 'layers')")
-    prefolded = prefold_unfused_param_dq(model, profile)
+    prefolded = plan.stored_on_grid()
     if prefolded:
         notes.append(f"{len(prefolded)} weights/biases stored fake-quantized (float on their int grid): their "
                      f"node has no integer kernel on {profile.get('name', target)}, a DQ would run every inference")

@@ -553,7 +553,7 @@ def _act_bits(plan: QuantPlan, table: Dict[str, int], v) -> Optional[int]:
 
 def _integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
     """Will the runtime run `node` as an integer kernel (profile `integer_weight_kernels`, read from the plan
-    as prefold.unfused_reason reads it from the exported graph)? Unsure cases answer True."""
+    before encodings exist, as weight_storage.unfused_reason reads it once they do)? Unsure cases answer True."""
     rule = plan.profile.get("integer_weight_kernels", {}).get(node.op_type)
     if rule is None:
         return False
@@ -576,7 +576,7 @@ def _full_range_for_float_kernels(plan: QuantPlan, g) -> None:
     """Weights whose node runs a float kernel use their whole grid: `range_bits` (ORT's reduce_range) exists
     only because u8 x s8 pairs summed into int16 saturate inside integer kernels (anchors F).
 
-    NOTE: such weights are stored on their int8 grid (prefold.py) and multiplied in float. On minilm_l6 the FFN
+    NOTE: such weights are stored on their int8 grid (weight_storage.py) and multiplied in float. On minilm_l6 the FFN
     down projection of layer 0 (16-bit input, so a float MatMul) has one output channel whose largest weight is
     39x its rms; on the 7-bit grid that channel's small weights rounded so coarsely that padding tokens, which
     do not fire the large weight's neuron, lost their last_hidden_state (3.3 dB; 17.2 dB with the full grid).

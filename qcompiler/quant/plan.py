@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Literal
 
 from .encoding import Encoding
+
+# how a quantized weight or bias is written (weight_storage.decide_storage decides, qdq.apply_plan writes)
+INT = "int"                        # the integer tensor and a DequantizeLinear
+FLOAT_ON_GRID = "float_on_grid"    # float32 values on the integer grid (the node runs a float kernel)
+Storage = Literal["int", "float_on_grid"]
 
 
 @dataclass
@@ -30,6 +36,9 @@ class QuantSpec:
     reason: str = ""
     widened: str = ""                   # why the grid was widened beyond the default bits (field notes §6)
     source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
+    storage: Storage = INT              # weights and biases: how the lowering writes them
+    storage_reason: str = ""            # why FLOAT_ON_GRID (the node's float kernel)
+    param_name: str = ""                # the name a FLOAT_ON_GRID use's parameter is reported under
 
     def float_(self, reason: str) -> "QuantSpec":
         """Mark this spec float with `reason` (the first reason wins: it names the root cause)."""
@@ -86,6 +95,16 @@ class QuantPlan:
         specs = list(self.values.values()) + list(self.uses.values())
         wide = any(not s.keep_float and s.kind != "bias" and (s.bits != 8 or s.block_size) for s in specs)
         return 21 if wide else 13
+
+    def stored_on_grid(self) -> Dict[str, str]:
+        """{weight or bias name: reason} for every quantized parameter stored as float on its grid (the first
+        use's reason when several uses of one weight are)."""
+        out: Dict[str, str] = {}
+        for spec in self.uses.values():
+            if spec.kind in ("weight", "bias") and not spec.keep_float and spec.storage == FLOAT_ON_GRID \
+                    and spec.encoding is not None and spec.param_name:
+                out.setdefault(spec.param_name, spec.storage_reason)
+        return out
 
     def float_values(self) -> Dict[str, str]:
         """Every value the plan leaves float, with its reason."""
