@@ -36,6 +36,7 @@ class QuantSpec:
     reason: str = ""
     widened: str = ""                   # why the grid was widened beyond the default bits (field notes §6)
     source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
+    tie_root: Optional[str] = None      # a per-use quantizer with the encoding of this value's tie group
     storage: Storage = INT              # weights and biases: how the lowering writes them
     storage_reason: str = ""            # why FLOAT_ON_GRID (the node's float kernel)
     param_name: str = ""                # the name a FLOAT_ON_GRID use's parameter is reported under
@@ -56,6 +57,27 @@ class Supergroup:
     interior: List[str]
 
 
+@dataclass
+class Body:
+    """An If/Loop/Scan body: its weights are quantized (per use, like the main graph's), its activations stay
+    float (calibration does not see inside bodies: field notes §1). The report lists it under `key`."""
+
+    owner: str           # the If/Loop/Scan node
+    op_type: str
+    index: int           # which of the node's bodies (If: 0 then, 1 else)
+    nodes: int
+    weights: int         # weight uses quantized inside it
+
+    @property
+    def key(self) -> str:
+        return f"<body {self.index} of {self.op_type} '{self.owner}'>"
+
+    @property
+    def reason(self) -> str:
+        return (f"subgraph body of {self.op_type} '{self.owner}' ({self.nodes} nodes, {self.weights} weights "
+                f"quantized): weights quantized, activations float: no calibration inside bodies yet")
+
+
 class QuantPlan:
     """Per-value specs, per-use overrides, tie groups (union-find) and supergroups."""
 
@@ -64,6 +86,7 @@ class QuantPlan:
         self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
         self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides
         self.supergroups: List[Supergroup] = []
+        self.bodies: List[Body] = []                            # If/Loop/Scan bodies (activations float)
         self.interior: Dict[str, str] = {}                      # value name -> supergroup kind
         self._parent: Dict[str, str] = {}
         self.dtypes: Dict[str, object] = {}                     # runtime dtype of every value seen
@@ -107,8 +130,10 @@ class QuantPlan:
         return out
 
     def float_values(self) -> Dict[str, str]:
-        """Every value the plan leaves float, with its reason."""
-        return {n: s.reason for n, s in self.values.items() if s.keep_float}
+        """Every value the plan leaves float, with its reason, and every body (its activations stay float)."""
+        out = {n: s.reason for n, s in self.values.items() if s.keep_float}
+        out.update((b.key, b.reason) for b in self.bodies)
+        return out
 
     # --- supergroups ------------------------------------------------------------------------------------
     def add_supergroup(self, kind: str, nodes: Iterable[str], interior: Iterable[str]) -> None:
