@@ -1,13 +1,13 @@
 """`insert-qdq`: write the plan into the model: QuantizeLinear/DequantizeLinear pairs on activations, weights
-as integers with a DequantizeLinear (or float on their int grid where the target has no integer kernel for the
-node: quant/prefold.py), biases as int32 (qcompiler/quant/qdq.py)."""
+as integers with a DequantizeLinear or float on their int grid (the plan's `storage`, decided first from the
+target's integer-kernel rule: quant/weight_storage.py), biases as int32 (qcompiler/quant/qdq.py)."""
 from __future__ import annotations
 
 from qcompiler.ir import verify
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.context import QuantPass
-from qcompiler.quant.prefold import prefold_unfused_param_dq
 from qcompiler.quant.qdq import apply_plan
+from qcompiler.quant.weight_storage import decide_storage
 
 
 @register_pass
@@ -19,8 +19,9 @@ class InsertQDQ(QuantPass):
     ensures = ("qdq",)
 
     def run(self, ctx) -> PassResult:
+        decide_storage(ctx.plan, ctx.model)   # after every pass that edits weight specs (bias-correction adds some)
         ctx.activations, ctx.params = apply_plan(ctx.model, ctx.plan)
-        ctx.prefolded = prefold_unfused_param_dq(ctx.model, ctx.profile)
+        ctx.prefolded = ctx.plan.stored_on_grid()
         if ctx.prefolded:
             ctx.notes.append(f"{len(ctx.prefolded)} weights/biases stored fake-quantized (float on their int "
                              f"grid): their node has no integer kernel on {ctx.profile.get('name', '?')}, a DQ "

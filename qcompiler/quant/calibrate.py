@@ -272,8 +272,8 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
                 s.encoding = enc
     # per-use activation quantizers tied to a value's group
     for key, spec in plan.uses.items():
-        if spec.kind == "activation" and spec.source.startswith("tie:"):
-            target = plan.values.get(spec.source[4:])
+        if spec.kind == "activation" and spec.tie_root is not None:
+            target = plan.values.get(spec.tie_root)
             if target is None or target.keep_float or target.encoding is None:
                 spec.float_("tied group is float")
             else:

@@ -22,7 +22,7 @@ import numpy as np
 
 from qcompiler.passes.supergroups import FLOAT_INTERIOR_KINDS
 
-from .plan import QuantPlan, QuantSpec
+from .plan import Body, QuantPlan, QuantSpec
 from .profiles import weight_axis
 
 # field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
@@ -251,8 +251,8 @@ def nodes_by_name(g) -> Dict[str, object]:
     return {n.name: n for n in weight_nodes(g)}
 
 
-def _report_bodies(plan: QuantPlan, g) -> None:
-    """One report entry per If/Loop/Scan body: its weights are quantized, its activations stay float (§1).
+def _record_bodies(plan: QuantPlan, g) -> None:
+    """A `Body` record per If/Loop/Scan body: its weights are quantized, its activations stay float (§1).
 
     NOTE: calibration observes main-graph values only (ORT cannot fetch a body's intermediates as outputs), so
     nothing inside a body has an activation range yet; the body's weights need none.
@@ -263,9 +263,7 @@ def _report_bodies(plan: QuantPlan, g) -> None:
                 names = {m.name for m in body.nodes}
                 w = sum(1 for (node, _), spec in plan.uses.items()
                         if node in names and spec.kind == "weight" and not spec.keep_float)
-                plan.set(f"<body {i} of {n.op_type} '{n.name}'>", QuantSpec(kind="body")).float_(
-                    f"subgraph body of {n.op_type} '{n.name}' ({len(body)} nodes, {w} weights quantized): weights "
-                    f"quantized, activations float: no calibration inside bodies yet")
+                plan.bodies.append(Body(n.name, n.op_type, i, len(body), w))
 
 
 def _propagate_dtypes(g, profile: dict, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
@@ -416,7 +414,7 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
 
     _drop_needless_quantizers(plan, g, profile)
 
-    _report_bodies(plan, g)
+    _record_bodies(plan, g)
 
     # 4. field notes §6: tensors 8 bits cannot carry (widened to the profile's wide grid, or kept float)
     wide = profile.get("wide_activation_bits")
@@ -477,7 +475,8 @@ def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[st
                 else:
                     # producer not quantizable: quantize at this use, with the group's encoding
                     plan.set_use(n.name, slot, QuantSpec(kind="activation", bits=ospec.bits,
-                                                         symmetric=ospec.symmetric, source=f"tie:{out.name}"))
+                                                         symmetric=ospec.symmetric, source="Concat tie",
+                                                         tie_root=out.name))
     _check_tie_spread(plan, stats, g)
     _full_range_for_float_kernels(plan, g)
     return plan
@@ -553,7 +552,7 @@ def _act_bits(plan: QuantPlan, table: Dict[str, int], v) -> Optional[int]:
 
 def _integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
     """Will the runtime run `node` as an integer kernel (profile `integer_weight_kernels`, read from the plan
-    as prefold.unfused_reason reads it from the exported graph)? Unsure cases answer True."""
+    before encodings exist, as weight_storage.unfused_reason reads it once they do)? Unsure cases answer True."""
     rule = plan.profile.get("integer_weight_kernels", {}).get(node.op_type)
     if rule is None:
         return False
@@ -576,7 +575,7 @@ def _full_range_for_float_kernels(plan: QuantPlan, g) -> None:
     """Weights whose node runs a float kernel use their whole grid: `range_bits` (ORT's reduce_range) exists
     only because u8 x s8 pairs summed into int16 saturate inside integer kernels (anchors F).
 
-    NOTE: such weights are stored on their int8 grid (prefold.py) and multiplied in float. On minilm_l6 the FFN
+    NOTE: such weights are stored on their int8 grid (weight_storage.py) and multiplied in float. On minilm_l6 the FFN
     down projection of layer 0 (16-bit input, so a float MatMul) has one output channel whose largest weight is
     39x its rms; on the 7-bit grid that channel's small weights rounded so coarsely that padding tokens, which
     do not fire the large weight's neuron, lost their last_hidden_state (3.3 dB; 17.2 dB with the full grid).
@@ -612,5 +611,5 @@ def _check_tie_spread(plan: QuantPlan, stats: Dict[str, dict], g) -> None:
                             f"grid would erase the small ones; inputs keep their own encodings")
             for slot in range(len(n.inputs)):
                 us = plan.uses.get((n.name, slot))
-                if us is not None and us.source.startswith("tie:"):
+                if us is not None and us.tie_root is not None:
                     del plan.uses[(n.name, slot)]

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Literal
 
 from .encoding import Encoding
+
+# how a quantized weight or bias is written (weight_storage.decide_storage decides, qdq.apply_plan writes)
+INT = "int"                        # the integer tensor and a DequantizeLinear
+FLOAT_ON_GRID = "float_on_grid"    # float32 values on the integer grid (the node runs a float kernel)
+Storage = Literal["int", "float_on_grid"]
 
 
 @dataclass
@@ -30,6 +36,10 @@ class QuantSpec:
     reason: str = ""
     widened: str = ""                   # why the grid was widened beyond the default bits (field notes §6)
     source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
+    tie_root: Optional[str] = None      # a per-use quantizer with the encoding of this value's tie group
+    storage: Storage = INT              # weights and biases: how the lowering writes them
+    storage_reason: str = ""            # why FLOAT_ON_GRID (the node's float kernel)
+    param_name: str = ""                # the name a FLOAT_ON_GRID use's parameter is reported under
 
     def float_(self, reason: str) -> "QuantSpec":
         """Mark this spec float with `reason` (the first reason wins: it names the root cause)."""
@@ -47,6 +57,27 @@ class Supergroup:
     interior: List[str]
 
 
+@dataclass
+class Body:
+    """An If/Loop/Scan body: its weights are quantized (per use, like the main graph's), its activations stay
+    float (calibration does not see inside bodies: field notes §1). The report lists it under `key`."""
+
+    owner: str           # the If/Loop/Scan node
+    op_type: str
+    index: int           # which of the node's bodies (If: 0 then, 1 else)
+    nodes: int
+    weights: int         # weight uses quantized inside it
+
+    @property
+    def key(self) -> str:
+        return f"<body {self.index} of {self.op_type} '{self.owner}'>"
+
+    @property
+    def reason(self) -> str:
+        return (f"subgraph body of {self.op_type} '{self.owner}' ({self.nodes} nodes, {self.weights} weights "
+                f"quantized): weights quantized, activations float: no calibration inside bodies yet")
+
+
 class QuantPlan:
     """Per-value specs, per-use overrides, tie groups (union-find) and supergroups."""
 
@@ -55,6 +86,7 @@ class QuantPlan:
         self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
         self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides
         self.supergroups: List[Supergroup] = []
+        self.bodies: List[Body] = []                            # If/Loop/Scan bodies (activations float)
         self.interior: Dict[str, str] = {}                      # value name -> supergroup kind
         self._parent: Dict[str, str] = {}
         self.dtypes: Dict[str, object] = {}                     # runtime dtype of every value seen
@@ -87,9 +119,21 @@ class QuantPlan:
         wide = any(not s.keep_float and s.kind != "bias" and (s.bits != 8 or s.block_size) for s in specs)
         return 21 if wide else 13
 
+    def stored_on_grid(self) -> Dict[str, str]:
+        """{weight or bias name: reason} for every quantized parameter stored as float on its grid (the first
+        use's reason when several uses of one weight are)."""
+        out: Dict[str, str] = {}
+        for spec in self.uses.values():
+            if spec.kind in ("weight", "bias") and not spec.keep_float and spec.storage == FLOAT_ON_GRID \
+                    and spec.encoding is not None and spec.param_name:
+                out.setdefault(spec.param_name, spec.storage_reason)
+        return out
+
     def float_values(self) -> Dict[str, str]:
-        """Every value the plan leaves float, with its reason."""
-        return {n: s.reason for n, s in self.values.items() if s.keep_float}
+        """Every value the plan leaves float, with its reason, and every body (its activations stay float)."""
+        out = {n: s.reason for n, s in self.values.items() if s.keep_float}
+        out.update((b.key, b.reason) for b in self.bodies)
+        return out
 
     # --- supergroups ------------------------------------------------------------------------------------
     def add_supergroup(self, kind: str, nodes: Iterable[str], interior: Iterable[str]) -> None:

@@ -24,7 +24,7 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `per_block_weight_bits`: weight bit widths that may be per-block (default 4 and 8); others fall back to
   per-channel and say so.
 - `prefold_unfused_weight_dq`: store a weight whose node cannot fuse its DQ into an integer kernel as float
-  values on its int grid (quant/prefold.py), so no DequantizeLinear runs per inference. `integer_weight_kernels`:
+  values on its int grid (quant/weight_storage.py), so no DequantizeLinear runs per inference. `integer_weight_kernels`:
   op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q: only with a Q on the output,
   possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN) never do.
   `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
@@ -89,7 +89,7 @@ PROFILES: dict = {
                                    "Gemm": {"act_bits": 8, "output_q": False}},
         "output_q_through": ["Relu", "Clip"],
         "float_kernel_ops": ["LSTM", "GRU", "RNN"],
-        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],   # prefold.py: WeightBiasQuantization
+        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],   # weight_storage.py: WeightBiasQuantization
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",

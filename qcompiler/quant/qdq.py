@@ -15,9 +15,9 @@ from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from .encoding import Encoding, broadcast_qparams, per_tensor, quantize_dequantize, scalar
+from .encoding import Encoding, broadcast_qparams, dequantize_linear, per_tensor, quantize_dequantize, scalar
 from .memory import drop_cached
-from .plan import QuantPlan, QuantSpec
+from .plan import FLOAT_ON_GRID, INT, QuantPlan, QuantSpec
 
 INT32_MAX = 2 ** 31 - 1
 
@@ -130,6 +130,24 @@ def _quantize_array(w: np.ndarray, enc: Encoding) -> np.ndarray:
     return q.astype(storage_dtype(enc))
 
 
+def _on_grid(q: np.ndarray, enc: Encoding) -> np.ndarray:
+    """The float32 values ORT's DequantizeLinear computes from the stored grid `q` (8 to 32 bits, no blocks):
+    what a FLOAT_ON_GRID parameter holds, bit-identical to the explicit DQ."""
+    scale, zp = qparam_arrays(enc)
+    return dequantize_linear(q, scale, zp.astype(q.dtype), int(enc.axis) if enc.per_channel else 1)
+
+
+def _write_on_grid(g, members: list, values: np.ndarray, dq_name: str) -> None:
+    """One float32 constant on the grid for the FLOAT_ON_GRID `members` [(node, slot, value, enc, spec)];
+    `dq_name` is the name a DQ output would have had: the report lists the parameter under it (without its
+    `_dequantized` suffix: the weight's own name unless a second grid of the weight took it)."""
+    grid = g.add_constant(values, f"{dq_name}_prefolded")
+    shown = dq_name[:-len("_dequantized")] if dq_name.endswith("_dequantized") else dq_name
+    for node, slot, _, _, spec in members:
+        g.set_input(node, slot, grid)
+        spec.param_name = shown
+
+
 def insert_activation_qdq(g, value, enc: Encoding):
     """Q→DQ after `value` for all its uses; returns the DQ node."""
     scale, zp = _qparams(g, enc, value.name)
@@ -237,7 +255,8 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
     # 1. weights: group uses by (value, graph of the reader, grid). A weight read inside an If/Loop/Scan body
     # gets its int8 copy and DQ inside that body (field notes §1), also when the float original lives in an
     # outer graph (a captured weight): each body stays self-contained, so the DQ sits next to its reader as in
-    # the main graph (and prefold.py can fold it there); the price is one int8 copy per body reading it.
+    # the main graph; the price is one int8 copy per body reading it. Each use is written as the plan's
+    # `storage` says: the int tensor through one shared DQ, or float32 on the grid (weight_storage.py).
     groups: Dict[tuple, list] = {}
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or spec.encoding is None:
@@ -247,9 +266,9 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         enc = spec.encoding
         key = (id(v), id(node.graph), enc.axis, enc.bits, tuple(np.asarray(enc.scale).ravel().tolist()),
                tuple(np.asarray(enc.zero_point).ravel().tolist()))
-        groups.setdefault(key, []).append((node, slot, v, enc))
+        groups.setdefault(key, []).append((node, slot, v, enc, spec))
     for k, members in groups.items():
-        node0, _, v, enc = members[0]
+        node0, _, v, enc, _ = members[0]
         wg = node0.graph
         if wg is not g:
             touched.add(id(wg))
@@ -257,17 +276,23 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         qarr = _quantize_array(w, enc)
         del w
         drop_cached(v)   # the float copy of an external weight: one held at a time (memory.py)
-        if enc.bits < 8:
-            qarr = _as_int4(qarr, enc.signed)
-        wq = wg.add_constant(qarr, f"{v.name}_quantized")
-        scale, zp = _qparams(wg, enc, v.name)
-        attrs = _dq_attrs(enc)
-        dq = wg.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], attrs,
-                        name=f"{v.name}_DequantizeLinear", before=node0)
-        for node, slot, _, _ in members:
-            wg.set_input(node, slot, dq.outputs[0])
-        pname = v.name if v.name not in params else dq.outputs[0].name
-        params[pname] = enc
+        on_int = [m for m in members if m[4].storage == INT]
+        on_grid = [m for m in members if m[4].storage == FLOAT_ON_GRID]
+        if on_int:
+            if enc.bits < 8:
+                qarr = _as_int4(qarr, enc.signed)
+            wq = wg.add_constant(qarr, f"{v.name}_quantized")
+            scale, zp = _qparams(wg, enc, v.name)
+            dq = wg.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], _dq_attrs(enc),
+                             name=f"{v.name}_DequantizeLinear", before=node0)
+            for node, slot, _, _, _ in on_int:
+                wg.set_input(node, slot, dq.outputs[0])
+            pname = dq.outputs[0].name
+        else:
+            pname = wg.names.fresh(f"{v.name}_dequantized")   # the name its DQ would have had
+        if on_grid:
+            _write_on_grid(wg, on_grid, _on_grid(qarr, enc), pname)
+        params[v.name if v.name not in params else pname] = enc
         v.graph.drop_if_unused([v])
 
     # 2. biases (int32, scale = s_in * s_w)
@@ -293,14 +318,19 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
                        signed=True, axis=bias_axis)
         spec.encoding = enc
         bg = node.graph
-        bq = bg.add_constant(q.astype(np.int32), f"{v.name}_quantized")
-        scale = bg.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
-        zp = bg.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
-        dq = bg.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
-                        {"axis": bias_axis} if per_channel else None,
-                        name=f"{v.name}_{node_name}_DequantizeLinear", before=node)
-        bg.set_input(node, slot, dq.outputs[0])
-        params[v.name if v.name not in params else dq.outputs[0].name] = enc
+        if spec.storage == FLOAT_ON_GRID:
+            pname = bg.names.fresh(f"{v.name}_dequantized")
+            _write_on_grid(bg, [(node, slot, v, enc, spec)], _on_grid(q.astype(np.int32), enc), pname)
+        else:
+            bq = bg.add_constant(q.astype(np.int32), f"{v.name}_quantized")
+            scale = bg.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
+            zp = bg.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
+            dq = bg.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
+                             {"axis": bias_axis} if per_channel else None,
+                             name=f"{v.name}_{node_name}_DequantizeLinear", before=node)
+            bg.set_input(node, slot, dq.outputs[0])
+            pname = dq.outputs[0].name
+        params[v.name if v.name not in params else pname] = enc
         v.graph.drop_if_unused([v])
 
     # 3. activations at producers (one Q/DQ per value, every use reads the DQ)
