@@ -9,6 +9,7 @@ tests/io pin them).
 - `short_text(s)`: a name or string from a model or file, unquoted: `node 'x...'` (tensor_check.short)
 - `short_value(v)`: a value parsed from a config, profile or encodings file, as its repr; containers by type and
   length only, never walked (untrusted.short)
+- `short_key(k)`: a key of a config-like file inside a `where` path, unquoted (config._key)
 - `short_argument(v)`: what an API caller passed: the type, plus a short repr of scalars and short strings
   (arguments.got)
 - `short_path(p)`: a file path, shortened in the middle so both the folder and the file name show
@@ -58,6 +59,12 @@ def short_value(v, n: int = VALUE_CHARS) -> str:
     if v is None or isinstance(v, (bool, int, float)):
         return repr(v)[:n]
     return type(v).__name__
+
+
+def short_key(k, n: int = VALUE_CHARS) -> str:
+    """A key of a config, profile or encodings file as part of a `where` path (`rules[0].weights.<key>`):
+    unquoted when it is a string, at most `n` characters, control characters escaped."""
+    return short_text(k, n) if isinstance(k, str) else short_value(k, n)
 
 
 def short_argument(value) -> str:
@@ -113,4 +120,4 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-__all__ = ["short_text", "short_value", "short_argument", "short_path", "one_line", "file_kind", "MESSAGE_CHARS"]
+__all__ = ["short_text", "short_value", "short_key", "short_argument", "short_path", "one_line", "file_kind", "MESSAGE_CHARS"]

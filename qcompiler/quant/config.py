@@ -43,6 +43,7 @@ from ..errors import ConfigError
 from ..input_files import read_bounded
 from .bitwidths import BIAS_BITS, INT_BITS, check_bits
 from .schemes import canonical_scheme
+from ..shorten import short_key
 from .untrusted import decode_text, parse_json, parse_yaml, short
 
 AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
@@ -248,10 +249,7 @@ class _Ctx:
         return f
 
 
-def _key(k) -> str:
-    """A key from the file as part of a `where` path, at most ~60 characters."""
-    k = k if isinstance(k, str) else short(k)
-    return k if len(k) <= 60 else k[:60] + "..."
+_key = short_key   # a key from the file as part of a `where` path (qcompiler/shorten.py)
 
 
 def _section(ctx: _Ctx, name: str, value, where: str) -> dict:
