@@ -10,19 +10,7 @@ from __future__ import annotations
 import os
 
 from .errors import ArgumentError
-
-
-def got(value) -> str:
-    """What the caller passed, in a few words: the type, plus a short repr for scalars and short strings."""
-    if isinstance(value, (bool, int, float)) or value is None:
-        try:
-            text = repr(value)
-        except ValueError:   # an int past Python's digit limit for str()
-            return "a huge int"
-        return text if len(text) <= 40 else f"a number of {len(text)} digits"
-    if isinstance(value, str):
-        return repr(value) if len(value) <= 40 else f"a str of {len(value)} chars"
-    return f"a {type(value).__name__}"
+from .shorten import short_argument as got   # what a caller passed, in a few words (qcompiler/shorten.py)
 
 
 def require_model(value, what: str = "model"):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 
 import click
@@ -18,29 +17,8 @@ import click
 from .cli_instruments import Instruments, first_sample, instrument_options
 
 from .errors import PassError, QCompilerError
-
-MESSAGE_CHARS = 600   # a safety net: messages cut untrusted values themselves (~80 chars each)
-TOKEN_CHARS = 160     # one run of non-blank characters (a 100k-character node name, a path): head...tail
-_LONG_TOKEN = re.compile(r"\S{%d,}" % (TOKEN_CHARS + 1))
-
-
-def _cut_token(m) -> str:
-    t = m.group(0)
-    return f"{t[:TOKEN_CHARS - 50]}...{t[-47:]}"
-
-
-def _one_line(msg: str) -> str:
-    """The first line of `msg`, control characters (terminal escapes from a hostile model's names) shown as
-    \\xNN, at most MESSAGE_CHARS long."""
-    try:
-        text = str(msg)
-    except Exception:  # noqa: BLE001 - an exception whose __str__ fails still gets its line
-        text = type(msg).__name__
-    lines = text.strip().splitlines()
-    line = lines[0] if lines else ""
-    line = "".join(c if c.isprintable() or c == " " else f"\\x{ord(c):02x}" if ord(c) < 256 else "?" for c in line)
-    line = _LONG_TOKEN.sub(_cut_token, line)
-    return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 3] + "..."
+from .shorten import MESSAGE_CHARS
+from .shorten import one_line as _one_line
 
 
 def _fail(msg: str, code: int, prefix: str = "error") -> None:

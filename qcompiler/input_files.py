@@ -12,6 +12,7 @@ import stat
 from typing import BinaryIO, Type
 
 from .errors import QCompilerError
+from .shorten import file_kind
 
 # One source for how large each kind of input may be (bytes). A model file above protobuf's 2 GB limit cannot
 # parse anyway; larger models keep their tensors in external data, which is read tensor by tensor.
@@ -23,18 +24,6 @@ MAX_BYTES = {
     "calibration data": 64 << 30,
     "verification inputs": 8 << 30,
 }
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "not a regular file"
 
 
 def check_path_text(path, what: str, error: Type[Exception] = QCompilerError) -> str:
@@ -68,7 +57,7 @@ def open_regular(path, what: str, error: Type[Exception] = QCompilerError,
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{path}: is {_kind(st.st_mode)}, not a {what} file")
+            raise error(f"{path}: is {file_kind(st.st_mode)}, not a {what} file")
         if limit is not None and st.st_size > limit:
             raise error(f"{path}: {what} of {st.st_size} bytes is over the {limit}-byte limit for that kind of file")
         if hasattr(os, "set_blocking"):

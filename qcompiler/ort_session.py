@@ -228,13 +228,8 @@ def _sweep_leftovers() -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True
-    return True
+    from .onnx_io.safe_write import pid_alive   # one check for leftovers of dead processes (outputs' too)
+    return pid_alive(pid)
 
 
 # NOTE: above this many bytes of initializers a session's model goes to onnxruntime with its weights outside the

@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Optional
 
 from ..errors import OutputError, QCompilerError
 from ..input_files import check_path_text, open_regular
+from ..shorten import file_kind, short_path
 
 try:
     import fcntl
@@ -46,26 +47,7 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EP
                  errno.ENAMETOOLONG, errno.ELOOP, errno.EFBIG, errno.EIO, errno.ETXTBSY}
 
 
-def show(path: str, keep: int = 80) -> str:
-    """A path fit for a one-line message: control characters escaped, long paths shortened in the middle."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(path))
-    return text if len(text) <= keep else text[: keep // 2 - 2] + "..." + text[-(keep // 2 - 1):]
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISBLK(mode):
-        return "a block device"
-    if stat.S_ISCHR(mode):
-        return "a character device"
-    if stat.S_ISREG(mode):
-        return "a file"
-    return "not a regular file"
+show = short_path   # paths in messages (qcompiler/shorten.py)
 
 
 def _special(real: str) -> bool:
@@ -223,7 +205,7 @@ def output_target(path, opt: str = "output", folder_may_be_missing: bool = False
         if stat.S_ISCHR(st.st_mode):
             return Target(path, device=True)
         if not stat.S_ISREG(st.st_mode):
-            raise OutputError(f"{show(path)}: {opt} is {_kind(st.st_mode)}, not a regular file; refusing to "
+            raise OutputError(f"{show(path)}: {opt} is {file_kind(st.st_mode)}, not a regular file; refusing to "
                               "replace it")
     if _special(os.path.realpath(path)):
         raise OutputError(f"{show(path)}: {opt} is under /proc or /sys; refusing to write there")
@@ -261,7 +243,7 @@ def check_output_folder(folder, opt: str) -> str:
             raise OutputError(f"{show(folder)}: {opt} cannot be used ({e.strerror or e})") from None
         if not stat.S_ISDIR(st.st_mode):
             if probe == folder:
-                raise OutputError(f"{show(folder)}: {opt} is {_kind(st.st_mode)}, not a folder")
+                raise OutputError(f"{show(folder)}: {opt} is {file_kind(st.st_mode)}, not a folder")
             raise OutputError(f"{show(folder)}: {opt} cannot be created ('{show(probe)}' is not a folder)")
         if probe != folder and not os.access(probe, os.W_OK | os.X_OK):
             raise OutputError(f"{show(folder)}: {opt} cannot be created ('{show(probe)}' is not writable)")
@@ -298,7 +280,8 @@ def _lock_name(base: str) -> str:
     return f".{base[:_NAME_KEEP]}.qcompiler.lock"
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Is a process with this pid running (or not ours to tell)? A pid past the C range names none."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -343,7 +326,7 @@ def remove_leftovers(folder: str) -> None:
             m = _TMP_RE.match(e.name)
             try:
                 if m is not None:
-                    if m.group(2) == _OWNER and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+                    if m.group(2) == _OWNER and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
                         _remove_tree(e.path)
                 elif _LOCK_RE.match(e.name) and e.is_file(follow_symlinks=False):
                     _remove_stale_lock(e.path)
@@ -486,7 +469,7 @@ def write_through(target: Target, write: Callable) -> None:
     try:
         st = os.fstat(fd)
         if not stat.S_ISCHR(st.st_mode):
-            raise OutputError(f"{show(target.path)}: changed while being checked ({_kind(st.st_mode)}); not written")
+            raise OutputError(f"{show(target.path)}: changed while being checked ({file_kind(st.st_mode)}); not written")
         os.set_blocking(fd, True)
         f = os.fdopen(fd, "wb", buffering=WRITE_BUFFER)
     except BaseException:

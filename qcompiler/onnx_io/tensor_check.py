@@ -33,6 +33,7 @@ from typing import Callable, Optional
 import onnx
 
 from ..errors import InvalidModelError, ModelLoadError
+from ..shorten import short_text
 from ..ir.tensor import ExternalRef, read_external_bytes
 
 TP = onnx.TensorProto
@@ -98,16 +99,7 @@ class collect_external_files:
         _FILES.reset(self._token)
 
 
-def short(s, limit: int = 80) -> str:
-    """At most `limit` characters of an untrusted string, non-printable characters escaped (for messages)."""
-    if isinstance(s, bytes):
-        s = s.decode("utf-8", "replace")
-    s = str(s)
-    cut = len(s) > limit
-    s = s[:limit]
-    if not s.isprintable():
-        s = "".join(c if c.isprintable() else repr(c)[1:-1] for c in s)
-    return s + "..." if cut else s
+short = short_text   # names from the model in messages (qcompiler/shorten.py)
 
 
 def dtype_name(dt: int) -> str:

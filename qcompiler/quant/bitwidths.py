@@ -11,21 +11,17 @@ from __future__ import annotations
 from typing import Type
 
 from ..errors import ConfigError
+from ..shorten import short_value
 
 INT_BITS = (4, 8, 16)      # weight and activation Q/DQ grids
 BIAS_BITS = (32,)          # bias: int32 only
 FLOAT_BITS = (16, 32)      # float passthrough widths an encodings file may name (the tensor stays float)
 
 
-def _fmt(v) -> str:
-    from .untrusted import short
-    return short(v)
-
-
 def check_bits(v, what: str, allowed=INT_BITS, error: Type[Exception] = ConfigError) -> int:
     """`v` as an int if it is one of `allowed`, else `error` naming `what` (e.g. "file: weights.bits")."""
     if isinstance(v, bool) or not isinstance(v, int) or v not in allowed:
-        raise error(f"{what}: bit width must be one of {', '.join(map(str, allowed))}, got {_fmt(v)}")
+        raise error(f"{what}: bit width must be one of {', '.join(map(str, allowed))}, got {short_value(v)}")
     return int(v)
 
 

@@ -12,8 +12,8 @@ Our format (unknown keys are errors: a typo must not be silently ignored):
     weights: {bits: 8, symmetric: true, per_channel: true, per_block: null, quantized: true}
     activations: {bits: 8, symmetric: false}
     bias: {bits: 32, quantized: true}
-    model_input: {quantized: true}
-    model_output: {quantized: true}
+    model_input: {quantized: true}            # false: model inputs stay float
+    model_output: {quantized: true}           # only true (what qcompiler does); false is refused
     rules:
       - match: {op_type: [Softmax]}
         activations: {bits: 16}
@@ -21,7 +21,13 @@ Our format (unknown keys are errors: a typo must not be silently ignored):
         keep_float: true                      # or precision: float16
     supergroups: true | [layernorm, gelu, ...]
 AIMET's format (anchors.md A; `aimet_common/quantsim_config/quantsim_config_schema.py`) is detected by its six
-required keys; booleans there are the strings "True"/"False". Its unknown keys become `config.warnings`.
+required keys; booleans there are the strings "True"/"False". Its unknown keys, and the settings AIMET's own
+configs carry that qcompiler does not apply (`is_input_quantized: True` on an op: inputs are quantized by their
+producers' output quantizers; `supergroups` op lists: fused pairs come from the target profile;
+`unsigned_symmetric` with symmetric activations: symmetric grids are signed), become `config.warnings`, which
+`quantize` reports (report['warnings'], a `qcompiler: warning:` line). A setting that would change the numbers
+and that qcompiler cannot honour (`strict_symmetric: True`, an asymmetric bias, `supported_kernels` widths
+outside 4/8/16) is a ConfigError, never ignored; `hw_version` is descriptive.
 Duplicate keys are rejected in both JSON and YAML; YAML is read with a safe loader only, with nesting, node
 count and alias expansion bounded (untrusted.py). Bit widths come from bitwidths.py (4, 8, 16; bias 32), numbers
 must be finite, and no message quotes more than ~60 characters of a value from the file.
@@ -37,6 +43,7 @@ from ..errors import ConfigError
 from ..input_files import read_bounded
 from .bitwidths import BIAS_BITS, INT_BITS, check_bits
 from .schemes import canonical_scheme
+from ..shorten import short_key
 from .untrusted import decode_text, parse_json, parse_yaml, short
 
 AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
@@ -57,7 +64,6 @@ class NodeSettings:
     act_bits: int = 8
     act_symmetric: bool = False
     precision: str = "int"           # "int" (QDQ), "float16" or "float32" (kept float, no quantizers)
-    input_quantized: bool = False
     output_quantized: bool = True
     encoding_min: Optional[float] = None   # AIMET encoding_constraints: fixed output range
     encoding_max: Optional[float] = None
@@ -102,12 +108,10 @@ class QuantConfig:
     rules: list = field(default_factory=list)
     supergroups: Union[bool, list] = True            # True/False, or names (ours), or op lists (AIMET)
     model_input_quantized: bool = True
-    model_output_quantized: bool = True
-    strict_symmetric: bool = False
-    unsigned_symmetric: bool = False
-    hw_version: Optional[str] = None
-    supported_kernels: Optional[list] = None
-    warnings: list = field(default_factory=list)
+    unsigned_symmetric: bool = False                 # AIMET; see the module docstring
+    hw_version: Optional[str] = None                 # AIMET; descriptive
+    supported_kernels: Optional[list] = None         # AIMET; checked (bit widths), descriptive
+    warnings: list = field(default_factory=list)     # selection.warning dicts: settings read but not applied
 
     def settings_for(self, node) -> NodeSettings:
         """Settings for `node` (anything with `op_type` and `name`): defaults, op_type entry, then rules."""
@@ -194,8 +198,13 @@ _SECTION_FIELDS = {
     "activations": {"bits": "act_bits", "symmetric": "act_symmetric"},
     "bias": {"bits": "bias_bits", "quantized": "bias_quantized"},
 }
-_RULE_KEYS = ("match", "weights", "activations", "bias", "keep_float", "precision", "input_quantized",
-              "output_quantized", "encoding_constraints")
+_RULE_KEYS = ("match", "weights", "activations", "bias", "keep_float", "precision", "output_quantized",
+              "encoding_constraints")
+# keys a user may expect from AIMET's vocabulary that qcompiler does not implement: refused with the reason
+_UNSUPPORTED = {
+    "input_quantized": "not supported: a node's inputs are quantized by their producers' output quantizers "
+                       "(set output_quantized on the producer)",
+}
 
 
 class _Ctx:
@@ -212,6 +221,8 @@ class _Ctx:
 
     def known(self, d: dict, allowed, where):
         for k in d:
+            if k in _UNSUPPORTED and k not in allowed:
+                raise self.err(f"{where}.{k}" if where else k, _UNSUPPORTED[k])
             if k not in allowed:
                 raise self.err(f"{where}.{_key(k)}" if where else _key(k),
                                f"unknown key {short(k)} (allowed: {', '.join(allowed)})")
@@ -238,10 +249,7 @@ class _Ctx:
         return f
 
 
-def _key(k) -> str:
-    """A key from the file as part of a `where` path, at most ~60 characters."""
-    k = k if isinstance(k, str) else short(k)
-    return k if len(k) <= 60 else k[:60] + "..."
+_key = short_key   # a key from the file as part of a `where` path (qcompiler/shorten.py)
 
 
 def _section(ctx: _Ctx, name: str, value, where: str) -> dict:
@@ -327,9 +335,8 @@ def _parse_rule(ctx: _Ctx, i: int, r) -> Rule:
         if r.get("keep_float") is True and p == "int":
             raise ctx.err(where, "keep_float: true contradicts precision: int")
         upd["precision"] = p
-    for k in ("input_quantized", "output_quantized"):
-        if k in r:
-            upd[k] = ctx.boolean(r[k], f"{where}.{k}")
+    if "output_quantized" in r:
+        upd["output_quantized"] = ctx.boolean(r["output_quantized"], f"{where}.output_quantized")
     if "encoding_constraints" in r:
         upd.update(_constraints(ctx, r["encoding_constraints"], f"{where}.encoding_constraints"))
     rule.updates = upd
@@ -351,12 +358,17 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
         if sec in data:
             upd.update(_section(ctx, sec, data[sec], sec))
     cfg.defaults = replace(cfg.defaults, **upd)
-    for key, attr in (("model_input", "model_input_quantized"), ("model_output", "model_output_quantized")):
+    for key in ("model_input", "model_output"):
         if key in data:
             d = ctx.mapping(data[key], key)
             ctx.known(d, ("quantized",), key)
             if "quantized" in d:
-                setattr(cfg, attr, ctx.boolean(d["quantized"], f"{key}.quantized"))
+                q = ctx.boolean(d["quantized"], f"{key}.quantized")
+                if key == "model_input":
+                    cfg.model_input_quantized = q
+                elif not q:
+                    raise ctx.err("model_output.quantized", "false is not supported: each output is quantized "
+                                  "as its producer's settings say (use a rule with output_quantized: false)")
     rules = data.get("rules") or []
     if not isinstance(rules, list):
         raise ctx.err("rules", f"expected a list of rules, got {short(rules)}")
@@ -378,14 +390,49 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
 
 
 # --- AIMET format ----------------------------------------------------------------------------------------
-def _aimet_flags(ctx, cfg, d: dict, where: str, mapping: dict) -> dict:
+def _ignored(cfg, where: str, why: str) -> None:
+    """A setting read but not applied: a structured warning `quantize` reports (never dropped silently)."""
+    from .selection import warning
+    cfg.warnings.append(warning("config key", where, f"of {cfg.source}: {why}"))
+
+
+_INPUT_Q = "True is not applied (qcompiler quantizes an op's inputs through its producers' " \
+           "output quantizers)"
+
+
+def _aimet_flags(ctx, cfg, d: dict, where: str, mapping: dict, ops: bool = False) -> dict:
     out = {}
     for k, v in d.items():
-        if k in mapping:
+        if ops and k == "is_input_quantized":
+            if ctx.boolean(v, f"{where}.{k}"):
+                _ignored(cfg, f"{where}.{k}", _INPUT_Q)
+        elif k in mapping:
             out[mapping[k]] = ctx.boolean(v, f"{where}.{k}")
         else:
-            cfg.warnings.append(f"{ctx.source}: {where}.{_key(k)}: unknown AIMET key, ignored")
+            _ignored(cfg, f"{where}.{_key(k)}", "unknown AIMET key, ignored")
     return out
+
+
+def _aimet_kernels(ctx, v, where) -> list:
+    """AIMET `supported_kernels`: [{"activation": {"bitwidth": N, "dtype": "int"|"float"}, "param": {...}}];
+    bit widths are checked as every other bit width (bitwidths.py), so `bitwidth: 2` is the error
+    `--weight-bits 2` gives."""
+    from .bitwidths import FLOAT_BITS
+    if not isinstance(v, list):
+        raise ctx.err(where, f"expected a list, got {short(v)}")
+    for i, k in enumerate(v):
+        w = f"{where}[{i}]"
+        k = ctx.mapping(k, w)
+        ctx.known(k, ("activation", "param"), w)
+        for part, d in k.items():
+            d = ctx.mapping(d, f"{w}.{part}")
+            ctx.known(d, ("bitwidth", "dtype"), f"{w}.{part}")
+            dtype = d.get("dtype", "int")
+            if dtype not in ("int", "float"):
+                raise ctx.err(f"{w}.{part}.dtype", f"expected 'int' or 'float', got {short(dtype)}")
+            if "bitwidth" in d:
+                ctx.bits(d["bitwidth"], f"{w}.{part}.bitwidth", INT_BITS if dtype == "int" else FLOAT_BITS)
+    return copy.deepcopy(v)
 
 
 _PARAM_FLAGS = {"weight": {"is_quantized": "weight_quantized", "is_symmetric": "weight_symmetric"},
@@ -399,16 +446,17 @@ def _aimet_params(ctx, cfg, d, where) -> dict:
         w = f"{where}.{_key(pname)}"
         pd = ctx.mapping(pd, w)
         if pname not in _PARAM_FLAGS:
-            cfg.warnings.append(f"{ctx.source}: {w}: parameter kind not used by qcompiler, ignored")
+            _ignored(cfg, w, "parameter kind not used by qcompiler, ignored")
             continue
         for k, v in pd.items():
             attr = _PARAM_FLAGS[pname].get(k, "?")
             if attr == "?":
-                cfg.warnings.append(f"{ctx.source}: {w}.{_key(k)}: unknown AIMET key, ignored")
+                _ignored(cfg, f"{w}.{_key(k)}", "unknown AIMET key, ignored")
             elif attr is not None:
                 out[attr] = ctx.boolean(v, f"{w}.{_key(k)}")
-            else:
-                ctx.boolean(v, f"{w}.{_key(k)}")
+            elif not ctx.boolean(v, f"{w}.{_key(k)}"):   # bias is_symmetric: False
+                raise ctx.err(f"{w}.{_key(k)}", "False is not supported: biases are int32 on a symmetric grid "
+                                                "(scale = input scale x weight scale)")
     return out
 
 
@@ -417,23 +465,23 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
     cfg = QuantConfig(source=source, format="aimet")
     for k in data:
         if k not in AIMET_REQUIRED:
-            cfg.warnings.append(f"{source}: {_key(k)}: unknown top-level AIMET key, ignored")
+            _ignored(cfg, _key(k), "unknown top-level AIMET key, ignored")
     d = ctx.mapping(data["defaults"], "defaults")
     # AIMET defaults when a key is absent: outputs quantized, inputs not, params quantized (asymmetric).
-    s = NodeSettings(weight_symmetric=False, weight_per_channel=False, input_quantized=False,
-                     output_quantized=True)
+    s = NodeSettings(weight_symmetric=False, weight_per_channel=False, output_quantized=True)
     upd = {}
     for k, v in d.items():
         w = f"defaults.{_key(k)}"
         if k == "ops":
             upd.update(_aimet_flags(ctx, cfg, ctx.mapping(v, w), w, {
-                "is_input_quantized": "input_quantized", "is_output_quantized": "output_quantized",
-                "is_symmetric": "act_symmetric"}))
+                "is_output_quantized": "output_quantized", "is_symmetric": "act_symmetric"}, ops=True))
         elif k == "params":
             upd.update(_aimet_flags(ctx, cfg, ctx.mapping(v, w), w, {
                 "is_quantized": "weight_quantized", "is_symmetric": "weight_symmetric"}))
         elif k == "strict_symmetric":
-            cfg.strict_symmetric = ctx.boolean(v, w)
+            if ctx.boolean(v, w):
+                raise ctx.err(w, "True is not supported: QuantizeLinear saturates a signed grid at -2^(b-1) "
+                                 "(-128 for 8 bits), not at -(2^(b-1) - 1)")
         elif k == "unsigned_symmetric":
             cfg.unsigned_symmetric = ctx.boolean(v, w)
         elif k == "per_channel_quantization":
@@ -443,11 +491,9 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
                 raise ctx.err(w, f"expected a string, got {short(v)}")
             cfg.hw_version = v
         elif k == "supported_kernels":
-            if not isinstance(v, list):
-                raise ctx.err(w, "expected a list")
-            cfg.supported_kernels = copy.deepcopy(v)
+            cfg.supported_kernels = _aimet_kernels(ctx, v, w)
         else:
-            cfg.warnings.append(f"{source}: {w}: unknown AIMET key, ignored")
+            _ignored(cfg, w, "unknown AIMET key, ignored")
     # params section: defaults for parameter kinds (weight, bias)
     upd.update(_aimet_params(ctx, cfg, data["params"], "params"))
     cfg.defaults = replace(s, **upd)
@@ -459,7 +505,8 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
         for k, v in od.items():
             kw = f"{w}.{_key(k)}"
             if k == "is_input_quantized":
-                o["input_quantized"] = ctx.boolean(v, kw)
+                if ctx.boolean(v, kw):
+                    _ignored(cfg, kw, _INPUT_Q)
             elif k == "is_output_quantized":
                 o["output_quantized"] = ctx.boolean(v, kw)
             elif k == "is_symmetric":
@@ -471,9 +518,9 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
             elif k == "encoding_constraints":
                 o.update(_constraints(ctx, v, kw))
             elif k == "supported_kernels":
-                pass  # kernel lists describe the target, not this node's settings
+                _aimet_kernels(ctx, v, kw)   # kernel lists describe the target: checked, not applied
             else:
-                cfg.warnings.append(f"{source}: {kw}: unknown AIMET key, ignored")
+                _ignored(cfg, kw, "unknown AIMET key, ignored")
         cfg.op_type[op] = o
     sgs = data["supergroups"]
     if not isinstance(sgs, list):
@@ -487,22 +534,31 @@ def _parse_aimet(data: dict, source: str) -> QuantConfig:
             raise ctx.err(f"{w}.op_list", "expected a list of at least two op types")
         for k in g:
             if k != "op_list":
-                cfg.warnings.append(f"{source}: {w}.{_key(k)}: unknown AIMET key, ignored")
+                _ignored(cfg, f"{w}.{_key(k)}", "unknown AIMET key, ignored")
         groups.append(list(ol))
     cfg.supergroups = groups
+    if groups:
+        _ignored(cfg, "supergroups", "AIMET op lists are not applied: the target profile (--target) decides "
+                                     "which op+activation pairs fuse, and qcompiler's own supergroups are all on")
     mi = ctx.mapping(data["model_input"], "model_input")
     cfg.model_input_quantized = False
     for k, v in mi.items():
         if k == "is_input_quantized":
             cfg.model_input_quantized = ctx.boolean(v, f"model_input.{k}")
         else:
-            cfg.warnings.append(f"{source}: model_input.{_key(k)}: unknown AIMET key, ignored")
+            _ignored(cfg, f"model_input.{_key(k)}", "unknown AIMET key, ignored")
     mo = ctx.mapping(data["model_output"], "model_output")
     for k, v in mo.items():
         if k == "is_output_quantized":
-            cfg.model_output_quantized = ctx.boolean(v, f"model_output.{k}")
+            # True: outputs quantized (what qcompiler does, unless the producer's settings say otherwise);
+            # False or absent: left to the producers' settings (the same thing)
+            ctx.boolean(v, f"model_output.{k}")
         else:
-            cfg.warnings.append(f"{source}: model_output.{_key(k)}: unknown AIMET key, ignored")
+            _ignored(cfg, f"model_output.{_key(k)}", "unknown AIMET key, ignored")
+    if cfg.unsigned_symmetric and (cfg.defaults.act_symmetric or
+                                   any(o.get("act_symmetric") for o in cfg.op_type.values())):
+        _ignored(cfg, "defaults.unsigned_symmetric", "True is not applied: symmetric activation grids are signed "
+                                                     "(zero point 0) even for non-negative tensors")
     return cfg
 
 

@@ -45,6 +45,7 @@ import onnx
 
 from ..errors import DataError
 from ..input_files import open_regular
+from ..shorten import short_value
 
 IGNORED_KEYS = ("labels",)
 KIND = "calibration data"           # input_files.MAX_BYTES kind of every file read here
@@ -471,8 +472,7 @@ class _NpySamples(_NpzSamples):
         return self.fh
 
 
-def _key(k: str) -> str:
-    return repr(k) if len(k) <= 60 else repr(k[:60]) + "..."
+_key = short_value   # an input name from the data file, quoted (qcompiler/shorten.py)
 
 
 def _shape(shape) -> str:

@@ -79,7 +79,7 @@ def per_tensor(enc: "Encoding") -> bool:
 
 
 def compute_encoding(vmin, vmax, bits: int = 8, symmetric: bool = False, signed: Optional[bool] = None,
-                     axis: Optional[int] = None, strict_symmetric: bool = False) -> Encoding:
+                     axis: Optional[int] = None) -> Encoding:
     """Encoding covering [vmin, vmax] (scalars or per-channel arrays). The range is widened to include 0.
 
     Symmetric grids are signed by default with zero_point 0 and scale = max|x| / (2^(b-1) - 1) (the

@@ -120,9 +120,17 @@ def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
         if enc is None or enc.per_channel or enc.frozen or not _same_scale(q, enc):
             continue
         found.append(_Quantizer(key, q, dq, enc))
-    order = {n: i for i, n in enumerate(g.nodes)}
-    found.sort(key=lambda z: order.get(z.q, 0))
+    order = {n: i for i, n in enumerate(g.topological_nodes(("QuantizeLinear",)))}
+    found.sort(key=lambda z: order[z.q])
     return found
+
+
+def reaching(model, quants: List[_Quantizer], outputs) -> List[_Quantizer]:
+    """The quantizers whose value reaches one of the graph outputs named in `outputs` (turning the others off
+    cannot change those outputs: a trial on them would be wasted)."""
+    wanted = set(outputs)
+    reached = model.graph.outputs_reached([z.dq.outputs[0] for z in quants])
+    return [z for z in quants if any(o.name in wanted for o in reached[z.dq.outputs[0]])]
 
 
 def _same_scale(q, enc) -> bool:
@@ -374,8 +382,11 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     # NOTE: the trials' estimate (the worst samples, fake-quantized) and the real model (onnxruntime's fused
     # integer kernels, every kept sample) can differ by a few dB (trt, mean 20: 16.2 vs 13.2 dB): the search aims
     # TARGET_MARGIN_DB above the floor, and a second pass (a fresh switchable copy) starts from the real figure
+    cur = errors
     for _ in range(MAX_PASSES):
-        quants = activation_quantizers(model, acts)
+        # only quantizers upstream of an output the search must lift (below the floor plus its margin)
+        low = [n for n, e in cur.items() if e.sqnr_db() < floor + TARGET_MARGIN_DB]
+        quants = reaching(model, activation_quantizers(model, acts), low)
         if not quants:
             out.note = out.note or "no activation quantizer to turn off"
             break
@@ -391,7 +402,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
         from ..ir import verify
         verify(model.graph)
         from .report import output_errors
-        new_errors = output_errors(model, kept)
+        new_errors = cur = output_errors(model, kept)
         out.after_db = worst_sqnr(new_errors)
         if out.after_db >= floor or out.trials >= budget - 2 or time.perf_counter() > deadline:
             break

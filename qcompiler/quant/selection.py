@@ -157,12 +157,14 @@ def config_with_rules(config, rules: list, defaults: dict, overrides: Optional[d
 
 
 def unmatched_config_rules(model, config) -> List[dict]:
-    """Warnings for the config's own rules (from its file) that match no node, and AIMET op_type entries for op
-    types the model does not hold."""
-    if config is None or not getattr(config, "rules", None):
+    """Warnings for the config: the settings it was read with but that are not applied (`config.warnings`,
+    e.g. AIMET keys qcompiler does not use), then its own rules (from its file) that match no node."""
+    if config is None:
         return []
+    out = list(getattr(config, "warnings", ()))
+    if not getattr(config, "rules", None):
+        return out
     nodes = [n for g in model.graph.all_graphs() for n in g.nodes]
-    out = []
     for r in config.rules:
         if not any(r.matches(n) for n in nodes):
             out.append(warning("config rule", f"rules[{r.index}]", f"of {config.source} matches no node"))

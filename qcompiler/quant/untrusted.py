@@ -1,7 +1,7 @@
 """Reading untrusted config-like files: short renderings of values for messages, bounded YAML and JSON.
 
-No message ever formats a whole value taken from a file: `short(v)` shows at most ~60 characters and never
-walks a container (a YAML alias bomb rendered with `repr` was 6 GB). YAML is composed with bounds on nesting
+No message ever formats a whole value taken from a file: `short(v)` (qcompiler/shorten.py `short_value`) shows at
+most ~60 characters and never walks a container (a YAML alias bomb rendered with `repr` was 6 GB). YAML is composed with bounds on nesting
 depth, composed nodes and alias expansion (the size a node would have with every alias expanded), so a
 "billion laughs" document is refused after a few hundred nodes, in milliseconds and little memory; JSON is
 checked for depth after parsing (json's decoder already stops a deeply nested document with RecursionError).
@@ -14,26 +14,11 @@ from typing import Type
 import yaml
 
 from ..errors import ConfigError
+from ..shorten import short_value as short   # noqa: F401 - the name every config reader imports
 
-SHORT_CHARS = 60
 MAX_DEPTH = 32              # real configs and profiles nest 4-6 levels
 MAX_NODES = 1_000_000       # composed YAML nodes (scalars included)
 MAX_EXPANDED = 1_000_000    # nodes of the document with every alias expanded
-
-
-def short(v, n: int = SHORT_CHARS) -> str:
-    """At most ~`n` characters describing `v`; containers by type and length only (never walked)."""
-    if isinstance(v, (dict, list, tuple, set)):
-        kind = {dict: "a mapping", list: "a list", tuple: "a list", set: "a set"}.get(type(v), type(v).__name__)
-        return f"{kind} of {len(v)} item{'s' if len(v) != 1 else ''}"
-    if isinstance(v, (str, bytes)):
-        r = repr(v[:n + 1])
-        return r if len(v) <= n else repr(v[:n]) + "..."
-    if isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10 ** 30:
-        return f"an integer of {v.bit_length()} bits"
-    if v is None or isinstance(v, (bool, int, float)):
-        return repr(v)[:n]
-    return type(v).__name__
 
 
 class BoundedSafeLoader(yaml.SafeLoader):
