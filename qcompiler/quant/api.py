@@ -21,7 +21,7 @@ from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .calibrate import assign_encodings, calibrate
 from .placement import PlacementOptions, build_plan, observed_names
 from .profiles import get_profile
-from .weight_storage import decide_storage
+from .placement import decide_storage
 from .float16 import apply_float16, float16_nodes
 from .memory import release
 from .qdq import apply_plan, assign_block_encodings, bias_correction_inputs, correct_biases

@@ -12,7 +12,7 @@ from typing import Literal
 
 from .encoding import Encoding
 
-# how a quantized weight or bias is written (weight_storage.decide_storage decides, qdq.apply_plan writes)
+# how a quantized weight or bias is written (placement.decide_storage decides, qdq.apply_plan writes)
 INT = "int"                        # the integer tensor and a DequantizeLinear
 FLOAT_ON_GRID = "float_on_grid"    # float32 values on the integer grid (the node runs a float kernel)
 Storage = Literal["int", "float_on_grid"]

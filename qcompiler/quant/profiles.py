@@ -24,9 +24,10 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `per_block_weight_bits`: weight bit widths that may be per-block (default 4 and 8); others fall back to
   per-channel and say so.
 - `prefold_unfused_weight_dq`: store a weight whose node cannot fuse its DQ into an integer kernel as float
-  values on its int grid (quant/weight_storage.py), so no DequantizeLinear runs per inference. `integer_weight_kernels`:
-  op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q: only with a Q on the output,
-  possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN) never do.
+  values on its int grid (quant/placement/storage.py), so no DequantizeLinear runs per inference.
+  `integer_weight_kernels`: op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q:
+  only with a Q on the output, possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN)
+  never do.
   `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
 - `float_kernel_ops`: ops that always run a float kernel on the target (they dequantize their inputs): a
   data-movement output read only by them needs no quantizer of its own (it is on its input's grid already).
@@ -89,7 +90,8 @@ PROFILES: dict = {
                                    "Gemm": {"act_bits": 8, "output_q": False}},
         "output_q_through": ["Relu", "Clip"],
         "float_kernel_ops": ["LSTM", "GRU", "RNN"],
-        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],   # weight_storage.py: WeightBiasQuantization
+        # placement/storage.py: ORT's WeightBiasQuantization
+        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",

@@ -1,4 +1,4 @@
-"""Weight storage is decided in the plan (weight_storage.decide_storage) and written once by qdq.apply_plan.
+"""Weight storage is decided in the plan (placement.decide_storage) and written once by qdq.apply_plan.
 
 The reference is the rule read from the lowered graph, as the old `prefold_unfused_param_dq` applied it after
 QDQ insertion: lower with every DQ explicit (`prefold_unfused_weight_dq: False`), then fold the DQs of weights

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from .plan import FLOAT_ON_GRID, INT, QuantPlan
+from ..plan import FLOAT_ON_GRID, INT, QuantPlan
 
 EIGHT_BIT = 8
 
@@ -126,7 +126,7 @@ def decide_storage(plan: QuantPlan, model) -> int:
     runs a float kernel that the runtime would not re-quantize itself; a weight read by fused and unfused nodes
     alike keeps its DQ for the fused ones. Uses are visited weights first, then biases, as the lowered graph
     orders their DQs: a bias of a node whose weight is on its grid reads "weight is not 8-bit"."""
-    from .placement import nodes_by_name
+    from .lookup import nodes_by_name
     for spec in plan.uses.values():
         if spec.kind in ("weight", "bias"):
             spec.storage, spec.storage_reason, spec.param_name = INT, "", ""
