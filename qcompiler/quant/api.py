@@ -243,7 +243,7 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
     the symmetry overrides; warnings for what matches nothing go to `sel.warnings`."""
     from .selection import config_with_rules, selection_rules
     rules = selection_rules(model, sel, len(config.rules) if config is not None else 0,
-                            profile.get("fused_activations", ()), profile.get("shares_input_encoding", ())) \
+                            profile.fused_activations, profile.shares_input_encoding) \
         if not sel.empty else []
     sym = {k: v for k, v in (("act_symmetric", sel.act_symmetric), ("weight_symmetric", sel.weight_symmetric))
            if v is not None}
@@ -251,8 +251,8 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
         return config
     defaults = {"act_bits": act_bits, "weight_bits": weight_bits, "weight_per_channel": per_channel,
                 "weight_block": weight_block,
-                "act_symmetric": bool(profile["activation"]["symmetric"]),
-                "weight_symmetric": bool(profile["weight"]["symmetric"])}
+                "act_symmetric": bool(profile.activation.symmetric),
+                "weight_symmetric": bool(profile.weight.symmetric)}
     defaults.update(sym)
     return config_with_rules(config, rules, defaults, sym)
 
@@ -287,7 +287,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     bits = _config_bits(config) | {weight_bits, act_bits}
     blocked = bool(weight_block) or _config_blocks(config)
     need = WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
-    if need < WIDE_INT_OPSET and profile.get("wide_activation_bits"):
+    if need < WIDE_INT_OPSET and profile.wide_activation_bits:
         # NOTE: raise now if int16 widening may need opset 21 later: onnx's version converter holds ~4 copies of
         # the model, which on top of calibration's leftovers set the peak (minilm 896 -> ~530 MB); a model the
         # converter cannot take still quantizes at opset 13 (then only 8-bit widening fails later)
@@ -307,7 +307,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     opts = PlacementOptions(per_channel=per_channel, weight_bits=weight_bits, act_bits=act_bits, config=config,
                             supergroups=_supergroup_choice(config), weight_block=weight_block,
                             act_symmetric=sel.act_symmetric, weight_symmetric=sel.weight_symmetric)
-    act_sym = profile["activation"]["symmetric"] if sel.act_symmetric is None else sel.act_symmetric
+    act_sym = profile.activation.symmetric if sel.act_symmetric is None else sel.act_symmetric
     cal = calibrate(model, samples, scheme=scheme, bits=act_bits, symmetric=act_sym,
                     progress=progress, names=observed_names(model, profile, opts),
                     keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
@@ -337,7 +337,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     decide_storage(plan, model)
     acts, params = apply_plan(model, plan)
     if fp16:
-        done = apply_float16(model, fp16, probe_ort=str(profile.get("name", "")).startswith("ort"))
+        done = apply_float16(model, fp16, probe_ort=profile.name.startswith("ort"))
         for name, what in done.items():
             layers.setdefault(name, {})["float16"] = what
         notes.append(f"{sum(w.startswith('float16') for w in done.values())} of {len(done)} nodes marked "
@@ -345,7 +345,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     prefolded = plan.stored_on_grid()
     if prefolded:
         notes.append(f"{len(prefolded)} weights/biases stored fake-quantized (float on their int grid): their "
-                     f"node has no integer kernel on {profile.get('name', target)}, a DQ would run every inference")
+                     f"node has no integer kernel on {profile.name}, a DQ would run every inference")
     verify(model.graph)
     timings["place_and_insert"] = time.perf_counter() - t
 
@@ -366,7 +366,7 @@ def _quantize(model_or_path, calib, target, scheme, per_channel, weight_bits, ac
     report["warnings"] = list(sel.warnings)
     report["prefolded_params"] = prefolded
     report["quantizer_args"] = {"activation_bitwidth": act_bits, "param_bitwidth": weight_bits,
-                                "dtype": "int", "is_symmetric": bool(profile["weight"]["symmetric"]),
+                                "dtype": "int", "is_symmetric": bool(profile.weight.symmetric),
                                 "per_channel_quantization": bool(per_channel), "quant_scheme": scheme}
     stats = {"calibration_seconds": cal.seconds, "samples": cal.samples, "observed_values": len(cal.observers)}
     return QuantizeResult(model=model, encodings={"activations": acts, "params": params}, report=report,

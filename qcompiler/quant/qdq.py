@@ -384,7 +384,7 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
     """
     g = model.graph
     by_name = {n.name: n for n in g.nodes}
-    bias_slot = plan.profile.get("bias", {})
+    bias_slot = plan.profile.bias
     done = 0
     for (node_name, slot), spec in list(plan.uses.items()):
         node = by_name.get(node_name)

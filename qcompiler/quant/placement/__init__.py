@@ -28,6 +28,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ..plan import QuantPlan
+from ..profiles import Profile
 from .activations import CELL_STATE, drop_needless_quantizers, place_activations
 from .bodies import record_bodies
 from .kernels import full_range_for_float_kernels, integer_kernel
@@ -44,7 +45,7 @@ __all__ = ["build_plan", "observed_names", "PlacementOptions", "block_axis", "no
            "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
 
 
-def build_plan(model, profile: dict, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
+def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
                opts: Optional[PlacementOptions] = None) -> QuantPlan:
     """Fill a QuantPlan for the main graph from the profile, settings, observed dtypes and statistics.
 

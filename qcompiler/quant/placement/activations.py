@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..plan import QuantPlan, QuantSpec
+from ..profiles import Profile
 from .lookup import float_check
 from .options import PlacementOptions, node_settings
 
@@ -16,15 +17,15 @@ CELL_STATE = {"LSTM": {"inputs": (6,), "outputs": (2,)}}
 SHAPE_READERS = ("Shape", "Size")
 
 
-def place_activations(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) -> None:
+def place_activations(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -> None:
     """A spec for every float graph input and node output (float with its reason where a rule says so)."""
     dtypes = plan.dtypes
     float_ok = float_check(dtypes)
-    not_q = set(profile.get("float_output_ops", ()))
-    float_outs = profile.get("float_outputs", {})
-    wide = profile.get("wide_activation_bits")
-    fixed = profile.get("fixed_output_range", {})
-    share = set(profile.get("shares_input_encoding", ()))
+    not_q = set(profile.float_output_ops)
+    float_outs = profile.float_outputs
+    wide = profile.wide_activation_bits
+    fixed = profile.fixed_output_range
+    share = set(profile.shares_input_encoding)
 
     def act_spec(node, s) -> QuantSpec:
         spec = QuantSpec(kind="activation", bits=int(s["act_bits"]), symmetric=bool(s["act_symmetric"]),
@@ -59,7 +60,7 @@ def place_activations(plan: QuantPlan, g, profile: dict, opts: PlacementOptions)
             if n.domain not in ("", "ai.onnx"):
                 spec.float_(f"producer '{n.name}' is a custom-domain op ({n.domain}.{n.op_type})")
             elif n.op_type in not_q:
-                spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.get('name', 'target')}")
+                spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.name}")
             elif i in CELL_STATE.get(n.op_type, {}).get("outputs", ()) and wide:
                 spec.bits, spec.widened = int(wide), \
                     f"cell state of {n.op_type} '{n.name}' (it integrates over every time step)"
@@ -71,7 +72,7 @@ def place_activations(plan: QuantPlan, g, profile: dict, opts: PlacementOptions)
                 spec.float_(f"output of '{n.name}' unquantized by config (a rule or --op-types)")
             elif v.name in plan.interior:
                 spec.float_(f"inside {plan.interior[v.name]} supergroup (quantizers only at its boundary)")
-            elif n.op_type in share and not profile.get("quantize_data_movement_outputs", True):
+            elif n.op_type in share and not profile.quantize_data_movement_outputs:
                 spec.float_(f"data-movement output of {n.op_type} left unquantized (profile)")
 
     # cell-state inputs (LSTM initial_c): the value feeding them is widened too (whole value, all its uses)
@@ -106,7 +107,7 @@ def _use_shape_only(u, share: set, memo: dict) -> bool:
                                    all(_shape_only(o, share, memo) for o in u.user.outputs if o is not None))
 
 
-def drop_needless_quantizers(plan: QuantPlan, g, profile: dict) -> None:
+def drop_needless_quantizers(plan: QuantPlan, g, profile: Profile) -> None:
     """Leave out quantizers that carry no information (the values stay exactly what the plan says).
 
     - A value read only for its shape (by Shape/Size, possibly through data movement) carries no numbers.
@@ -116,8 +117,8 @@ def drop_needless_quantizers(plan: QuantPlan, g, profile: dict) -> None:
     NOTE: on char_rnn (ort_cpu) both sat between Squeeze/Transpose and LSTM/GRU and between a Transpose and the
     Shape that reads it, which kept ORT's transpose optimizer from removing two Transposes.
     """
-    share = set(profile.get("shares_input_encoding", ()))
-    float_kernels = set(profile.get("float_kernel_ops", ()))
+    share = set(profile.shares_input_encoding)
+    float_kernels = set(profile.float_kernel_ops)
     memo: dict = {}
     for n in g.nodes:
         for v in n.outputs:

@@ -29,14 +29,14 @@ def _act_bits(plan: QuantPlan, table: Dict[str, int], v) -> Optional[int]:
 def integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
     """Will the runtime run `node` as an integer kernel (profile `integer_weight_kernels`, read from the plan
     before encodings exist, as storage.unfused_reason reads it once they do)? Unsure cases answer True."""
-    rule = plan.profile.get("integer_weight_kernels", {}).get(node.op_type)
+    rule = plan.profile.integer_weight_kernels.get(node.op_type)
     if rule is None:
         return False
-    bits = rule.get("act_bits", 8)
+    bits = rule.act_bits
     if not node.inputs or _act_bits(plan, table, node.inputs[0]) != bits:
         return False
-    if rule.get("output_q"):
-        through = set(plan.profile.get("output_q_through", ()))
+    if rule.output_q:
+        through = set(plan.profile.output_q_through)
         v = node.outputs[0]
         while v is not None and v.name in plan.interior:
             cons = v.consumers()

@@ -6,11 +6,12 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from ..plan import QuantPlan
+from ..profiles import Profile
 from .options import PlacementOptions
 from .supergroups import mark_supergroups
 
 
-def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None) -> List[str]:
+def observed_names(model, profile: Profile, opts: Optional[PlacementOptions] = None) -> List[str]:
     """Values worth observing during calibration: every candidate activation except those the plan keeps
     float for structural reasons (supergroup interiors, outputs of ops that are not quantizable)."""
     from ..calibrate import candidate_names
@@ -18,7 +19,7 @@ def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None
     g = model.graph
     plan = QuantPlan(profile)
     mark_supergroups(plan, g, profile, opts)
-    share = set(profile.get("shares_input_encoding", ()))
+    share = set(profile.shares_input_encoding)
     skip = set(plan.interior)
     for n in g.nodes:
         # NOTE: outputs of ops that are not quantizable are still observed: their dtype decides whether a
@@ -29,9 +30,9 @@ def observed_names(model, profile: dict, opts: Optional[PlacementOptions] = None
     return [name for name in candidate_names(model) if name not in skip]
 
 
-def propagate_dtypes(g, profile: dict, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
+def propagate_dtypes(g, profile: Profile, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
     """Unobserved data-movement outputs carry their input 0's dtype (see `observed_names`)."""
-    share = set(profile.get("shares_input_encoding", ()))
+    share = set(profile.shares_input_encoding)
     out = dict(dtypes)
     for n in g.nodes:
         if n.op_type in share and n.inputs and n.inputs[0] is not None and n.inputs[0].name in out:

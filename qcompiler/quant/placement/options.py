@@ -1,6 +1,9 @@
 """Placement's knobs: the API arguments, and each node's settings resolved from them, the profile and a config."""
 from __future__ import annotations
 
+from ..profiles import Profile
+
+
 class PlacementOptions:
     """Global knobs (API arguments) used when no config rule says otherwise."""
 
@@ -12,12 +15,12 @@ class PlacementOptions:
         self.config, self.supergroups = config, supergroups
 
 
-def node_settings(opts: PlacementOptions, profile: dict, node):
+def node_settings(opts: PlacementOptions, profile: Profile, node):
     """Resolved per-node settings as a dict (config rules when a config is given, else API args + profile)."""
-    a, w = profile["activation"], profile["weight"]
-    s = {"act_bits": opts.act_bits, "act_symmetric": a["symmetric"] if opts.act_symmetric is None
+    a, w = profile.activation, profile.weight
+    s = {"act_bits": opts.act_bits, "act_symmetric": a.symmetric if opts.act_symmetric is None
          else opts.act_symmetric, "weight_bits": opts.weight_bits,
-         "weight_symmetric": w["symmetric"] if opts.weight_symmetric is None else opts.weight_symmetric,
+         "weight_symmetric": w.symmetric if opts.weight_symmetric is None else opts.weight_symmetric,
          "weight_per_channel": opts.per_channel, "weight_block": opts.weight_block, "weight_quantized": True,
          "bias_quantized": True, "keep_float": False, "precision": "int", "output_quantized": True,
          "encoding_min": None, "encoding_max": None}

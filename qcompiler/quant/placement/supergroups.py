@@ -7,6 +7,7 @@ from typing import Iterable, List
 from qcompiler.passes.supergroups import FLOAT_INTERIOR_KINDS
 
 from ..plan import QuantPlan
+from ..profiles import Profile
 from .options import PlacementOptions
 
 # norms and decomposed activations: no quantizer inside (Conv/MatMul + activation pairs come from the profile).
@@ -40,7 +41,7 @@ def _interior_values(nodes: list) -> List:
     return interior
 
 
-def mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) -> None:
+def mark_supergroups(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -> None:
     """Supergroups (decomposed norms/activations, fused op+activation pairs): their interiors stay float."""
     if opts.supergroups:
         kinds = SUPERGROUP_KINDS
@@ -48,7 +49,7 @@ def mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) 
             kinds = tuple(opts.supergroups)
         for kind, nodes in find_supergroups(g, kinds):
             plan.add_supergroup(kind, [n.name for n in nodes], [v.name for v in _interior_values(nodes)])
-    fused = {tuple(p) for p in profile.get("fused_activations", [])}
+    fused = {tuple(p) for p in profile.fused_activations}
     _mark_bias_adds(plan, g, profile)
     # a decomposed activation supergroup (HardSwish) fuses with its producer like the op would (AIMET's
     # Conv+HardSwish supergroup): its input is then interior too
@@ -70,7 +71,7 @@ def mark_supergroups(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) 
                                     [v.name])
 
 
-def _mark_bias_adds(plan: QuantPlan, g, profile: dict) -> None:
+def _mark_bias_adds(plan: QuantPlan, g, profile: Profile) -> None:
     """A linear op whose only reader is an Add of a constant (a bias the exporter split off, torch Linear ->
     MatMul + Add) forms one unit with it: no quantizer between them (profile `bias_add_ops`).
 
@@ -78,7 +79,7 @@ def _mark_bias_adds(plan: QuantPlan, g, profile: dict) -> None:
     it), so a quantizer there only rounds twice: on minilm_l6 removing it raised last_hidden_state from 17.2 to
     18.7 dB (valid tokens 19.1 -> 20.9) and saved 24 Q/DQ pairs.
     """
-    ops = set(profile.get("bias_add_ops", ()))
+    ops = set(profile.bias_add_ops)
     if not ops:
         return
     for n in g.nodes:

@@ -5,17 +5,18 @@ from __future__ import annotations
 from typing import Dict
 
 from ..plan import QuantPlan, QuantSpec
+from ..profiles import Profile
 from .lookup import float_check
 
 CONCAT_RANGE_RATIO_LIMIT = 64.0
 
 
-def tie_values(plan: QuantPlan, g, profile: dict) -> None:
+def tie_values(plan: QuantPlan, g, profile: Profile) -> None:
     """Data movement shares input 0's encoding; Concat inputs share the output's (a float producer's input gets
     a per-use quantizer with the group's encoding instead)."""
     float_ok = float_check(plan.dtypes)
-    share = set(profile.get("shares_input_encoding", ()))
-    ties = set(profile.get("tie_inputs_and_output", ()))
+    share = set(profile.shares_input_encoding)
+    ties = set(profile.tie_inputs_and_output)
     for n in g.nodes:
         if n.op_type in share and n.inputs and float_ok(n.inputs[0]):
             src = plan.spec(n.inputs[0].name)
@@ -47,7 +48,7 @@ def tie_values(plan: QuantPlan, g, profile: dict) -> None:
 
 def check_tie_spread(plan: QuantPlan, stats: Dict[str, dict], g) -> None:
     """§6: a Concat joining very different ranges (pixel boxes with 0-1 scores) keeps its output float."""
-    ties = set(plan.profile.get("tie_inputs_and_output", ()))
+    ties = set(plan.profile.tie_inputs_and_output)
     for n in g.nodes:
         if n.op_type not in ties or n.outputs[0] is None:
             continue

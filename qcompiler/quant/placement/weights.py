@@ -6,7 +6,7 @@ from typing import Optional
 import numpy as np
 
 from ..plan import QuantPlan, QuantSpec
-from ..profiles import weight_axis
+from ..profiles import Profile, weight_axis
 from .lookup import _const, _const_kind, weight_nodes
 from .options import PlacementOptions, node_settings
 
@@ -34,12 +34,12 @@ def block_axis(node, slot: int, rank: int) -> Optional[int]:
     return None
 
 
-def place_weights(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) -> None:
+def place_weights(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -> None:
     """A per-use spec for every float weight slot of the profile, and an int32 spec for its bias slot."""
     # per use, in the main graph and inside If/Loop/Scan bodies (field notes §1)
-    pc_ops = set(profile.get("per_channel_ops", ()))
+    pc_ops = set(profile.per_channel_ops)
     for n in weight_nodes(g):
-        slots = profile["weights"].get(n.op_type, {})
+        slots = profile.weights.get(n.op_type, {})
         if not slots:
             continue
         s = node_settings(opts, profile, n)
@@ -66,21 +66,21 @@ def place_weights(plan: QuantPlan, g, profile: dict, opts: PlacementOptions) -> 
                 baxis = block_axis(n, slot, arr.ndim)
                 if baxis is None:
                     fallback = f"; per-block asked but {n.op_type} input {slot} has no block axis"
-                elif bits not in profile.get("per_block_weight_bits", (4, 8)):
-                    fallback = f"; per-block {bits}-bit weights not supported on {profile.get('name', 'target')}"
+                elif bits not in profile.per_block_weight_bits:
+                    fallback = f"; per-block {bits}-bit weights not supported on {profile.name}"
                 else:
                     axis = baxis
                 if fallback:
                     block = None   # the per-channel/per-tensor grid above
                     if axis is not None:
                         fallback += ", per-channel instead"
-            rb = profile["weight"].get("range_bits")
+            rb = profile.weight.range_bits
             range_bits = min(bits, rb) if (rb and bits == 8) else bits
             plan.set_use(n.name, slot, QuantSpec(kind="weight", bits=bits, symmetric=bool(s["weight_symmetric"]),
                                                  signed=True, axis=axis, block_size=block,
                                                  range_bits=range_bits,
                                                  source=f"profile weights {n.op_type}{fallback}"))
-        bslot = profile.get("bias", {}).get(n.op_type)
+        bslot = profile.bias.get(n.op_type)
         if bslot is not None and bslot < len(n.inputs) and _const(n.inputs[bslot]) is not None \
                 and s["bias_quantized"] and not s["keep_float"]:
             plan.set_use(n.name, bslot, QuantSpec(kind="bias", bits=32, symmetric=True, signed=True,

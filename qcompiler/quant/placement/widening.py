@@ -6,6 +6,7 @@ from typing import Dict
 import numpy as np
 
 from ..plan import QuantPlan
+from ..profiles import Profile
 
 # field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
 # below ~30; far beyond that (masks, variances) the bulk collapses onto one or two levels.
@@ -18,9 +19,9 @@ MIN_BULK_STEPS = 16.0
 MIN_SQNR8_DB = 30.0
 
 
-def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: dict) -> None:
+def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile) -> None:
     """Check each quantized activation's statistics: sentinels, outliers, too few steps for its bulk."""
-    wide = profile.get("wide_activation_bits")
+    wide = profile.wide_activation_bits
     for name, spec in plan.values.items():
         # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
         if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
