@@ -25,7 +25,7 @@ class Calibrate(QuantPass):
         axes: dict = {}
         for p in ctx.passes:
             axes.update(p.calibration_request(ctx) if hasattr(p, "calibration_request") else {})
-        sym = ctx.profile["activation"]["symmetric"] if s.selection.act_symmetric is None \
+        sym = ctx.profile.activation.symmetric if s.selection.act_symmetric is None \
             else s.selection.act_symmetric
         ctx.calibration = calibrate(ctx.model, ctx.samples, scheme=s.scheme, bits=s.act_bits, symmetric=sym,
                                     progress=s.progress, names=observed_names(ctx.model, ctx.profile, ctx.options),

@@ -17,7 +17,7 @@ class Float16Islands(QuantPass):
     def run(self, ctx) -> PassResult:
         if not ctx.float16:
             return PassResult(False)
-        done = apply_float16(ctx.model, ctx.float16, probe_ort=str(ctx.profile.get("name", "")).startswith("ort"))
+        done = apply_float16(ctx.model, ctx.float16, probe_ort=ctx.profile.name.startswith("ort"))
         for name, what in done.items():
             ctx.layers.setdefault(name, {})["float16"] = what
         n16 = sum(w.startswith("float16") for w in done.values())

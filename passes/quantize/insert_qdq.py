@@ -7,7 +7,7 @@ from qcompiler.ir import verify
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.context import QuantPass
 from qcompiler.quant.qdq import apply_plan
-from qcompiler.quant.weight_storage import decide_storage
+from qcompiler.quant.placement import decide_storage
 
 
 @register_pass
@@ -24,7 +24,7 @@ class InsertQDQ(QuantPass):
         ctx.prefolded = ctx.plan.stored_on_grid()
         if ctx.prefolded:
             ctx.notes.append(f"{len(ctx.prefolded)} weights/biases stored fake-quantized (float on their int "
-                             f"grid): their node has no integer kernel on {ctx.profile.get('name', '?')}, a DQ "
+                             f"grid): their node has no integer kernel on {ctx.profile.name}, a DQ "
                              f"would run every inference")
         verify(ctx.model.graph)
         return PassResult(True, {"activations": len(ctx.activations), "params": len(ctx.params),

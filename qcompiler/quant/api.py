@@ -196,7 +196,7 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
     the symmetry overrides; warnings for what matches nothing go to `sel.warnings`."""
     from .selection import config_with_rules, selection_rules
     rules = selection_rules(model, sel, len(config.rules) if config is not None else 0,
-                            profile.get("fused_activations", ()), profile.get("shares_input_encoding", ())) \
+                            profile.fused_activations, profile.shares_input_encoding) \
         if not sel.empty else []
     sym = {k: v for k, v in (("act_symmetric", sel.act_symmetric), ("weight_symmetric", sel.weight_symmetric))
            if v is not None}
@@ -204,8 +204,8 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
         return config
     defaults = {"act_bits": act_bits, "weight_bits": weight_bits, "weight_per_channel": per_channel,
                 "weight_block": weight_block,
-                "act_symmetric": bool(profile["activation"]["symmetric"]),
-                "weight_symmetric": bool(profile["weight"]["symmetric"])}
+                "act_symmetric": bool(profile.activation.symmetric),
+                "weight_symmetric": bool(profile.weight.symmetric)}
     defaults.update(sym)
     return config_with_rules(config, rules, defaults, sym)
 
@@ -293,13 +293,13 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     from .safety_net import Outcome, report_fields
     s, cal, plan = ctx.settings, ctx.calibration, ctx.plan
     if plan is None or cal is None:
-        report = {"target": s.target if isinstance(s.target, str) else ctx.profile.get("name"),
+        report = {"target": s.target if isinstance(s.target, str) else ctx.profile.name,
                   "scheme": s.scheme, "pipeline": ran, "notes": list(ctx.notes),
                   "seconds": {k: round(v, 3) for k, v in seconds.items()},
                   "output_sqnr_db": {}, "left_float": {}, "counts": {"activations": 0, "params": 0, "left_float": 0, "widened": 0}}
     else:
         report = build_report(plan, ctx.activations, ctx.params, cal, seconds,
-                              s.target if isinstance(s.target, str) else ctx.profile.get("name", "profile"),
+                              s.target if isinstance(s.target, str) else ctx.profile.name,
                               s.scheme, ctx.notes, errors=ctx.errors, layers=ctx.layers)
         report["pipeline"] = ran
     net = ctx.safety_net if ctx.safety_net is not None else Outcome()
@@ -307,7 +307,7 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     report["warnings"] = list(ctx.warnings)
     report["prefolded_params"] = ctx.prefolded
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
-                                "dtype": "int", "is_symmetric": bool(ctx.profile["weight"]["symmetric"]),
+                                "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}
     return report
 

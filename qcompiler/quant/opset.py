@@ -44,7 +44,7 @@ def choose_opset(settings, profile, model_opset: int) -> tuple:
             raise ArgumentError(f"--opset {settings.opset} cannot carry these settings' Q/DQ: int4/int16 grids "
                                 f"and per-block weights need opset {need}")
         return settings.opset, None
-    want = max(need, WIDE_INT_OPSET if profile.get("wide_activation_bits") else need)
+    want = max(need, WIDE_INT_OPSET if profile.wide_activation_bits else need)
     fallback = max(need, model_opset) if want > need else None
     return max(want, model_opset), fallback
 

@@ -7,12 +7,12 @@ two outputs named `hidden_output` and `hidden_output_1` can never collide (field
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Tuple
-from typing import Literal
+from typing import Dict, Iterable, List, Literal, Optional, Tuple
 
 from .encoding import Encoding
+from .profiles import Profile
 
-# how a quantized weight or bias is written (weight_storage.decide_storage decides, qdq.apply_plan writes)
+# how a quantized weight or bias is written (placement.decide_storage decides, qdq.apply_plan writes)
 INT = "int"                        # the integer tensor and a DequantizeLinear
 FLOAT_ON_GRID = "float_on_grid"    # float32 values on the integer grid (the node runs a float kernel)
 Storage = Literal["int", "float_on_grid"]
@@ -81,7 +81,7 @@ class Body:
 class QuantPlan:
     """Per-value specs, per-use overrides, tie groups (union-find) and supergroups."""
 
-    def __init__(self, profile: dict):
+    def __init__(self, profile: Profile):
         self.profile = profile
         self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
         self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides

@@ -1,6 +1,8 @@
 """Backend profiles as data: which ops carry quantized tensors, which share encodings, axes and fixed ranges.
 
-A profile is a plain dict read by generic placement code (no `if target == ...` anywhere). Keys:
+A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); `get_profile` checks it
+(`check_profile`) and returns a typed, frozen `Profile` that generic placement code reads by attribute (no
+`if target == ...` anywhere). Keys (one attribute each):
 
 - `activation`: default activation grid `{bits, symmetric}`; `weight`: `{bits, symmetric, range_bits}` where
   `range_bits` < `bits` narrows the weight grid (ort_cpu: 7, because u8 x s8 pairs summed into int16 saturate on
@@ -24,9 +26,10 @@ A profile is a plain dict read by generic placement code (no `if target == ...` 
 - `per_block_weight_bits`: weight bit widths that may be per-block (default 4 and 8); others fall back to
   per-channel and say so.
 - `prefold_unfused_weight_dq`: store a weight whose node cannot fuse its DQ into an integer kernel as float
-  values on its int grid (quant/weight_storage.py), so no DequantizeLinear runs per inference. `integer_weight_kernels`:
-  op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q: only with a Q on the output,
-  possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN) never do.
+  values on its int grid (quant/placement/storage.py), so no DequantizeLinear runs per inference.
+  `integer_weight_kernels`: op -> {act_bits, output_q} says when the runtime fuses DQ(weight) (output_q:
+  only with a Q on the output, possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN)
+  never do.
   `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
 - `float_kernel_ops`: ops that always run a float kernel on the target (they dequantize their inputs): a
   data-movement output read only by them needs no quantizer of its own (it is on its input's grid already).
@@ -36,7 +39,8 @@ from __future__ import annotations
 
 import copy
 import math
-from typing import Optional
+from dataclasses import asdict, dataclass, field
+from typing import Dict, Optional, Tuple, Union
 
 from ..errors import ConfigError
 from .bitwidths import check_bits
@@ -89,7 +93,8 @@ PROFILES: dict = {
                                    "Gemm": {"act_bits": 8, "output_q": False}},
         "output_q_through": ["Relu", "Clip"],
         "float_kernel_ops": ["LSTM", "GRU", "RNN"],
-        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],   # weight_storage.py: WeightBiasQuantization
+        # placement/storage.py: ORT's WeightBiasQuantization
+        "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
@@ -127,8 +132,58 @@ PROFILES: dict = {
 }
 
 
-def get_profile(target) -> dict:
-    """The profile named `target` (a deep copy, safe to edit), or a dict/YAML/JSON file path given by the user.
+@dataclass(frozen=True)
+class Grid:
+    """A default grid: `activation` {bits, symmetric}; `weight` adds `range_bits` (None: the whole grid)."""
+
+    bits: int
+    symmetric: bool
+    range_bits: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class KernelRule:
+    """When the runtime fuses DQ(weight) of an op into an integer kernel (`integer_weight_kernels`)."""
+
+    act_bits: int = 8
+    output_q: bool = False      # only with a Q on the output (possibly behind `output_q_through` ops)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A checked backend profile (see the module docstring for each key); lists are tuples, in data order."""
+
+    name: str
+    activation: Grid
+    weight: Grid
+    description: str = ""
+    base: str = ""
+    weights: Dict[str, Dict[int, Union[int, str]]] = field(default_factory=dict)
+    bias: Dict[str, int] = field(default_factory=dict)
+    per_channel_ops: Tuple[str, ...] = ()
+    float_output_ops: Tuple[str, ...] = ()
+    float_outputs: Dict[str, Tuple[int, ...]] = field(default_factory=dict)
+    shares_input_encoding: Tuple[str, ...] = ()
+    quantize_data_movement_outputs: bool = True
+    tie_inputs_and_output: Tuple[str, ...] = ()
+    fixed_output_range: Dict[str, Tuple[float, float]] = field(default_factory=dict)
+    wide_activation_bits: Optional[int] = None
+    fused_activations: Tuple[Tuple[str, str], ...] = ()
+    bias_add_ops: Tuple[str, ...] = ()
+    per_block_weight_bits: Tuple[int, ...] = (4, 8)
+    prefold_unfused_weight_dq: bool = False
+    integer_weight_kernels: Dict[str, KernelRule] = field(default_factory=dict)
+    output_q_through: Tuple[str, ...] = ()
+    float_kernel_ops: Tuple[str, ...] = ()
+    requantizes_float_weights: Tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        """Plain data (JSON-serialisable: tuples become lists)."""
+        return asdict(self)
+
+
+def get_profile(target) -> Profile:
+    """The profile named `target`, or a dict/YAML/JSON file path given by the user, checked and typed.
 
     A user's profile (dict or file) names a `base` (default ort_cpu) and overrides its keys; every key's type
     and range is checked (`check_profile`), so a bad value is one ConfigError line naming the file and key.
@@ -136,7 +191,7 @@ def get_profile(target) -> dict:
     return _get_profile(target, "profile")
 
 
-def _get_profile(target, source: str) -> dict:
+def _get_profile(target, source: str) -> Profile:
     if isinstance(target, dict):
         base_name = target.get("base", "ort_cpu")
         if not isinstance(base_name, str) or base_name not in PROFILES:
@@ -152,7 +207,7 @@ def _get_profile(target, source: str) -> dict:
     if isinstance(target, str) and target in PROFILES:
         prof = copy.deepcopy(PROFILES[target])
         prof["name"] = target
-        return prof
+        return check_profile(prof, f"profile '{target}'")
     if isinstance(target, str) and target.endswith((".yaml", ".yml", ".json")):
         from ..input_files import read_bounded
         from .untrusted import decode_text, parse_json, parse_yaml
@@ -235,8 +290,9 @@ _NAME_LISTS = ("per_channel_ops", "float_output_ops", "shares_input_encoding", "
 _BOOLS = ("quantize_data_movement_outputs", "prefold_unfused_weight_dq")
 
 
-def check_profile(p: dict, source: str = "profile") -> dict:
-    """`p` with every key's type and range checked (JSON slot keys made ints); ConfigError names the key."""
+def check_profile(p: dict, source: str = "profile") -> Profile:
+    """The typed Profile of `p` (edited in place: JSON slot keys made ints), every key's type and range checked;
+    ConfigError names the key."""
     c = _Check(source)
     for k in ("name", "description", "base"):
         if k in p and not isinstance(p[k], str):
@@ -305,12 +361,28 @@ def check_profile(p: dict, source: str = "profile") -> dict:
                     c.boolean(v, f"{w}.output_q")
                 else:
                     raise c.err(f"{w}.{_key(k)}", "unknown key (allowed: act_bits, output_q)")
-    return p
+    return _typed(p)
 
 
-def weight_axis(profile: dict, node, slot: int, rank: int) -> Optional[int]:
+def _typed(p: dict) -> Profile:
+    """The Profile of a checked profile dict."""
+    a, w = p["activation"], p["weight"]
+    return Profile(
+        name=p.get("name", ""), description=p.get("description", ""), base=p.get("base", ""),
+        activation=Grid(a["bits"], a["symmetric"]), weight=Grid(w["bits"], w["symmetric"], w.get("range_bits")),
+        weights={op: dict(rules) for op, rules in p["weights"].items()}, bias=dict(p["bias"]),
+        float_outputs={op: tuple(slots) for op, slots in p.get("float_outputs", {}).items()},
+        fixed_output_range={op: (float(r[0]), float(r[1])) for op, r in p.get("fixed_output_range", {}).items()},
+        wide_activation_bits=p.get("wide_activation_bits"),
+        fused_activations=tuple(tuple(pair) for pair in p.get("fused_activations", ())),
+        per_block_weight_bits=tuple(p.get("per_block_weight_bits", (4, 8))),
+        integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},
+        **{k: tuple(p[k]) for k in _NAME_LISTS if k in p}, **{k: p[k] for k in _BOOLS if k in p})
+
+
+def weight_axis(profile: Profile, node, slot: int, rank: int) -> Optional[int]:
     """Per-channel axis of weight input `slot` of `node` under `profile`, normalised to [0, rank)."""
-    rule = profile["weights"].get(node.op_type, {}).get(slot)
+    rule = profile.weights.get(node.op_type, {}).get(slot)
     if rule is None:
         return None
     if rule == "gemm_transB":

@@ -256,7 +256,7 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
     # gets its int8 copy and DQ inside that body (field notes §1), also when the float original lives in an
     # outer graph (a captured weight): each body stays self-contained, so the DQ sits next to its reader as in
     # the main graph; the price is one int8 copy per body reading it. Each use is written as the plan's
-    # `storage` says: the int tensor through one shared DQ, or float32 on the grid (weight_storage.py).
+    # `storage` says: the int tensor through one shared DQ, or float32 on the grid (placement/storage.py).
     groups: Dict[tuple, list] = {}
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or spec.encoding is None:
@@ -384,7 +384,7 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
     """
     g = model.graph
     by_name = {n.name: n for n in g.nodes}
-    bias_slot = plan.profile.get("bias", {})
+    bias_slot = plan.profile.bias
     done = 0
     for (node_name, slot), spec in list(plan.uses.items()):
         node = by_name.get(node_name)

@@ -360,7 +360,7 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_w
     return fixes
 
 
-def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: float, profile: dict,
+def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: float, profile,
                    max_trials: Optional[int] = None, samples: Optional[int] = None):
     """When the output SQNR in `errors` is below `floor`: find and fix the quantizers that break it (in place on
     `model`, `plan` and `acts`). Returns (Outcome, errors of the fixed model or None when nothing changed)."""
@@ -373,7 +373,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     if weight_bytes > MAX_WEIGHT_BYTES:
         out.note = f"skipped: weights over {MAX_WEIGHT_BYTES >> 20} MB"
         return out, None
-    wide_bits = profile.get("wide_activation_bits")
+    wide_bits = profile.wide_activation_bits
     if wide_bits and model.opset < 21:
         wide_bits = None
     out.samples = min(len(kept), samples or TRIAL_SAMPLES)

@@ -169,7 +169,7 @@ def test_profile_fields(tiny, tmp_path, text, needles):
 def test_profile_json_slot_keys_are_numbers(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps({"base": "trt", "weights": {"Conv": {"1": 0}}}))
-    assert get_profile(str(path))["weights"] == {"Conv": {1: 0}}
+    assert get_profile(str(path)).weights == {"Conv": {1: 0}}
 
 
 @pytest.mark.parametrize("flag,name", [("--config", "c.yaml"), ("--target", "p.yaml")])

@@ -133,7 +133,7 @@ def test_if_branch_weights_quantized_inside_bodies(target):
              weight_grid(els, "else_matmul", 1, params["we"]),
              weight_grid(els, "else_matmul_outer", 1, params[outer])}
     # ort_cpu: the bodies' float-input Conv/MatMul have no integer kernel, so (as in the main graph) the weights
-    # are stored on their grid (weight_storage.py); trt keeps the DQ inside the body
+    # are stored on their grid (placement/storage.py); trt keeps the DQ inside the body
     assert kinds == ({"prefolded"} if target == "ort_cpu" else {"dq"})
     bodies = {k: v for k, v in res.report["left_float"].items() if k.startswith("<body")}
     assert len(bodies) == 2 and all(BODY_REASON in v for v in bodies.values())

@@ -1,4 +1,4 @@
-"""ort_cpu exports the structure that makes the model fast (quant/weight_storage.py), not a timing.
+"""ort_cpu exports the structure that makes the model fast (quant/placement/storage.py), not a timing.
 
 A weight whose node cannot fuse its DequantizeLinear into an ORT integer kernel (LSTM/GRU, a MatMul fed by an
 int16 activation, a Conv without an 8-bit output Q) is stored fake-quantized: no DQ on it, outputs bit-identical

@@ -61,8 +61,9 @@ def test_qnn_profile_leaves_data_movement_outputs_unquantized():
 
 def test_profiles_are_plain_data():
     for name in PROFILES:
-        p = get_profile(name)
-        json.dumps(p)                                                # no code inside
+        json.dumps(PROFILES[name])                                   # no code inside
+        p = get_profile(name).to_dict()                              # typed, and plain data again
+        json.dumps(p)
         assert {"activation", "weight", "weights", "shares_input_encoding", "fixed_output_range"} <= set(p)
 
 
@@ -103,4 +104,19 @@ def test_profile_file_errors_are_one_line_config_errors(tmp_path):
         get_profile(str(tmp_path / "missing.yaml"))
     ok = tmp_path / "ok.yaml"
     ok.write_text("base: trt\n")
-    assert get_profile(str(ok))["name"] == "trt+custom"
+    assert get_profile(str(ok)).name == "trt+custom"
+
+
+def test_profile_is_a_typed_frozen_object():
+    import dataclasses
+    from qcompiler.quant.profiles import Grid, KernelRule, Profile
+    p = get_profile("ort_cpu")
+    assert isinstance(p, Profile) and p.name == "ort_cpu"
+    assert p.activation == Grid(8, False) and p.weight == Grid(8, True, 7)
+    assert p.integer_weight_kernels["Conv"] == KernelRule(act_bits=8, output_q=True)
+    assert ("Conv", "Relu") in p.fused_activations and "Reshape" in p.shares_input_encoding
+    assert get_profile("trt").wide_activation_bits is None and not get_profile("trt").prefold_unfused_weight_dq
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.name = "x"
+    custom = get_profile({"base": "qnn_htp", "wide_activation_bits": None})
+    assert custom.name == "qnn_htp+custom" and custom.wide_activation_bits is None

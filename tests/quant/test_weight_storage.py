@@ -1,4 +1,4 @@
-"""Weight storage is decided in the plan (weight_storage.decide_storage) and written once by qdq.apply_plan.
+"""Weight storage is decided in the plan (placement.decide_storage) and written once by qdq.apply_plan.
 
 The reference is the rule read from the lowered graph, as the old `prefold_unfused_param_dq` applied it after
 QDQ insertion: lower with every DQ explicit (`prefold_unfused_weight_dq: False`), then fold the DQs of weights
@@ -57,21 +57,21 @@ def _feeds_8bit_q(node, through):
 
 
 def _graph_reason(node, profile):
-    rule = profile.get("integer_weight_kernels", {}).get(node.op_type)
+    rule = profile.integer_weight_kernels.get(node.op_type)
     if rule is None:
         return f"{node.op_type} has no integer kernel on this target"
-    bits = rule.get("act_bits", 8)
+    bits = rule.act_bits
     if not _is_8bit_dq(node.inputs[0]):
         return f"{node.op_type} activation input is not {bits}-bit quantized"
     if not _is_8bit_dq(node.inputs[1] if len(node.inputs) > 1 else None):
         return f"{node.op_type} weight is not {bits}-bit"
-    if rule.get("output_q") and not _feeds_8bit_q(node, set(profile.get("output_q_through", ()))):
+    if rule.output_q and not _feeds_8bit_q(node, set(profile.output_q_through)):
         return f"{node.op_type} output is not {bits}-bit quantized"
     return None
 
 
 def _requantizes(node, profile):
-    if node.op_type not in profile.get("requantizes_float_weights", ()):
+    if node.op_type not in profile.requantizes_float_weights:
         return False
     p = node.inputs[0].producer if node.inputs[0] is not None else None
     if p is None or p.op_type != "DequantizeLinear" or np.size(p.inputs[1].const_value()) != 1:

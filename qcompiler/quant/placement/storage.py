@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from .plan import FLOAT_ON_GRID, INT, QuantPlan
+from ..plan import FLOAT_ON_GRID, INT, QuantPlan
 
 EIGHT_BIT = 8
 
@@ -78,16 +78,16 @@ def unfused_reason(plan: QuantPlan, node) -> Optional[str]:
     kernel). The profile's `integer_weight_kernels` rule, read from the plan: what apply_plan will put in front
     of the node and after it."""
     profile = plan.profile
-    rule = profile.get("integer_weight_kernels", {}).get(node.op_type)
+    rule = profile.integer_weight_kernels.get(node.op_type)
     if rule is None:
         return f"{node.op_type} has no integer kernel on this target"
-    bits = rule.get("act_bits", 8)
+    bits = rule.act_bits
     if not _is_8bit(_input_encoding(plan, node, 0)):
         return f"{node.op_type} activation input is not {bits}-bit quantized"
     if not _is_8bit(_input_encoding(plan, node, 1)):
         return f"{node.op_type} weight is not {bits}-bit"
-    if rule.get("output_q") and not _is_8bit(_output_quantizer(plan, node.outputs[0] if node.outputs else None,
-                                                                 set(profile.get("output_q_through", ())))):
+    if rule.output_q and not _is_8bit(_output_quantizer(plan, node.outputs[0] if node.outputs else None,
+                                                                 set(profile.output_q_through))):
         return f"{node.op_type} output is not {bits}-bit quantized"
     return None
 
@@ -99,7 +99,7 @@ def _runtime_requantizes(plan: QuantPlan, node) -> bool:
     Gemm weight a per-tensor int8 Q->DQ when input 0 is DQ'd per tensor; on ORT 1.31 seen only when the output
     feeds a Q (an int16 Conv lost 1.1 dB that way), so such weights keep their own explicit DQ.
     """
-    if node.op_type not in plan.profile.get("requantizes_float_weights", ()):
+    if node.op_type not in plan.profile.requantizes_float_weights:
         return False
     ein = _input_encoding(plan, node, 0) if node.inputs and node.inputs[0] is not None else None
     if ein is None or np.size(ein.scale) != 1:
@@ -126,11 +126,11 @@ def decide_storage(plan: QuantPlan, model) -> int:
     runs a float kernel that the runtime would not re-quantize itself; a weight read by fused and unfused nodes
     alike keeps its DQ for the fused ones. Uses are visited weights first, then biases, as the lowered graph
     orders their DQs: a bias of a node whose weight is on its grid reads "weight is not 8-bit"."""
-    from .placement import nodes_by_name
+    from .lookup import nodes_by_name
     for spec in plan.uses.values():
         if spec.kind in ("weight", "bias"):
             spec.storage, spec.storage_reason, spec.param_name = INT, "", ""
-    if not plan.profile.get("prefold_unfused_weight_dq"):
+    if not plan.profile.prefold_unfused_weight_dq:
         return 0
     by_name = nodes_by_name(model.graph)
     done = 0

@@ -1,0 +1,68 @@
+"""Quantizer placement: fill a QuantPlan from the graph, the backend profile, the config and calibration stats.
+
+`build_plan` is the sequence of steps below, one module each: supergroups.py (units whose interior stays
+float), weights.py (per-use weight and bias specs), activations.py (a quantizer per float value, or float with
+its reason), bodies.py (If/Loop/Scan records), widening.py (§6: what 8 bits cannot carry), ties.py (shared
+encodings), kernels.py (full weight grid where the kernel is float). observe.py picks what calibration observes;
+storage.py decides, once encodings exist, how each weight is stored (int + DQ, or float on its grid);
+options.py holds the knobs; lookup.py the IR lookups.
+
+Rules (issue 3 "placement", field notes §2, §3, §6):
+- Every float activation (graph input or node output of the main graph) gets a quantizer at its producer,
+  unless it is integer-typed, produced by an op the profile marks not quantizable, inside a supergroup
+  (LayerNorm/RMSNorm/GELU/HardSwish decompositions, Conv→Relu-like pairs), or 8 bits cannot carry it (§6).
+  A value that is also a graph output keeps the quantizer on every use: the graph output is one more use.
+- Weights (profile `weights` slots holding constants, initializers or Constant-node outputs alike) get
+  per-use specs with the op's per-channel axis, so a weight shared by two Gemms with different transB gets two
+  copies and one with the same axis gets one DQ. Bias slots become int32 (scale s_in * s_w) in qdq.py.
+- Weights inside If/Loop/Scan bodies (recursively, captured outer weights included) get the same per-use
+  specs (field notes §1); the bodies' activations stay float (calibration does not see inside bodies), and the
+  report says so once per body.
+- Data-movement outputs tie to input 0; Concat inputs tie to its output. Ties never cross a producer that is
+  not quantizable (that input gets a per-use quantizer at the Concat instead) and never touch integer tensors.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..plan import QuantPlan
+from ..profiles import Profile
+from .activations import CELL_STATE, drop_needless_quantizers, place_activations
+from .bodies import record_bodies
+from .kernels import full_range_for_float_kernels, integer_kernel
+from .lookup import nodes_by_name, weight_nodes
+from .observe import observed_names, propagate_dtypes
+from .options import PlacementOptions
+from .storage import decide_storage
+from .supergroups import SUPERGROUP_KINDS, find_supergroups, mark_supergroups
+from .ties import check_tie_spread, tie_values
+from .weights import block_axis, place_weights
+from .widening import widen_or_float
+
+__all__ = ["build_plan", "observed_names", "PlacementOptions", "block_axis", "nodes_by_name", "weight_nodes",
+           "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
+
+
+def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
+               opts: Optional[PlacementOptions] = None) -> QuantPlan:
+    """Fill a QuantPlan for the main graph from the profile, settings, observed dtypes and statistics.
+
+    `dtypes` maps every observed value name to its runtime numpy dtype (calibration saw it); values missing
+    from it are not quantized. `stats` maps names to observer `stats()` dicts (field notes §6 checks).
+    """
+    opts = opts or PlacementOptions()
+    g = model.graph
+    plan = QuantPlan(profile)
+    plan.dtypes = propagate_dtypes(g, profile, dtypes)
+    mark_supergroups(plan, g, profile, opts)
+    place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)
+    place_activations(plan, g, profile, opts)
+    drop_needless_quantizers(plan, g, profile)
+    record_bodies(plan, g)
+    widen_or_float(plan, stats, profile)
+    tie_values(plan, g, profile)
+    check_tie_spread(plan, stats, g)
+    full_range_for_float_kernels(plan, g)
+    return plan

@@ -1,0 +1,42 @@
+"""Which values calibration observes, and the dtypes of those it skips (placement reads both)."""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..plan import QuantPlan
+from ..profiles import Profile
+from .options import PlacementOptions
+from .supergroups import mark_supergroups
+
+
+def observed_names(model, profile: Profile, opts: Optional[PlacementOptions] = None) -> List[str]:
+    """Values worth observing during calibration: every candidate activation except those the plan keeps
+    float for structural reasons (supergroup interiors, outputs of ops that are not quantizable)."""
+    from ..calibrate import candidate_names
+    opts = opts or PlacementOptions()
+    g = model.graph
+    plan = QuantPlan(profile)
+    mark_supergroups(plan, g, profile, opts)
+    share = set(profile.shares_input_encoding)
+    skip = set(plan.interior)
+    for n in g.nodes:
+        # NOTE: outputs of ops that are not quantizable are still observed: their dtype decides whether a
+        # Concat reading them needs a per-use quantizer, and the report lists integer tensors by name
+        if n.op_type in share and n.op_type != "Gather":
+            # NOTE: data movement keeps its input's dtype and (tied) encoding; observing it again only costs
+            skip.update(v.name for v in n.outputs if v is not None and not v.is_output_of_any_graph())
+    return [name for name in candidate_names(model) if name not in skip]
+
+
+def propagate_dtypes(g, profile: Profile, dtypes: Dict[str, np.dtype]) -> Dict[str, np.dtype]:
+    """Unobserved data-movement outputs carry their input 0's dtype (see `observed_names`)."""
+    share = set(profile.shares_input_encoding)
+    out = dict(dtypes)
+    for n in g.nodes:
+        if n.op_type in share and n.inputs and n.inputs[0] is not None and n.inputs[0].name in out:
+            for v in n.outputs:
+                if v is not None and v.name not in out:
+                    out[v.name] = out[n.inputs[0].name]
+    return out

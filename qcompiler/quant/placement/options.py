@@ -1,0 +1,36 @@
+"""Placement's knobs: the API arguments, and each node's settings resolved from them, the profile and a config."""
+from __future__ import annotations
+
+from ..profiles import Profile
+
+
+class PlacementOptions:
+    """Global knobs (API arguments) used when no config rule says otherwise."""
+
+    def __init__(self, per_channel=True, weight_bits=8, act_bits=8, act_symmetric=None, weight_symmetric=None,
+                 config=None, supergroups=True, weight_block=None):
+        self.per_channel, self.weight_bits, self.act_bits = per_channel, weight_bits, act_bits
+        self.weight_block = weight_block
+        self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
+        self.config, self.supergroups = config, supergroups
+
+
+def node_settings(opts: PlacementOptions, profile: Profile, node):
+    """Resolved per-node settings as a dict (config rules when a config is given, else API args + profile)."""
+    a, w = profile.activation, profile.weight
+    s = {"act_bits": opts.act_bits, "act_symmetric": a.symmetric if opts.act_symmetric is None
+         else opts.act_symmetric, "weight_bits": opts.weight_bits,
+         "weight_symmetric": w.symmetric if opts.weight_symmetric is None else opts.weight_symmetric,
+         "weight_per_channel": opts.per_channel, "weight_block": opts.weight_block, "weight_quantized": True,
+         "bias_quantized": True, "keep_float": False, "precision": "int", "output_quantized": True,
+         "encoding_min": None, "encoding_max": None}
+    cfg = opts.config
+    if cfg is not None and node is not None:
+        ns = cfg.settings_for(node)
+        for k in ("act_bits", "act_symmetric", "weight_bits", "weight_symmetric", "weight_per_channel",
+                  "weight_block", "weight_quantized", "bias_quantized", "precision", "output_quantized",
+                  "encoding_min", "encoding_max"):
+            if hasattr(ns, k):
+                s[k] = getattr(ns, k)
+        s["keep_float"] = bool(getattr(ns, "keep_float", False))
+    return s

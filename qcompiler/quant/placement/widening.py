@@ -1,0 +1,52 @@
+"""Field notes §6: activations 8 bits cannot carry are widened to the profile's wide grid, or kept float."""
+from __future__ import annotations
+
+from typing import Dict
+
+import numpy as np
+
+from ..plan import QuantPlan
+from ..profiles import Profile
+
+# field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
+# below ~30; far beyond that (masks, variances) the bulk collapses onto one or two levels.
+SENTINEL_MAGNITUDE = 1e20
+OUTLIER_RATIO_LIMIT = 1e3
+# the bulk (99.9% of |x|) must span at least this many steps of the min/max grid; BERT's outlier channels
+# (FFN outputs up to ~200 over a bulk of ~1) leave it 1-10 steps and wreck the model
+MIN_BULK_STEPS = 16.0
+# estimated SQNR of the 8-bit min/max grid (calibrate.estimated_sqnr_db) below which a tensor is widened
+MIN_SQNR8_DB = 30.0
+
+
+def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile) -> None:
+    """Check each quantized activation's statistics: sentinels, outliers, too few steps for its bulk."""
+    wide = profile.wide_activation_bits
+    for name, spec in plan.values.items():
+        # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
+        if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
+            continue
+        st = stats.get(name)
+        if not st:
+            continue
+        absmax = max(abs(st.get("min", 0.0)), abs(st.get("max", 0.0)))
+        headroom = 2.0 ** max(spec.bits - 8, 0)
+        if absmax >= SENTINEL_MAGNITUDE:
+            spec.float_(f"holds sentinel values of magnitude {absmax:.3g} (an additive mask?): "
+                        f"{spec.bits} bits cannot carry them together with the rest")
+        elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT * headroom:
+            spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: {spec.bits} bits would zero "
+                        f"the bulk")
+        elif spec.bits > 8:
+            pass
+        elif st.get("p999_steps", MIN_BULK_STEPS) < MIN_BULK_STEPS * 2 ** (spec.bits - 8) or \
+                (spec.bits == 8 and st.get("sqnr8_db", 99.0) < MIN_SQNR8_DB):
+            why = f"an 8-bit grid gives ~{st.get('sqnr8_db', 0):.0f} dB (max|x| {absmax:.3g}"
+            why += (f", 99.9% of |x| within {st['p999_steps']:.1f} steps)" if "p999_steps" in st else
+                    f", rms {np.sqrt(st.get('mean_sq', 0.0)):.3g})")
+            if wide:
+                spec.bits, spec.widened = int(wide), why
+            else:
+                spec.float_(why)
+        elif st.get("nonfinite", 0):
+            spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
