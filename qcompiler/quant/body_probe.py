@@ -622,3 +622,61 @@ def _named(vi: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
     v.CopyFrom(vi)
     v.name = name
     return v
+
+
+class BodyCalibration:
+    """The calibration session over a probe copy, for `calibrate(..., bodies=True)`.
+
+    `run(names, feed, where)` -> (probe, {output name: array}) of one sample (the model's outputs, the main-graph values asked for
+    and the probe outputs); `values(outputs)` -> the same dict with the probe outputs replaced by the body
+    values they carry (values a sample never reached are left out), the branches tallied in `tally`.
+
+    NOTE: a value stacked on the strength of a shape learnt from the first sample (or of its symbolic sizes)
+    can change shape in a later sample; onnxruntime then refuses to stack it and the run fails. The probe is
+    then rebuilt with every value inside a loop as `minmax` (`stack=False`), once, and the sample run again:
+    coarser statistics rather than a failed calibration. `run` is called from one worker thread at a time;
+    each result carries the probe it was made with, so `values` never decodes with the wrong one.
+    """
+
+    def __init__(self, model, first_feed, extra_outputs=(), **kw):
+        from ..onnx_io.importer import model_from_proto
+        self.model = model_from_proto(model) if isinstance(model, onnx.ModelProto) else model
+        self.extra_outputs, self.kw = list(extra_outputs), dict(kw)
+        self.probe = calibration_probe(self.model, first_feed, self.extra_outputs, **self.kw)
+        self.tally = BranchTally(self.probe)
+        self.fell_back = False
+        self._open()
+
+    def _open(self) -> None:
+        from ..ort_session import create_session
+        self.session = create_session(self.probe.proto)
+        self.names = [o.name for o in self.session.get_outputs()]
+
+    def run(self, names, feed, where: str = "") -> tuple:
+        """One sample: (the probe used, {output name: array}). `names` is ignored (the signature of
+        ort_session.Session.run, so calibrate's loop calls either): every output of the probe copy is read."""
+        from ..errors import DataError
+        probe = self.probe
+        try:
+            arrays = self.session.run(self.names, feed, where=where)
+        except DataError:
+            stacked = any(p.how == "stacked" for p in probe.probes.values())
+            if self.fell_back or not stacked:
+                raise
+            self.fell_back = True
+            self.probe = build_probe(self.model, extra_outputs=self.extra_outputs,
+                                     **{**self.kw, "stack": False})
+            self.tally.probe = self.probe
+            self._open()
+            return self.run(names, feed, where)
+        return probe, dict(zip(self.names, arrays))
+
+    def values(self, result) -> Dict[str, np.ndarray]:
+        probe, outputs = result
+        self.tally.probe = probe
+        self.tally.update(outputs)
+        body = probe.values(outputs)
+        carried = set(probe.probes) | set(probe.branches)
+        out = {k: v for k, v in outputs.items() if k not in carried}
+        out.update((k, v) for k, v in body.items() if v is not None)
+        return out

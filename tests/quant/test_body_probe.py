@@ -365,3 +365,37 @@ def test_unshaped_loop_values_learn_their_shape():
     ref = _lstm_ref(feed["x"], feed["h0"], feed["c0"], wx, wh)
     for k in ("zi", "gi", "gg", "fc", "ig"):
         np.testing.assert_allclose(vals[k], ref[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+# ------------------------------------------------------------------------------------------ calibrate(bodies=True)
+
+def test_calibrate_observes_body_values():
+    from qcompiler.quant.calibrate import calibrate
+    m, wx, wh = _lstm_loop(with_if=True)
+    feeds = [_lstm_feed()] + [{k: v * 0.5 for k, v in _lstm_feed().items()}]
+    ir = model_from_proto(m)
+    plain = calibrate(ir, iter(feeds))
+    res = calibrate(ir, iter(feeds), bodies=True)
+    assert plain.bodies is None and set(plain.observers) <= set(res.observers)
+    for name in plain.observers:          # main-graph statistics unchanged
+        assert plain.observers[name].range() == res.observers[name].range(), name
+    refs = [_lstm_ref(f["x"], f["h0"], f["c0"], wx, wh) for f in feeds]
+    for k in ("z", "gi", "c_out", "h_in"):
+        lo = min(r[k].min() for r in refs)
+        hi = max(r[k].max() for r in refs)
+        np.testing.assert_allclose(res.observers[k].range(), (lo, hi), rtol=1e-5, err_msg=k)
+    lt = np.concatenate([r["h_out"][0::2] * 2 for r in refs])
+    np.testing.assert_allclose(res.observers["lt_mul"].range(), (lt.min(), lt.max()), rtol=1e-5)
+    assert res.dtypes["h_out"] == np.float32 and res.samples == 2
+    assert res.bodies.tally.never_taken() == []
+    assert all(len(f) == 3 for f, _ in res.kept) and "h_seq" in res.kept[0][1]   # SQNR samples as before
+
+
+def test_calibrate_reports_branch_never_taken():
+    from qcompiler.quant.calibrate import calibrate
+    m = _nested_if()
+    x = np.ones((2, 3), np.float32)
+    feeds = [{"c1": np.array(True), "c2": np.array(True), "x": x}, {"c1": np.array(False), "c2": np.array(True), "x": x}]
+    res = calibrate(model_from_proto(m), iter(feeds), bodies=True)
+    assert res.bodies.tally.never_taken() == [("outer/then_branch", "inner", "else_branch")]
+    assert "ie_sub" not in res.observers and "it_mul" in res.observers and "oe_neg" in res.observers
