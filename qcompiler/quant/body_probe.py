@@ -44,7 +44,12 @@ Design, and why:
 - **Types and shapes** come from onnx shape inference on a weightless copy (`model_to_proto(stub_over=...)`),
   falling back on the types the IR already holds. A dimension counts as static when it is a number, or a
   symbolic dimension of a main-graph input whose size the caller gives in `dims` (one run's inputs fix it for
-  every iteration).
+  every iteration). onnx infers nothing for many body values (a Split whose sizes are an outer initializer:
+  inference of a body does not see outer constants), so `calibration_probe` runs the first sample once
+  through a `learn_shapes` copy (each such value's Shape, padded to SHAPE_SLOTS entries so it stacks) and
+  stacks the values whose shape held on every iteration. A later sample may break what the first one taught
+  (an If filler of the learnt shape, a stacked value whose length follows the input): `BodyCalibration`
+  then falls back to `minmax` for every value inside a loop, once.
 
 Memory (item 3): per sample and per `stacked` value, at most `stack_limit` elements (default 1024, 4 KB of
 float32) times the trip count; per body at most `stack_budget` elements per iteration in all (default 16384:
@@ -53,8 +58,8 @@ onnxruntime and 8 bytes per run in the outputs. `value` probes (If branches outs
 value costs, like any main-graph activation. Building the probe holds one serialized copy of the weights
 (the proto handed to onnxruntime): use it only when the model has bodies (`has_bodies`).
 
-Not probed (listed in `ProbeModel.skipped` with the reason): values without a known element type, bodies of
-`Scan` before opset 9 (batch-major layout), and graph attributes of other ops (SequenceMap, custom domains).
+Not probed (listed in `ProbeModel.skipped` with the reason): values without a known element type, models
+before opset 11 (the probe nodes' forms), and graph attributes of other ops (SequenceMap, custom domains).
 """
 from __future__ import annotations
 
@@ -71,6 +76,7 @@ STACK_LIMIT = 1024       # elements per iteration of one value stacked over a lo
 STACK_BUDGET = 16384     # elements per iteration of all values stacked by one loop body
 SHAPE_SLOTS = 16         # learnt shapes: ranks up to SHAPE_SLOTS - 1
 UNSHAPED = "shape may change between iterations"
+MIN_OPSET = 11           # Pad/Reshape/Concat as the probe nodes use them
 STUB_BYTES = 4096        # initializers above this size go to shape inference as data-less stubs
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE})
@@ -303,6 +309,9 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
     b.shapes, b.learn = dict(shapes or {}), bool(learn_shapes)
     res = b.result
     res.original_outputs = [o.name for o in proto.graph.output]
+    if b.opset < MIN_OPSET:
+        res.skipped.append(("", "", f"opset {b.opset} < {MIN_OPSET}: bodies are not probed"))
+        b.graph = lambda g, path, loops: []    # nothing probed; extra_outputs still listed below
     for it in b.graph(proto.graph, (), 0):
         vi = _vi(it.name, it)
         proto.graph.output.append(vi)
@@ -324,7 +333,7 @@ def _types(model, stub: onnx.ModelProto) -> Dict[str, onnx.TypeProto]:
     types: Dict[str, onnx.TypeProto] = {}
     for g in model.graphs():
         for v in g.local_values():
-            if v.type is not None and v.type.HasField("tensor_type"):
+            if v.type is not None and _known(v.type):
                 types[v.name] = v.type
     try:
         inferred = onnx.shape_inference.infer_shapes(stub)
@@ -334,7 +343,7 @@ def _types(model, stub: onnx.ModelProto) -> Dict[str, onnx.TypeProto]:
     while stack:
         g = stack.pop()
         for vi in list(g.input) + list(g.value_info) + list(g.output):
-            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            if _known(vi.type):
                 old = types.get(vi.name)
                 if old is None or not old.tensor_type.HasField("shape") or vi.type.tensor_type.HasField("shape"):
                     types[vi.name] = vi.type
@@ -345,6 +354,11 @@ def _types(model, stub: onnx.ModelProto) -> Dict[str, onnx.TypeProto]:
                 elif a.type == onnx.AttributeProto.GRAPHS:
                     stack.extend(a.graphs)
     return types
+
+
+def _known(t: onnx.TypeProto) -> bool:
+    kind = t.WhichOneof("value")
+    return kind is not None and (kind != "tensor_type" or t.tensor_type.elem_type != 0)
 
 
 def _vi(name: str, it: _Item) -> onnx.ValueInfoProto:
@@ -488,8 +502,11 @@ class _Builder:
         return tuple(out)
 
     def elem(self, name: str) -> int:
+        """The element type of a tensor value; 0 when unknown; -1 for a sequence, map or optional."""
         t = self.types.get(name)
-        return t.tensor_type.elem_type if t is not None and t.HasField("tensor_type") else 0
+        if t is None or t.WhichOneof("value") is None:
+            return 0
+        return t.tensor_type.elem_type if t.HasField("tensor_type") else -1
 
     # --- the walk ---------------------------------------------------------------------------------------
     def graph(self, g: onnx.GraphProto, path: tuple, loops: int) -> List[_Item]:
@@ -517,7 +534,7 @@ class _Builder:
         if elem == 0:
             self.result.skipped.append((path_str(path), name, "element type unknown"))
             return
-        if elem not in FLOAT_TYPES:
+        if elem not in FLOAT_TYPES:   # integers and booleans are never quantized; nor are sequences
             return
         p = Probe(path=path, value=name)
         shape = self.static_shape(name) if loops == 1 else None
@@ -556,9 +573,6 @@ class _Builder:
         if n.op_type == "If" and n.domain in ("", "ai.onnx") and {"then_branch", "else_branch"} <= set(attrs):
             return self.if_node(n, attrs, new, path, loops, label)
         if n.op_type in ("Loop", "Scan") and n.domain in ("", "ai.onnx") and "body" in attrs:
-            if n.op_type == "Scan" and self.opset < 9:
-                self.result.skipped.append((path_str(path), label, "Scan before opset 9 is not probed"))
-                return []
             return self.loop_node(n, attrs, new, path, loops, label)
         self.result.skipped.append((path_str(path), label, f"bodies of {n.op_type[:40]} are not probed"))
         return []

@@ -399,3 +399,76 @@ def test_calibrate_reports_branch_never_taken():
     res = calibrate(model_from_proto(m), iter(feeds), bodies=True)
     assert res.bodies.tally.never_taken() == [("outer/then_branch", "inner", "else_branch")]
     assert "ie_sub" not in res.observers and "it_mul" in res.observers and "oe_neg" in res.observers
+
+
+# ------------------------------------------------------------------------------------------ edges
+
+def test_zero_iterations_and_if_inside_nested_loops():
+    """An If two loops deep reports its branches through reduced pairs; a loop that ran zero times yields None."""
+    then = h.make_graph([h.make_node("Mul", ["acc_in", "two"], ["nt_mul"])], "nt", [], [_vi("nt_mul", None)])
+    els = h.make_graph([h.make_node("Add", ["acc_in", "two"], ["ne_add"])], "ne", [], [_vi("ne_add", None)])
+    inner = h.make_graph([h.make_node("Identity", ["ic"], ["ic_out"]),
+                          h.make_node("Greater", ["acc_in", "ten"], ["big"]),
+                          h.make_node("If", ["big"], ["acc_out"], name="deep_if", then_branch=then, else_branch=els)],
+                         "inner", [_vi("ii", [], T.INT64), _vi("ic", [], T.BOOL), _vi("acc_in", [1])],
+                         [_vi("ic_out", [], T.BOOL), _vi("acc_out", [1])])
+    outer = h.make_graph([h.make_node("Identity", ["oc"], ["oc_out"]),
+                          h.make_node("Loop", ["n_inner", "", "s_in"], ["s_out"], name="inner_loop", body=inner)],
+                         "outer", [_vi("oi", [], T.INT64), _vi("oc", [], T.BOOL), _vi("s_in", [1])],
+                         [_vi("oc_out", [], T.BOOL), _vi("s_out", [1])])
+    nodes = [h.make_node("Loop", ["n_outer", "", "s0"], ["s_last"], name="outer_loop", body=outer)]
+    m = _model(nodes, [_vi("n_outer", [], T.INT64), _vi("s0", [1])], [_vi("s_last", None)],
+               [_init("n_inner", np.int64(3)), _init("two", np.float32(2)), _init("ten", np.float32(10))])
+    feed = {"n_outer": np.array(2, np.int64), "s0": np.array([1.0], np.float32)}
+    _, got, pm = _run_both(m, feed)
+    vals = pm.values(got)
+    # s: 1 -> 3 -> 5 -> 7 (outer 0) -> 9 -> 11 -> 22 (outer 1): Add while <= 10, Mul after; pairs [min, max]
+    np.testing.assert_array_equal(vals["nt_mul"], [22, 22])
+    np.testing.assert_array_equal(vals["ne_add"], [3, 11])
+    np.testing.assert_array_equal(vals["s_in"], [[1], [7]])          # outer body input: stacked
+    assert pm.minmax_values["acc_in"] == "inside nested loops"
+    assert BranchTally(pm).never_taken() == []
+    feed0 = {"n_outer": np.array(0, np.int64), "s0": np.array([1.0], np.float32)}
+    _, got0, pm0 = _run_both(m, feed0)
+    assert all(v is None for v in pm0.values(got0).values())
+    tally = BranchTally(pm0)
+    tally.update(got0)
+    assert len(tally.never_taken()) == 2
+
+
+def test_float16_values_and_scan_attributes():
+    body = h.make_graph([h.make_node("Add", ["st", "xt"], ["st_new"]), h.make_node("Cast", ["st_new"], ["y32"], to=F),
+                         h.make_node("Relu", ["y32"], ["y_relu"])],
+                        "b", [_vi("st", [2], T.FLOAT16), _vi("xt", [2], T.FLOAT16)],
+                        [_vi("st_new", [2], T.FLOAT16), _vi("y_relu", [2])])
+    nodes = [h.make_node("Scan", ["s0", "xs"], ["s_last", "ys"], name="half_scan", body=body, num_scan_inputs=1,
+                         scan_input_directions=[1], scan_output_directions=[1], scan_output_axes=[0])]
+    m = _model(nodes, [_vi("s0", [2], T.FLOAT16), _vi("xs", [3, 2], T.FLOAT16)], [_vi("s_last", None, T.FLOAT16), _vi("ys", None)])
+    xs = np.array([[1, -2], [3, 4], [-5, 6]], np.float16)
+    _, got, pm = _run_both(m, {"s0": np.zeros(2, np.float16), "xs": xs})
+    vals = pm.values(got)
+    rev = xs[::-1]
+    np.testing.assert_array_equal(vals["xt"], rev)                    # in the order the body ran
+    np.testing.assert_array_equal(vals["st_new"], np.cumsum(rev, axis=0))
+    assert vals["st_new"].dtype == np.float16
+
+
+def test_learnt_shape_changes_in_later_sample_falls_back():
+    """Sample 0 teaches a per-iteration shape that sample 1 does not have, with an If inside the loop (whose
+    filler needs that shape): the run fails once, the probe falls back to min/max pairs, calibration goes on."""
+    from qcompiler.quant.calibrate import calibrate
+    then = h.make_graph([h.make_node("Mul", ["row", "two"], ["lf_mul"])], "t", [], [_vi("lf_mul", None)])
+    els = h.make_graph([h.make_node("Neg", ["row"], ["lf_neg"])], "e", [], [_vi("lf_neg", None)])
+    body = h.make_graph([h.make_node("Identity", ["c"], ["c_out"]),
+                         h.make_node("Gather", ["xs", "i"], ["row"], axis=0),
+                         h.make_node("Mod", ["i", "two_i"], ["par"]), h.make_node("Equal", ["par", "zero_i"], ["ev"]),
+                         h.make_node("If", ["ev"], ["r2"], name="lf_if", then_branch=then, else_branch=els)],
+                        "b", [_vi("i", [], T.INT64), _vi("c", [], T.BOOL)], [_vi("c_out", [], T.BOOL), _vi("r2", None)])
+    nodes = [h.make_node("Shape", ["xs"], ["shp"]), h.make_node("Gather", ["shp", "zero_i"], ["n"], axis=0),
+             h.make_node("Loop", ["n", ""], ["rows"], name="lf_loop", body=body)]
+    m = _model(nodes, [_vi("xs", ["T", "W"])], [_vi("rows", None)],
+               [_init("two", np.float32(2)), _init("two_i", np.int64(2)), _init("zero_i", np.int64(0))])
+    feeds = [{"xs": np.ones((3, 2), np.float32)}, {"xs": np.full((4, 5), 3, np.float32)}]
+    res = calibrate(model_from_proto(m), iter(feeds), bodies=True)
+    assert res.bodies.fell_back and res.samples == 2
+    assert res.observers["lf_mul"].range() == (2.0, 6.0) and res.observers["lf_neg"].range() == (-3.0, -1.0)
