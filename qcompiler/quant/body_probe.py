@@ -270,7 +270,7 @@ def calibration_probe(model, first_feed: Mapping[str, np.ndarray], extra_outputs
     dims = feed_dims(model, first_feed)
     pm = build_probe(model, dims=dims, extra_outputs=extra_outputs, **kw)
     if kw.get("stack", True) and any(p.reason == UNSHAPED for p in pm.probes.values()):
-        learn = build_probe(model, dims=dims, learn_shapes=True)
+        learn = build_probe(model, dims=dims, learn_shapes=True, body_names=kw.get("body_names"))
         if learn.probes:
             names = learn.output_names
             sess = create_session(learn.proto)
@@ -287,7 +287,7 @@ def calibration_probe(model, first_feed: Mapping[str, np.ndarray], extra_outputs
 def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK_BUDGET,
                 dims: Optional[Mapping[str, int]] = None, extra_outputs: Iterable[str] = (),
                 stack: bool = True, shapes: Optional[Mapping[str, tuple]] = None,
-                learn_shapes: bool = False) -> ProbeModel:
+                learn_shapes: bool = False, body_names: Optional[Iterable[str]] = None) -> ProbeModel:
     """The calibration copy of `model` (IR Model or ModelProto; never changed) with every float body value
     observable as a main-graph output (module docstring).
 
@@ -297,7 +297,8 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
     a loop as `minmax` (a fallback should onnxruntime refuse to stack a value whose shape the inference wrongly
     took as fixed); `shapes`: per-iteration shapes learnt from a run (`ProbeModel.shapes`), for values onnx
     shape inference leaves untyped; `learn_shapes`: instead of observing values, probe the per-iteration
-    shape of every value inside one loop whose shape inference does not know (`how == "shape"`).
+    shape of every value inside one loop whose shape inference does not know (`how == "shape"`); `body_names`: probe only these body
+    values (placement's choice, as `observed_names` is for the main graph; None: every float body value).
     """
     from ..onnx_io.exporter import model_to_proto
     from ..onnx_io.importer import model_from_proto
@@ -307,6 +308,7 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
     types = _types(model, model_to_proto(model, stub_over=STUB_BYTES))
     b = _Builder(proto, types, dict(dims or {}), max(0, int(stack_limit)), max(0, int(stack_budget)), stack)
     b.shapes, b.learn = dict(shapes or {}), bool(learn_shapes)
+    b.only = None if body_names is None else set(body_names)
     res = b.result
     res.original_outputs = [o.name for o in proto.graph.output]
     if b.opset < MIN_OPSET:
@@ -535,6 +537,8 @@ class _Builder:
             self.result.skipped.append((path_str(path), name, "element type unknown"))
             return
         if elem not in FLOAT_TYPES:   # integers and booleans are never quantized; nor are sequences
+            return
+        if self.only is not None and name not in self.only:
             return
         p = Probe(path=path, value=name)
         shape = self.static_shape(name) if loops == 1 else None

@@ -152,12 +152,13 @@ def extra_output_names(model, names) -> list:
 def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric: bool = False,
               keep_samples: int = 4, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
               observer_opts: Optional[dict] = None, names: Optional[list] = None,
-              channel_axes: Optional[Dict[str, int]] = None, bodies: bool = False) -> CalibrationResult:
+              channel_axes: Optional[Dict[str, int]] = None, bodies=False) -> CalibrationResult:
     """Run every sample once through a calibration copy of `model`; return observers and dtypes per value.
 
     `names`: the values to observe (default: every candidate). onnxruntime runs sample i+1 on a worker
-    thread while the observers reduce sample i (both release the GIL for their heavy parts). `bodies`: observe
-    every float value inside If/Loop/Scan bodies too, keyed by its (model-wide unique) name (body_probe.py);
+    thread while the observers reduce sample i (both release the GIL for their heavy parts). `bodies`: True to
+    observe every float value inside If/Loop/Scan bodies too, or the names of the body values to observe,
+    each keyed by its (model-wide unique) name (body_probe.py);
     `res.bodies` then holds the probe (`.probe.mapping`, `.probe.minmax_values`) and the branches never taken
     (`.tally.never_taken()`).
     """
@@ -169,11 +170,12 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     names += [n for n in res.channel_axes if n not in set(names)]
     it = iter(samples)
     from .body_probe import BodyCalibration, has_bodies
-    first = next(it, None) if bodies and has_bodies(model) else None
+    first = next(it, None) if bodies is not False and bodies is not None and has_bodies(model) else None
     if first is not None:   # the probe copy's symbolic sizes and learnt shapes come from the first sample
         import itertools
         it = itertools.chain([first], it)
-        res.bodies = BodyCalibration(model, first, extra_output_names(model, names))
+        res.bodies = BodyCalibration(model, first, extra_output_names(model, names),
+                                     **({} if bodies is True else {"body_names": set(bodies)}))
         sess, out_names = res.bodies, res.bodies.names
     else:
         sess = make_session(model, extra_outputs=extra_output_names(model, names))

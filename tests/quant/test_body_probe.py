@@ -472,3 +472,11 @@ def test_learnt_shape_changes_in_later_sample_falls_back():
     res = calibrate(model_from_proto(m), iter(feeds), bodies=True)
     assert res.bodies.fell_back and res.samples == 2
     assert res.observers["lf_mul"].range() == (2.0, 6.0) and res.observers["lf_neg"].range() == (-3.0, -1.0)
+
+
+def test_calibrate_only_named_body_values():
+    from qcompiler.quant.calibrate import calibrate
+    m, _, _ = _lstm_loop()
+    res = calibrate(model_from_proto(m), iter([_lstm_feed()]), bodies=["gi", "h_out"])
+    assert {"gi", "h_out"} <= set(res.observers) and "z" not in res.observers and "c_out" not in res.observers
+    assert {v for _, v, _ in res.bodies.probe.mapping.values()} == {"gi", "h_out"}
