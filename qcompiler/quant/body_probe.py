@@ -232,7 +232,7 @@ class BranchTally:
 
     def report(self) -> List[str]:
         """One line per branch never taken (values there stay float unless calibrated otherwise)."""
-        return [f"If '{node[:80]}' {attr} ({path or 'main graph'}) never taken in {self.runs} calibration "
+        return [f"If '{node[:80]}' {attr} ({path[-80:] or 'main graph'}) never taken in {self.runs} calibration "
                 f"runs: its values were not observed" for path, node, attr in self.never_taken()]
 
 
@@ -270,15 +270,18 @@ def calibration_probe(model, first_feed: Mapping[str, np.ndarray], extra_outputs
     dims = feed_dims(model, first_feed)
     pm = build_probe(model, dims=dims, extra_outputs=extra_outputs, **kw)
     if kw.get("stack", True) and any(p.reason == UNSHAPED for p in pm.probes.values()):
+        pm = None   # NOTE: each copy holds the weights: one at a time
         learn = build_probe(model, dims=dims, learn_shapes=True, body_names=kw.get("body_names"))
+        shapes: dict = {}
         if learn.probes:
             names = learn.output_names
             sess = create_session(learn.proto)
+            learn.proto = None
             got = dict(zip(names, sess.run(names, dict(first_feed), where="calibration sample 0")))
             del sess
             shapes = learn.shapes(got)
-            if shapes:
-                pm = build_probe(model, dims=dims, extra_outputs=extra_outputs, shapes=shapes, **kw)
+        del learn
+        pm = build_probe(model, dims=dims, extra_outputs=extra_outputs, shapes=shapes, **kw)
     return pm
 
 
@@ -668,6 +671,7 @@ class BodyCalibration:
     def _open(self) -> None:
         from ..ort_session import create_session
         self.session = create_session(self.probe.proto)
+        self.probe.proto = None   # NOTE: a serialized copy of the weights; onnxruntime has its own now
         self.names = [o.name for o in self.session.get_outputs()]
 
     def run(self, names, feed, where: str = "") -> tuple:

@@ -480,3 +480,13 @@ def test_calibrate_only_named_body_values():
     res = calibrate(model_from_proto(m), iter([_lstm_feed()]), bodies=["gi", "h_out"])
     assert {"gi", "h_out"} <= set(res.observers) and "z" not in res.observers and "c_out" not in res.observers
     assert {v for _, v, _ in res.bodies.probe.mapping.values()} == {"gi", "h_out"}
+
+
+def test_calibrate_bodies_on_a_model_without_bodies_changes_nothing():
+    from qcompiler.quant.calibrate import calibrate
+    nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])]
+    m = model_from_proto(_model(nodes, [_vi("x", [2])], [_vi("y", [2])]))
+    feeds = [{"x": np.array([1, -2], np.float32)}]
+    a, b = calibrate(m, iter(feeds)), calibrate(m, iter(feeds), bodies=True)
+    assert b.bodies is None and {k: o.range() for k, o in a.observers.items()} == \
+        {k: o.range() for k, o in b.observers.items()}
