@@ -702,3 +702,54 @@ class BodyCalibration:
         out = {k: v for k, v in outputs.items() if k not in carried}
         out.update((k, v) for k, v in body.items() if v is not None)
         return out
+
+
+# --------------------------------------------------------------------------------------------- never taken
+
+def mirrored_values(model, never_taken: Iterable[Tuple[str, str, str]]) -> Dict[str, str]:
+    """For If branches calibration never took (`BranchTally.never_taken()`): value in the idle branch -> the
+    value of the taken branch computed the same way (same op, domain and attributes; inputs that are the same
+    captured names or values already paired), whose statistics are then exactly the idle value's. For a user
+    who asks to calibrate idle branches from the other one (issue 14 item 1); values with no twin stay float.
+    Nodes holding bodies are not paired (nor is anything computed from them)."""
+    ifs = {}
+    for g in model.graphs():
+        for n in g.nodes_by_op("If"):
+            ifs[n.name or (n.outputs[0].name if n.outputs and n.outputs[0] is not None else "")] = n
+    idle: Dict[str, set] = {}
+    for _path, label, attr in never_taken:
+        idle.setdefault(label, set()).add(attr)
+    pairs: Dict[str, str] = {}
+    for label, attrs in idle.items():
+        n = ifs.get(label)
+        if n is None or len(attrs) != 1:   # both branches idle: nothing to borrow from
+            continue
+        (attr,) = attrs
+        other = "else_branch" if attr == "then_branch" else "then_branch"
+        if n.attr(attr) is not None and n.attr(other) is not None:
+            pairs.update(_twins(n.attr(attr), n.attr(other)))
+    return pairs
+
+
+def _signature(n, names: Mapping[str, str]) -> tuple:
+    attrs = tuple(p.SerializeToString(deterministic=True) for p in sorted(n.attr_protos() or (), key=lambda p: p.name))
+    return (n.op_type, n.domain, attrs, tuple(names.get(x, x) for x in n.input_names()))
+
+
+def _twins(idle_g, taken_g) -> Dict[str, str]:
+    pairs: Dict[str, str] = {}
+    free: Dict[tuple, list] = {}
+    for t in taken_g.nodes:
+        if not t.subgraphs():
+            free.setdefault(_signature(t, {}), []).append(t)
+    for n in idle_g.nodes:
+        if n.subgraphs():
+            continue
+        cands = free.get(_signature(n, pairs))
+        if not cands:
+            continue
+        t = cands.pop(0)
+        for a, b in zip(n.output_names(), t.output_names()):
+            if a and b:
+                pairs[a] = b
+    return pairs

@@ -490,3 +490,21 @@ def test_calibrate_bodies_on_a_model_without_bodies_changes_nothing():
     a, b = calibrate(m, iter(feeds)), calibrate(m, iter(feeds), bodies=True)
     assert b.bodies is None and {k: o.range() for k, o in a.observers.items()} == \
         {k: o.range() for k, o in b.observers.items()}
+
+
+def test_idle_branch_values_mirrored_from_the_taken_one():
+    """then_branch never taken: its Conv reads the same captured x and W as else_branch's, so it may borrow
+    e_conv's statistics; its Relu has no twin (else applies Sigmoid)."""
+    from qcompiler.quant.body_probe import mirrored_values
+    from qcompiler.quant.calibrate import calibrate
+    m, _, _ = _conv_if()
+    then = next(a.g for a in m.graph.node[2].attribute if a.name == "then_branch")
+    del then.node[0].input[2:]                 # then's Conv now reads exactly what else's reads
+    ir = model_from_proto(m)
+    rng = np.random.default_rng(7)
+    feeds = [{"x": -np.abs(rng.standard_normal((1, 3, 5, 5))).astype(np.float32)} for _ in range(2)]
+    res = calibrate(ir, iter(feeds), bodies=True)
+    idle = res.bodies.tally.never_taken()
+    assert idle == [("", "branchy", "then_branch")]
+    assert mirrored_values(ir, idle) == {"t_conv": "e_conv"}
+    assert "t_conv" not in res.observers and "e_conv" in res.observers
