@@ -300,8 +300,9 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
     a loop as `minmax` (a fallback should onnxruntime refuse to stack a value whose shape the inference wrongly
     took as fixed); `shapes`: per-iteration shapes learnt from a run (`ProbeModel.shapes`), for values onnx
     shape inference leaves untyped; `learn_shapes`: instead of observing values, probe the per-iteration
-    shape of every value inside one loop whose shape inference does not know (`how == "shape"`); `body_names`: probe only these body
-    values (placement's choice, as `observed_names` is for the main graph; None: every float body value).
+    shape of every value inside one loop whose shape inference does not know (`how == "shape"`);
+    `body_names`: probe only these body values (placement's choice, as `observed_names` is for the main
+    graph; None: every float body value).
     """
     from ..onnx_io.exporter import model_to_proto
     from ..onnx_io.importer import model_from_proto
@@ -648,9 +649,10 @@ def _named(vi: onnx.ValueInfoProto, name: str) -> onnx.ValueInfoProto:
 class BodyCalibration:
     """The calibration session over a probe copy, for `calibrate(..., bodies=True)`.
 
-    `run(names, feed, where)` -> (probe, {output name: array}) of one sample (the model's outputs, the main-graph values asked for
-    and the probe outputs); `values(outputs)` -> the same dict with the probe outputs replaced by the body
-    values they carry (values a sample never reached are left out), the branches tallied in `tally`.
+    `run(names, feed, where)` -> (probe, {output name: array}) of one sample (the model's outputs, the
+    main-graph values asked for and the probe outputs); `values(outputs)` -> the same dict with the probe
+    outputs replaced by the body values they carry (values a sample never reached are left out), the
+    branches tallied in `tally`.
 
     NOTE: a value stacked on the strength of a shape learnt from the first sample (or of its symbolic sizes)
     can change shape in a later sample; onnxruntime then refuses to stack it and the run fails. The probe is
@@ -732,7 +734,8 @@ def mirrored_values(model, never_taken: Iterable[Tuple[str, str, str]]) -> Dict[
 
 
 def _signature(n, names: Mapping[str, str]) -> tuple:
-    attrs = tuple(p.SerializeToString(deterministic=True) for p in sorted(n.attr_protos() or (), key=lambda p: p.name))
+    protos = sorted(n.attr_protos() or (), key=lambda p: p.name)
+    attrs = tuple(p.SerializeToString(deterministic=True) for p in protos)
     return (n.op_type, n.domain, attrs, tuple(names.get(x, x) for x in n.input_names()))
 
 

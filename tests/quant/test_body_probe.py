@@ -145,7 +145,7 @@ def test_nested_if(c1, c2):
     assert taken[("", "outer", "else_branch")] == (not c1)
 
 
-# ------------------------------------------------------------------------------------------ Loop with an LSTM-style cell
+# ------------------------------------------------------------------------------ Loop with an LSTM-style cell
 
 H = 4
 
@@ -395,7 +395,7 @@ def test_calibrate_reports_branch_never_taken():
     from qcompiler.quant.calibrate import calibrate
     m = _nested_if()
     x = np.ones((2, 3), np.float32)
-    feeds = [{"c1": np.array(True), "c2": np.array(True), "x": x}, {"c1": np.array(False), "c2": np.array(True), "x": x}]
+    feeds = [{"c1": np.array(c1), "c2": np.array(True), "x": x} for c1 in (True, False)]
     res = calibrate(model_from_proto(m), iter(feeds), bodies=True)
     assert res.bodies.tally.never_taken() == [("outer/then_branch", "inner", "else_branch")]
     assert "ie_sub" not in res.observers and "it_mul" in res.observers and "oe_neg" in res.observers
@@ -443,7 +443,8 @@ def test_float16_values_and_scan_attributes():
                         [_vi("st_new", [2], T.FLOAT16), _vi("y_relu", [2])])
     nodes = [h.make_node("Scan", ["s0", "xs"], ["s_last", "ys"], name="half_scan", body=body, num_scan_inputs=1,
                          scan_input_directions=[1], scan_output_directions=[1], scan_output_axes=[0])]
-    m = _model(nodes, [_vi("s0", [2], T.FLOAT16), _vi("xs", [3, 2], T.FLOAT16)], [_vi("s_last", None, T.FLOAT16), _vi("ys", None)])
+    m = _model(nodes, [_vi("s0", [2], T.FLOAT16), _vi("xs", [3, 2], T.FLOAT16)],
+               [_vi("s_last", None, T.FLOAT16), _vi("ys", None)])
     xs = np.array([[1, -2], [3, 4], [-5, 6]], np.float16)
     _, got, pm = _run_both(m, {"s0": np.zeros(2, np.float16), "xs": xs})
     vals = pm.values(got)
