@@ -315,10 +315,9 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
     b.only = None if body_names is None else set(body_names)
     res = b.result
     res.original_outputs = [o.name for o in proto.graph.output]
-    if b.opset < MIN_OPSET:
+    if b.opset < MIN_OPSET:   # nothing probed; extra_outputs still listed below
         res.skipped.append(("", "", f"opset {b.opset} < {MIN_OPSET}: bodies are not probed"))
-        b.graph = lambda g, path, loops: []    # nothing probed; extra_outputs still listed below
-    for it in b.graph(proto.graph, (), 0):
+    for it in (b.graph(proto.graph, (), 0) if b.opset >= MIN_OPSET else []):
         vi = _vi(it.name, it)
         proto.graph.output.append(vi)
         it.ref.output = it.name

@@ -509,3 +509,13 @@ def test_idle_branch_values_mirrored_from_the_taken_one():
     assert idle == [("", "branchy", "then_branch")]
     assert mirrored_values(ir, idle) == {"t_conv": "e_conv"}
     assert "t_conv" not in res.observers and "e_conv" in res.observers
+
+
+def test_old_opset_is_skipped_with_a_reason():
+    then = h.make_graph([h.make_node("Relu", ["x"], ["o_relu"])], "t", [], [_vi("o_relu", None)])
+    els = h.make_graph([h.make_node("Neg", ["x"], ["o_neg"])], "e", [], [_vi("o_neg", None)])
+    m = _model([h.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els)],
+               [_vi("c", [], T.BOOL), _vi("x", [2])], [_vi("y", None)], opset=10)
+    pm = build_probe(model_from_proto(m), extra_outputs=["x"])
+    assert not pm.probes and "opset 10" in pm.skipped[0][2]
+    create_session(pm.proto)
