@@ -27,8 +27,8 @@ Design, and why:
     enclosing Loop/Scan reduces its stacked pairs to one pair again, so one run yields 8 bytes per value
     whatever the trip count. The observers get the two numbers: the `min_max` range is exact, but a histogram
     scheme (entropy, percentile, mse, tf_enhanced) sees only the extremes of each run and cannot be given a
-    flattened copy; its search then lands on (or near) the min/max range. The plan should treat `minmax`
-    values as min/max-calibrated and the report should say so (`ProbeModel.minmax_values`).
+    flattened copy, and its search over two points per run would clip them: `calibrate` gives these values
+    a min/max observer whatever the scheme, and the report should say so (`ProbeModel.minmax_values`).
 - **A branch that did not run** outputs a filler: for `value` probes an empty 1-D tensor of the value's dtype
   (If outputs may differ in shape between branches), for `stacked` probes zeros of the static shape (a Loop
   must stack equal shapes), for `minmax` probes the pair [+inf, -inf], the identity of (min, max) (so it
@@ -666,6 +666,7 @@ class BodyCalibration:
         self.extra_outputs, self.kw = list(extra_outputs), dict(kw)
         self.probe = calibration_probe(self.model, first_feed, self.extra_outputs, **self.kw)
         self.tally = BranchTally(self.probe)
+        self.minmax = set(self.probe.minmax_values)   # observed as per-run [min, max] pairs only
         self.fell_back = False
         self._open()
 
@@ -690,6 +691,7 @@ class BodyCalibration:
             self.probe = build_probe(self.model, extra_outputs=self.extra_outputs,
                                      **{**self.kw, "stack": False})
             self.tally.probe = self.probe
+            self.minmax |= set(self.probe.minmax_values)
             self._open()
             return self.run(names, feed, where)
         return probe, dict(zip(self.names, arrays))

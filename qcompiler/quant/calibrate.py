@@ -204,6 +204,9 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
                 if res.bodies is not None:   # probe outputs -> the body values they carry
                     got = res.bodies.values(arrays)
                     names_run, arrays = list(got), list(got.values())
+                    for v in res.bodies.minmax & got.keys() - res.observers.keys():
+                        # two numbers per run: a histogram scheme's search would clip them (body_probe.py)
+                        res.observers[v], res.dtypes[v] = MinMaxPowerObserver(bits, symmetric), got[v].dtype
                 kept_bytes = _observe(res, arrays, pfeed, names_run, observe_inputs, graph_outputs,
                                       scheme, bits, symmetric, opts, keep_samples, keep_bytes, kept_bytes)
                 bar.update(1)

@@ -519,3 +519,14 @@ def test_old_opset_is_skipped_with_a_reason():
     pm = build_probe(model_from_proto(m), extra_outputs=["x"])
     assert not pm.probes and "opset 10" in pm.skipped[0][2]
     create_session(pm.proto)
+
+
+def test_minmax_values_get_a_min_max_observer_whatever_the_scheme():
+    from qcompiler.quant.calibrate import MinMaxPowerObserver, calibrate
+    m, wx, wh = _lstm_loop(nested=True)
+    feed = _lstm_feed()
+    res = calibrate(model_from_proto(m), iter([feed]), scheme="percentile", bodies=True)
+    sq = np.sin(_lstm_ref(feed["x"], feed["h0"], feed["c0"], wx, wh)["h_out"]) ** 2
+    assert isinstance(res.observers["in_sq"], MinMaxPowerObserver)
+    np.testing.assert_allclose(res.observers["in_sq"].range(), (sq.min(), sq.max()), rtol=1e-5)
+    assert not isinstance(res.observers["h_out"], MinMaxPowerObserver)    # stacked: the scheme's own observer
