@@ -31,6 +31,7 @@ class CalibrationResult:
         self.channel_axes: Dict[str, int] = {}
         self.samples = 0
         self.seconds = 0.0
+        self.bodies = None              # body_probe.BodyCalibration when values inside bodies were observed
 
     def channel_mean(self, name: str) -> Optional[np.ndarray]:
         acc = self.channel_sums.get(name)
@@ -151,11 +152,15 @@ def extra_output_names(model, names) -> list:
 def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric: bool = False,
               keep_samples: int = 4, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
               observer_opts: Optional[dict] = None, names: Optional[list] = None,
-              channel_axes: Optional[Dict[str, int]] = None) -> CalibrationResult:
+              channel_axes: Optional[Dict[str, int]] = None, bodies=False) -> CalibrationResult:
     """Run every sample once through a calibration copy of `model`; return observers and dtypes per value.
 
     `names`: the values to observe (default: every candidate). onnxruntime runs sample i+1 on a worker
-    thread while the observers reduce sample i (both release the GIL for their heavy parts).
+    thread while the observers reduce sample i (both release the GIL for their heavy parts). `bodies`: True to
+    observe every float value inside If/Loop/Scan bodies too, or the names of the body values to observe,
+    each keyed by its (model-wide unique) name (body_probe.py);
+    `res.bodies` then holds the probe (`.probe.mapping`, `.probe.minmax_values`) and the branches never taken
+    (`.tally.never_taken()`).
     """
     from concurrent.futures import ThreadPoolExecutor
     t0 = time.perf_counter()
@@ -163,13 +168,22 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     names = candidate_names(model) if names is None else list(names)
     res.channel_axes = dict(channel_axes or {})
     names += [n for n in res.channel_axes if n not in set(names)]
-    sess = make_session(model, extra_outputs=extra_output_names(model, names))
-    out_names = [o.name for o in sess.get_outputs()]
+    it = iter(samples)
+    from .body_probe import BodyCalibration, has_bodies
+    first = next(it, None) if bodies is not False and bodies is not None and has_bodies(model) else None
+    if first is not None:   # the probe copy's symbolic sizes and learnt shapes come from the first sample
+        import itertools
+        it = itertools.chain([first], it)
+        res.bodies = BodyCalibration(model, first, extra_output_names(model, names),
+                                     **({} if bodies is True else {"body_names": set(bodies)}))
+        sess, out_names = res.bodies, res.bodies.names
+    else:
+        sess = make_session(model, extra_outputs=extra_output_names(model, names))
+        out_names = [o.name for o in sess.get_outputs()]
     graph_outputs = [v.name for v in model.graph.outputs]
     input_names = {v.name for v in model.graph.inputs}
     observe_inputs = input_names & set(names)
     total = getattr(samples, "length", None)
-    it = iter(samples)
     from ..progress import bar as progress_bar
     bar = progress_bar("calibrating", total, progress, unit="sample")
     kept_bytes = 0
@@ -186,7 +200,14 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
             nxt = pool.submit(run, i, feed) if feed is not None else None
             if pending is not None:
                 pfeed, fut = pending
-                kept_bytes = _observe(res, fut.result(), pfeed, out_names, observe_inputs, graph_outputs,
+                arrays, names_run = fut.result(), out_names
+                if res.bodies is not None:   # probe outputs -> the body values they carry
+                    got = res.bodies.values(arrays)
+                    names_run, arrays = list(got), list(got.values())
+                    for v in res.bodies.minmax & got.keys() - res.observers.keys():
+                        # two numbers per run: a histogram scheme's search would clip them (body_probe.py)
+                        res.observers[v], res.dtypes[v] = MinMaxPowerObserver(bits, symmetric), got[v].dtype
+                kept_bytes = _observe(res, arrays, pfeed, names_run, observe_inputs, graph_outputs,
                                       scheme, bits, symmetric, opts, keep_samples, keep_bytes, kept_bytes)
                 bar.update(1)
             if nxt is None:
