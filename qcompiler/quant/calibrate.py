@@ -300,8 +300,7 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
             else:
                 spec.encoding = target.encoding
     # weights, per use
-    from .placement import nodes_by_name
-    by_name = nodes_by_name(model.graph)     # body weights too (field notes §1)
+    by_name = plan.nodes     # body weights too (field notes §1)
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or (spec.frozen and spec.encoding is not None):
             continue

@@ -43,8 +43,7 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
             continue
         spec.encoding, spec.frozen, spec.keep_float, spec.reason = enc, True, False, ""
         spec.bits, spec.symmetric = enc.bits, enc.symmetric
-    from .placement import nodes_by_name
-    by_name = nodes_by_name(g)
+    by_name = plan.nodes
     fitted = {}
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight":

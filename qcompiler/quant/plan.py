@@ -90,6 +90,9 @@ class QuantPlan:
         self.interior: Dict[str, str] = {}                      # value name -> supergroup kind
         self._parent: Dict[str, str] = {}
         self.dtypes: Dict[str, object] = {}                     # runtime dtype of every value seen
+        # the one resolver of the (node name, slot) keys: name -> node over the main graph and every body, built
+        # once by build_plan (inserting Q/DQ adds nodes but renames none of the float model's)
+        self.nodes: Dict[str, object] = {}
 
     # --- specs ------------------------------------------------------------------------------------------
     def spec(self, name: str) -> Optional[QuantSpec]:

@@ -95,8 +95,7 @@ def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetr
 
 def assign_block_encodings(plan: QuantPlan, model, scheme: str = "min_max") -> int:
     """Give every per-block weight use (spec.block_size) its block encoding; frozen ones stay. Returns the count."""
-    from .placement import nodes_by_name
-    by_name = nodes_by_name(model.graph)
+    by_name = plan.nodes
     done = 0
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or not spec.block_size or spec.axis is None:
@@ -228,9 +227,8 @@ def bias_scale(node, ein: Encoding, ew: Encoding, bias_shape: tuple):
 
 def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, Encoding]]:
     """Insert every quantizer of `plan` into `model` (in place). Returns (activation, param) encodings by name."""
-    from .placement import nodes_by_name
     g = model.graph
-    by_name = nodes_by_name(g)      # If/Loop/Scan body nodes too: their weights are quantized inside the body
+    by_name = plan.nodes      # If/Loop/Scan body nodes too: their weights are quantized inside the body
     acts: Dict[str, Encoding] = {}
     touched = set()                 # bodies that got a DQ (toposorted at the end)
     params: Dict[str, Encoding] = {}
@@ -358,22 +356,6 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
 
 # --------------------------------------------------------------------------- bias correction
 
-def bias_correction_inputs(model, plan: QuantPlan) -> Dict[str, int]:
-    """{input value name: channel axis} whose per-channel means `correct_biases` needs (Conv, Gemm inputs)."""
-    g = model.graph
-    out = {}
-    by_name = {n.name: n for n in g.nodes}
-    for (node_name, slot), spec in plan.uses.items():
-        node = by_name.get(node_name)
-        if spec.kind != "weight" or spec.keep_float or slot != 1 or node is None or node.inputs[0] is None:
-            continue
-        if node.op_type == "Conv":
-            out[node.inputs[0].name] = 1
-        elif node.op_type == "Gemm" and not node.attr("transA", 0) and node.attr("alpha", 1.0) == 1.0:
-            out[node.inputs[0].name] = -1
-    return out
-
-
 def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
     """Empirical bias correction (Nagel et al. 2019, DFQ §4.2): b' = b - (W_q - W)·E[x].
 
@@ -383,12 +365,13 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
     Returns how many nodes were corrected.
     """
     g = model.graph
-    by_name = {n.name: n for n in g.nodes}
     bias_slot = plan.profile.bias
     done = 0
     for (node_name, slot), spec in list(plan.uses.items()):
-        node = by_name.get(node_name)
-        if spec.kind != "weight" or spec.keep_float or spec.encoding is None or slot != 1 or node is None:
+        node = plan.nodes.get(node_name)
+        # NOTE: main-graph nodes only: calibration collects channel means of main-graph values
+        if spec.kind != "weight" or spec.keep_float or spec.encoding is None or slot != 1 or node is None \
+                or node.graph is not g:
             continue
         if node.op_type not in ("Conv", "Gemm"):
             continue

@@ -55,6 +55,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     opts = opts or PlacementOptions()
     g = model.graph
     plan = QuantPlan(profile)
+    plan.nodes = nodes_by_name(g)
     plan.dtypes = propagate_dtypes(g, profile, dtypes)
     mark_supergroups(plan, g, profile, opts)
     place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from ..plan import QuantPlan
-from .lookup import nodes_by_name
 
 
 def group_bits_table(plan: QuantPlan) -> Dict[str, int]:
@@ -56,7 +55,7 @@ def full_range_for_float_kernels(plan: QuantPlan, g) -> None:
     39x its rms; on the 7-bit grid that channel's small weights rounded so coarsely that padding tokens, which
     do not fire the large weight's neuron, lost their last_hidden_state (3.3 dB; 17.2 dB with the full grid).
     """
-    by_name = nodes_by_name(g)
+    by_name = plan.nodes
     table = group_bits_table(plan)
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind != "weight" or spec.keep_float or not spec.range_bits or spec.range_bits >= spec.bits:

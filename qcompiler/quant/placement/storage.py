@@ -126,13 +126,12 @@ def decide_storage(plan: QuantPlan, model) -> int:
     runs a float kernel that the runtime would not re-quantize itself; a weight read by fused and unfused nodes
     alike keeps its DQ for the fused ones. Uses are visited weights first, then biases, as the lowered graph
     orders their DQs: a bias of a node whose weight is on its grid reads "weight is not 8-bit"."""
-    from .lookup import nodes_by_name
     for spec in plan.uses.values():
         if spec.kind in ("weight", "bias"):
             spec.storage, spec.storage_reason, spec.param_name = INT, "", ""
     if not plan.profile.prefold_unfused_weight_dq:
         return 0
-    by_name = nodes_by_name(model.graph)
+    by_name = plan.nodes
     done = 0
     for kind in ("weight", "bias"):
         for (node_name, slot), spec in plan.uses.items():
