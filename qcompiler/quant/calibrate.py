@@ -297,3 +297,38 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
         enc.bits = spec.bits
         enc.meta["range_bits"] = rb
         spec.encoding = enc
+
+
+# --------------------------------------------------------------------------- clipping diagnostics
+
+def clipped_fractions(calib: CalibrationResult, activations: Dict[str, Encoding]) -> Dict[str, float]:
+    """{value name: share of its observed range [min, max] that its encoding's grid cannot represent}.
+
+    0.0 when the grid covers everything calibration saw (min_max), 0.78 for a ReLU output whose grid ends at 22% of
+    its observed max. Only per-tensor activation encodings of observed values are listed; the report warns for the
+    values above `observers.CLIP_WARN_FRACTION` (see `clip_warnings`).
+    """
+    out: Dict[str, float] = {}
+    for name, enc in activations.items():
+        obs = calib.observers.get(name)
+        if obs is None or not getattr(obs, "count", 0) or enc is None or enc.dtype != "int":
+            continue
+        if np.ndim(enc.scale) != 0 and np.size(enc.scale) != 1:
+            continue
+        lo, hi = float(obs.min), float(obs.max)
+        if not hi > lo:
+            continue
+        emin, emax = scalar(enc.min), scalar(enc.max)
+        outside = max(emin - lo, 0.0) + max(hi - emax, 0.0)
+        out[name] = float(min(outside / (hi - lo), 1.0))
+    return out
+
+
+def clip_warnings(fractions: Dict[str, float], limit: Optional[float] = None) -> list:
+    """One line per value whose grid clips more than `limit` (default `observers.CLIP_WARN_FRACTION`) of its
+    observed range, largest first (names cut to 80 characters)."""
+    from .observers import CLIP_WARN_FRACTION
+    limit = CLIP_WARN_FRACTION if limit is None else float(limit)
+    hits = sorted(((f, n) for n, f in fractions.items() if f > limit), reverse=True)
+    return [f"calibration clipped {100 * f:.0f}% of the observed range of '{n[:80]}' (over {100 * limit:.0f}%: "
+            f"values beyond the grid saturate; try --scheme min_max)" for f, n in hits]

@@ -4,10 +4,11 @@ Every observer reduces each batch as it arrives (min, max, counts, a magnitude h
 schemes, a 2048-bin linear histogram), so memory is O(bins) however much data flows through. Schemes:
 
 - `min_max`: the observed min and max (names and aliases: schemes.py).
-- `tf_enhanced` (AIMET's): the [a, b] over a grid of shrunk candidates minimising expected quantization noise,
-  sum_{x<a} (x-a)^2 + sum_{x>b} (x-b)^2 + N_in * scale^2 / 12, evaluated from histogram prefix sums.
-- `percentile`: the `percentile`-th quantile (default 99.99) on the max side and the (100 - p)-th on the min side,
-  the latter only when the data goes negative.
+- `tf_enhanced` (AIMET's): the [a, b] over a grid of shrunk candidates minimising AIMET's cost, saturation weighted
+  3x (its GAMMA) against rounding: 3 * (sum_{x<a} (x-a)^2 + sum_{x>b} (x-b)^2) + N_in * scale^2 / 12, evaluated
+  from histogram prefix sums.
+- `percentile` (onnxruntime's): the range holding `percentile`% of the values (default 99.999, onnxruntime's
+  default), the rest cut evenly from the sides where the data crosses 0; symmetric: the p-th percentile of |x|.
 - `entropy`: TensorRT's KL-divergence threshold on the |x| histogram (exact zeros left out, every candidate scored
   at once), applied to both sides; it clips at most 0.001% of the values unless they form a far outlier cluster.
   Weights keep min/max, as in TensorRT and onnxruntime.
@@ -31,6 +32,12 @@ from .schemes import canonical_scheme
 # with outliers 100x out still has candidates near its 4-sigma point.
 _SEARCH_FACTORS = np.unique(np.concatenate([np.linspace(0.02, 1.0, 50), np.geomspace(1e-4, 1.0, 60)]))
 _MSE_FACTORS = np.unique(np.concatenate([np.linspace(0.05, 1.0, 20), np.geomspace(1e-3, 1.0, 20)]))
+
+DEFAULT_PERCENTILE = 99.999   # onnxruntime's default for CalibrationMethod.Percentile
+
+# The report warns when a scheme's grid leaves out more than this share of a value's observed range
+# (calibrate.clipped_fractions / clip_warnings).
+CLIP_WARN_FRACTION = 0.5
 
 
 
@@ -164,24 +171,33 @@ class TfEnhancedObserver(RangeObserver):
 
 
 class PercentileObserver(RangeObserver):
-    """Two-sided percentile of the histogram (min side only when the data goes negative)."""
+    """onnxruntime's Percentile: the range holding `percentile`% of the values (default 99.999, ORT's default).
+
+    Asymmetric: the (100 - p)% left out is split evenly between the sides that can be clipped (a side is clipped
+    only when the data crosses 0 there: a ReLU output loses its top (100 - p)% only), as onnxruntime's
+    `compute_percentile` cuts (100 - p)/2 % from each end. Symmetric: [-t, t] with t the p-th percentile of |x|
+    (onnxruntime's symmetric histogram of |x|).
+    """
 
     scheme = "percentile"
     uses_histogram = True
 
-    def __init__(self, bits: int = 8, symmetric: bool = False, bins: int = 2048, percentile: float = 99.99):
+    def __init__(self, bits: int = 8, symmetric: bool = False, bins: int = 2048,
+                 percentile: float = DEFAULT_PERCENTILE):
         super().__init__(bits, symmetric, bins)
         if not 50.0 < percentile <= 100.0:
             raise ConfigError(f"percentile must be in (50, 100], got {percentile}")
         self.percentile = float(percentile)
 
     def _choose_range(self):
-        q = self.percentile / 100.0
-        hi = self.histogram.quantile(q) if self.max > 0 else self.max
-        lo = self.histogram.quantile(1.0 - q) if self.min < 0 else self.min
+        tail = 1.0 - self.percentile / 100.0
         if self.symmetric:
-            t = max(abs(lo), abs(hi))
+            t = _abs_quantile(self.histogram, 1.0 - tail, interpolate=True)
             return -t, t
+        sides = int(self.max > 0) + int(self.min < 0)
+        cut = tail / max(sides, 1)
+        hi = self.histogram.quantile(1.0 - cut) if self.max > 0 else self.max
+        lo = self.histogram.quantile(cut) if self.min < 0 else self.min
         return lo, hi
 
 
@@ -224,8 +240,13 @@ def make_observer(scheme: str = "min_max", bits: int = 8, symmetric: bool = Fals
 
 # ---------------------------------------------------------------- searches over a histogram
 
-def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool):
-    """tf_enhanced: argmin over candidates of clip error + N_in * scale^2 / 12, via prefix sums (O(1) each)."""
+def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool,
+                       gamma: float = 3.0):
+    """tf_enhanced: argmin over candidates of gamma * clip error + N_in * scale^2 / 12, via prefix sums (O(1) each).
+
+    `gamma` = 3: AIMET's TfEnhancedEncodingAnalyzer weighs the saturation cost 3x the quantization cost (its
+    GAMMA), so only a tail whose clipping saves three times its own squared error is cut.
+    """
     c, n = hist.centers, hist.counts
     p0 = np.concatenate([[0.0], np.cumsum(n)])
     p1 = np.concatenate([[0.0], np.cumsum(n * c)])
@@ -236,7 +257,7 @@ def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: in
     below = a * a * p0[ka] - 2 * a * p1[ka] + p2[ka]
     above = (p2[-1] - p2[kb]) - 2 * b * (p1[-1] - p1[kb]) + b * b * (p0[-1] - p0[kb])
     inside = p0[kb] - p0[ka]
-    noise = np.maximum(below, 0) + np.maximum(above, 0) + inside * scale * scale / 12.0
+    noise = gamma * (np.maximum(below, 0) + np.maximum(above, 0)) + inside * scale * scale / 12.0
     best = int(np.argmin(noise))
     return a[best], b[best]
 
@@ -339,15 +360,21 @@ CLIP_QUANTILE = 0.99999  # entropy clips at most 1 - this fraction of the values
 OUTLIER_FACTOR = 3.0     # ... unless that quantile is beyond 3x the 99.99th percentile (a far outlier cluster)
 
 
-def _abs_quantile(hist: LinearHistogram, q: float) -> float:
-    """The q-quantile of |x| from the signed histogram (bins split at 0 are folded by their centre)."""
+def _abs_quantile(hist: LinearHistogram, q: float, interpolate: bool = False) -> float:
+    """The q-quantile of |x| from the signed histogram (bins split at 0 are folded by their centre): the upper edge
+    of the bin holding it, or with `interpolate` the point inside that bin where the cumulative count reaches q."""
     order = np.argsort(np.abs(hist.centers), kind="stable")
     mags = np.abs(hist.centers)[order] + hist.width / 2
-    cdf = np.cumsum(hist.counts[order])
+    counts = hist.counts[order]
+    cdf = np.cumsum(counts)
     if cdf[-1] <= 0:
         return 0.0
     k = min(int(np.searchsorted(cdf, q * cdf[-1], side="left")), len(cdf) - 1)
-    return float(mags[k])
+    if not interpolate or counts[k] <= 0:
+        return float(mags[k])
+    below = cdf[k - 1] if k > 0 else 0.0
+    frac = float(np.clip((q * cdf[-1] - below) / counts[k], 0.0, 1.0))
+    return float(max(mags[k] - hist.width * (1.0 - frac), 0.0))
 
 
 _EPS = 1e-4
@@ -421,7 +448,7 @@ _WEIGHT_FACTORS = np.linspace(0.3, 1.0, 22)
 
 
 def weight_range(w, axis: int = 0, scheme: str = "min_max", bits: int = 8, symmetric: bool = True,
-                 percentile: float = 99.99) -> tuple[np.ndarray, np.ndarray]:
+                 percentile: float = DEFAULT_PERCENTILE) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel (min, max) arrays along `axis` of a weight tensor.
 
     min_max: plain per-channel min/max. mse / tf_enhanced: each channel's range is shrunk by the factor in
