@@ -196,8 +196,32 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     bar.close()
     if res.samples == 0:
         raise DataError("empty sample set (0 samples)")
+    for name in output_adjacent(model) & set(res.observers):
+        res.observers[name].keep_extremes = True
     res.seconds = time.perf_counter() - t0
     return res
+
+
+# Ops that pass a value on to a graph output keeping its order: clipping their input clips the result itself
+# (the top logit before a Softmax is exactly the value a clip cuts, and ties it with the runner-up).
+OUTPUT_PATH_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Identity", "Reshape", "Flatten", "Squeeze",
+                             "Unsqueeze", "Transpose", "Cast"})
+
+
+def output_adjacent(model) -> set:
+    """Names of the graph outputs and of the values that reach one through `OUTPUT_PATH_OPS` only (their first
+    input): the observers of these keep their observed min/max whatever the scheme."""
+    names: set = set()
+    stack = list(model.graph.outputs)
+    while stack:
+        v = stack.pop()
+        if v is None or v.name in names:
+            continue
+        names.add(v.name)
+        p = v.producer
+        if p is not None and p.op_type in OUTPUT_PATH_OPS and p.inputs:
+            stack.append(p.inputs[0])
+    return names
 
 
 def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme, bits, symmetric, opts,
