@@ -342,7 +342,9 @@ def clipped_fractions(calib: CalibrationResult, activations: Dict[str, Encoding]
         lo, hi = float(obs.min), float(obs.max)
         if not hi > lo:
             continue
-        emin, emax = scalar(enc.min), scalar(enc.max)
+        # beyond the grid by less than half a step is rounding (compute_encoding nudges the range to hold 0)
+        half = scalar(enc.scale) / 2
+        emin, emax = scalar(enc.min) - half, scalar(enc.max) + half
         outside = max(emin - lo, 0.0) + max(hi - emax, 0.0)
         out[name] = float(min(outside / (hi - lo), 1.0))
     return out
