@@ -36,17 +36,20 @@ def main():
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     from qcompiler.quant import api
+    from qcompiler.quant import calibrate as calibrate_module
     from qcompiler.quant.api import quantize
     from qcompiler.quant.calibrate import clipped_fractions
     from qcompiler.quant.observers import CLIP_WARN_FRACTION
     captured = []
-    real_calibrate = api.calibrate
+    real_calibrate = calibrate_module.calibrate
 
     def calibrate(*args, **kw):   # keep the CalibrationResult for clipped_fractions
         captured.append(real_calibrate(*args, **kw))
         return captured[-1]
 
-    api.calibrate = calibrate
+    for module in (api, calibrate_module):   # wherever the pipeline looks it up
+        if getattr(module, "calibrate", None) is real_calibrate:
+            module.calibrate = calibrate
     out_dir = a.out or tempfile.mkdtemp(prefix="qc_schemes_")
     os.makedirs(out_dir, exist_ok=True)
     schemes = [s for s in a.schemes.split(",") if s]
@@ -60,7 +63,8 @@ def main():
         for s in schemes:
             t0 = time.perf_counter()
             res = quantize(os.path.join(md, "model.onnx"), os.path.join(md, "calib.npz"), scheme=s)
-            clipped = clipped_fractions(captured[-1], res.encodings["activations"])
+            clipped = clipped_fractions(captured[-1], res.encodings["activations"]) if captured else {}
+            captured.clear()
             total = time.perf_counter() - t0
             out = os.path.join(out_dir, f"{m}.{s}.onnx")
             res.save(out)
