@@ -21,7 +21,7 @@ Mapping:
   kernels can saturate u8 x s8 sums, and ppocr_cls per channel measured 0.975 with False against 0.9925 with True),
   `op_types_to_quantize`, `nodes_to_quantize`, `nodes_to_exclude` (exact node names), `use_external_data_format`
   (weights beside the model as `NAME.onnx.data`).
-- `calibrate_method`: MinMax -> min_max, Entropy -> entropy, Percentile -> percentile (qcompiler's 99.99th);
+- `calibrate_method`: MinMax -> min_max, Entropy -> entropy, Percentile -> percentile (99.999th, ORT's default);
   Distribution (onnxruntime's float8 calibration) -> ArgumentError.
 - `calibration_providers`: accepted and unused (calibration runs on onnxruntime's CPU provider).
 - `calibration_cache_path`: ArgumentError (not supported).

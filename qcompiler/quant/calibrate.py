@@ -217,8 +217,32 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     bar.close()
     if res.samples == 0:
         raise DataError("empty sample set (0 samples)")
+    for name in output_adjacent(model) & set(res.observers):
+        res.observers[name].keep_extremes = True
     res.seconds = time.perf_counter() - t0
     return res
+
+
+# Ops that pass a value on to a graph output keeping its order: clipping their input clips the result itself
+# (the top logit before a Softmax is exactly the value a clip cuts, and ties it with the runner-up).
+OUTPUT_PATH_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Identity", "Reshape", "Flatten", "Squeeze",
+                             "Unsqueeze", "Transpose", "Cast"})
+
+
+def output_adjacent(model) -> set:
+    """Names of the graph outputs and of the values that reach one through `OUTPUT_PATH_OPS` only (their first
+    input): the observers of these keep their observed min/max whatever the scheme."""
+    names: set = set()
+    stack = list(model.graph.outputs)
+    while stack:
+        v = stack.pop()
+        if v is None or v.name in names:
+            continue
+        names.add(v.name)
+        p = v.producer
+        if p is not None and p.op_type in OUTPUT_PATH_OPS and p.inputs:
+            stack.append(p.inputs[0])
+    return names
 
 
 def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme, bits, symmetric, opts,
@@ -317,3 +341,40 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
         enc.bits = spec.bits
         enc.meta["range_bits"] = rb
         spec.encoding = enc
+
+
+# --------------------------------------------------------------------------- clipping diagnostics
+
+def clipped_fractions(calib: CalibrationResult, activations: Dict[str, Encoding]) -> Dict[str, float]:
+    """{value name: share of its observed range [min, max] that its encoding's grid cannot represent}.
+
+    0.0 when the grid covers everything calibration saw (min_max), 0.78 for a ReLU output whose grid ends at 22% of
+    its observed max. Only per-tensor activation encodings of observed values are listed; the report warns for the
+    values above `observers.CLIP_WARN_FRACTION` (see `clip_warnings`).
+    """
+    out: Dict[str, float] = {}
+    for name, enc in activations.items():
+        obs = calib.observers.get(name)
+        if obs is None or not getattr(obs, "count", 0) or enc is None or enc.dtype != "int":
+            continue
+        if np.ndim(enc.scale) != 0 and np.size(enc.scale) != 1:
+            continue
+        lo, hi = float(obs.min), float(obs.max)
+        if not hi > lo:
+            continue
+        # beyond the grid by less than half a step is rounding (compute_encoding nudges the range to hold 0)
+        half = scalar(enc.scale) / 2
+        emin, emax = scalar(enc.min) - half, scalar(enc.max) + half
+        outside = max(emin - lo, 0.0) + max(hi - emax, 0.0)
+        out[name] = float(min(outside / (hi - lo), 1.0))
+    return out
+
+
+def clip_warnings(fractions: Dict[str, float], limit: Optional[float] = None) -> list:
+    """One line per value whose grid clips more than `limit` (default `observers.CLIP_WARN_FRACTION`) of its
+    observed range, largest first (names cut to 80 characters)."""
+    from .observers import CLIP_WARN_FRACTION
+    limit = CLIP_WARN_FRACTION if limit is None else float(limit)
+    hits = sorted(((f, n) for n, f in fractions.items() if f > limit), reverse=True)
+    return [f"calibration clipped {100 * f:.0f}% of the observed range of '{n[:80]}' (over {100 * limit:.0f}%: "
+            f"values beyond the grid saturate; try --scheme min_max)" for f, n in hits]

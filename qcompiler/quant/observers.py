@@ -4,10 +4,11 @@ Every observer reduces each batch as it arrives (min, max, counts, a magnitude h
 schemes, a 2048-bin linear histogram), so memory is O(bins) however much data flows through. Schemes:
 
 - `min_max`: the observed min and max (names and aliases: schemes.py).
-- `tf_enhanced` (AIMET's): the [a, b] over a grid of shrunk candidates minimising expected quantization noise,
-  sum_{x<a} (x-a)^2 + sum_{x>b} (x-b)^2 + N_in * scale^2 / 12, evaluated from histogram prefix sums.
-- `percentile`: the `percentile`-th quantile (default 99.99) on the max side and the (100 - p)-th on the min side,
-  the latter only when the data goes negative.
+- `tf_enhanced` (AIMET's): the [a, b] over a grid of shrunk candidates minimising AIMET's cost, saturation weighted
+  3x (its GAMMA) against rounding: 3 * (sum_{x<a} (x-a)^2 + sum_{x>b} (x-b)^2) + N_in * scale^2 / 12, evaluated
+  from histogram prefix sums.
+- `percentile` (onnxruntime's): the range holding `percentile`% of the values (default 99.999, onnxruntime's
+  default), the rest cut evenly from the sides where the data crosses 0; symmetric: the p-th percentile of |x|.
 - `entropy`: TensorRT's KL-divergence threshold on the |x| histogram (exact zeros left out, every candidate scored
   at once), applied to both sides; it clips at most 0.001% of the values unless they form a far outlier cluster.
   Weights keep min/max, as in TensorRT and onnxruntime.
@@ -31,6 +32,12 @@ from .schemes import canonical_scheme
 # with outliers 100x out still has candidates near its 4-sigma point.
 _SEARCH_FACTORS = np.unique(np.concatenate([np.linspace(0.02, 1.0, 50), np.geomspace(1e-4, 1.0, 60)]))
 _MSE_FACTORS = np.unique(np.concatenate([np.linspace(0.05, 1.0, 20), np.geomspace(1e-3, 1.0, 20)]))
+
+DEFAULT_PERCENTILE = 99.999   # onnxruntime's default for CalibrationMethod.Percentile
+
+# The report warns when a scheme's grid leaves out more than this share of a value's observed range
+# (calibrate.clipped_fractions / clip_warnings).
+CLIP_WARN_FRACTION = 0.5
 
 
 
@@ -73,6 +80,7 @@ class RangeObserver:
         self.abs_sum = 0.0
         self.magnitudes = MagnitudeHistogram()
         self.histogram = LinearHistogram(bins) if self.uses_histogram else None
+        self.keep_extremes = False   # set by calibrate for graph outputs and what feeds them (output_adjacent)
 
     def update(self, x) -> None:
         """Reduce one batch (any shape) into the statistics; NaN/inf are dropped and counted in `nonfinite`."""
@@ -95,7 +103,7 @@ class RangeObserver:
         """
         if self.count == 0:
             return 0.0, 0.0
-        if self.max <= self.min:
+        if self.max <= self.min or self.keep_extremes:
             return float(self.min), float(self.max)
         saved, self.bits = self.bits, int(bits or self.bits)
         try:
@@ -164,24 +172,33 @@ class TfEnhancedObserver(RangeObserver):
 
 
 class PercentileObserver(RangeObserver):
-    """Two-sided percentile of the histogram (min side only when the data goes negative)."""
+    """onnxruntime's Percentile: the range holding `percentile`% of the values (default 99.999, ORT's default).
+
+    Asymmetric: the (100 - p)% left out is split evenly between the sides that can be clipped (a side is clipped
+    only when the data crosses 0 there: a ReLU output loses its top (100 - p)% only), as onnxruntime's
+    `compute_percentile` cuts (100 - p)/2 % from each end. Symmetric: [-t, t] with t the p-th percentile of |x|
+    (onnxruntime's symmetric histogram of |x|).
+    """
 
     scheme = "percentile"
     uses_histogram = True
 
-    def __init__(self, bits: int = 8, symmetric: bool = False, bins: int = 2048, percentile: float = 99.99):
+    def __init__(self, bits: int = 8, symmetric: bool = False, bins: int = 2048,
+                 percentile: float = DEFAULT_PERCENTILE):
         super().__init__(bits, symmetric, bins)
         if not 50.0 < percentile <= 100.0:
             raise ConfigError(f"percentile must be in (50, 100], got {percentile}")
         self.percentile = float(percentile)
 
     def _choose_range(self):
-        q = self.percentile / 100.0
-        hi = self.histogram.quantile(q) if self.max > 0 else self.max
-        lo = self.histogram.quantile(1.0 - q) if self.min < 0 else self.min
+        tail = 1.0 - self.percentile / 100.0
         if self.symmetric:
-            t = max(abs(lo), abs(hi))
+            t = _abs_quantile(self.histogram, 1.0 - tail, interpolate=True)
             return -t, t
+        sides = int(self.max > 0) + int(self.min < 0)
+        cut = tail / max(sides, 1)
+        hi = self.histogram.quantile(1.0 - cut) if self.max > 0 else self.max
+        lo = self.histogram.quantile(cut) if self.min < 0 else self.min
         return lo, hi
 
 
@@ -224,8 +241,13 @@ def make_observer(scheme: str = "min_max", bits: int = 8, symmetric: bool = Fals
 
 # ---------------------------------------------------------------- searches over a histogram
 
-def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool):
-    """tf_enhanced: argmin over candidates of clip error + N_in * scale^2 / 12, via prefix sums (O(1) each)."""
+def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool,
+                       gamma: float = 3.0):
+    """tf_enhanced: argmin over candidates of gamma * clip error + N_in * scale^2 / 12, via prefix sums (O(1) each).
+
+    `gamma` = 3: AIMET's TfEnhancedEncodingAnalyzer weighs the saturation cost 3x the quantization cost (its
+    GAMMA), so only a tail whose clipping saves three times its own squared error is cut.
+    """
     c, n = hist.centers, hist.counts
     p0 = np.concatenate([[0.0], np.cumsum(n)])
     p1 = np.concatenate([[0.0], np.cumsum(n * c)])
@@ -236,25 +258,24 @@ def search_noise_range(hist: LinearHistogram, vmin: float, vmax: float, bits: in
     below = a * a * p0[ka] - 2 * a * p1[ka] + p2[ka]
     above = (p2[-1] - p2[kb]) - 2 * b * (p1[-1] - p1[kb]) + b * b * (p0[-1] - p0[kb])
     inside = p0[kb] - p0[ka]
-    noise = np.maximum(below, 0) + np.maximum(above, 0) + inside * scale * scale / 12.0
+    noise = gamma * (np.maximum(below, 0) + np.maximum(above, 0)) + inside * scale * scale / 12.0
     best = int(np.argmin(noise))
     return a[best], b[best]
 
 
 def search_mse_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool):
-    """mse: argmin over candidates of sum n * (qdq(x) - x)^2 at 4 points per bin (compute_encoding's grid).
+    """mse: argmin over candidates of the expected squared fake-quantization error, the histogram read as a
+    piecewise-uniform density (`_mse_errors`: exact per bin, on compute_encoding's grid).
 
     Symmetric: every shrunk t at once. Asymmetric: coordinate search over the shrunk max with the min fixed, then
     the shrunk min, then the max again (~120 candidates instead of all 1600 pairs: ppocr_cls spent 7.8 s here).
     """
-    sub = (np.arange(4) + 0.5) / 4
-    x = (hist.lo + (np.arange(hist.bins)[:, None] + sub[None, :]) * hist.width).reshape(-1)
-    w = np.repeat(hist.counts / 4, 4)
-    keep = w > 0
-    x, w = x[keep], w[keep]
+    keep = hist.counts > 0
+    edges = hist.edges
+    u, v, n = edges[:-1][keep], edges[1:][keep], hist.counts[keep]
     if symmetric:
         a, b, scale = _candidates(vmin, vmax, bits, symmetric, _MSE_FACTORS)
-        best = int(np.argmin(_mse_errors(x, w, a, scale, bits, symmetric)))
+        best = int(np.argmin(_mse_errors(u, v, n, a, scale, bits, symmetric)))
         return a[best], b[best]
     lo, hi = min(vmin, 0.0), max(vmax, 0.0)
     a_vals, b_vals = np.unique(lo * _MSE_FACTORS), np.unique(hi * _MSE_FACTORS)
@@ -267,25 +288,44 @@ def search_mse_range(hist: LinearHistogram, vmin: float, vmax: float, bits: int,
             a = a_vals
             b = np.full_like(a, b_best)
         scale = np.maximum((b - a) / (2 ** bits - 1), np.finfo(np.float32).tiny * 1e3)
-        k = int(np.argmin(_mse_errors(x, w, a, scale, bits, symmetric)))
+        k = int(np.argmin(_mse_errors(u, v, n, a, scale, bits, symmetric)))
         a_best, b_best = float(a[k]), float(b[k])
     return a_best, b_best
 
 
-def _mse_errors(x, w, a, scale, bits, symmetric):
-    """sum_i w_i (qdq(x_i) - x_i)^2 for each candidate (a, scale), in chunks of ~2M elements."""
+def _mse_errors(u, v, n, a, scale, bits, symmetric):
+    """sum over bins of n * E[(qdq(x) - x)^2] with x uniform on the bin [u, v], for each candidate (a, scale).
+
+    The grid is compute_encoding's: points k*s (0 exact) from (qmin - zp)*s to (qmax - zp)*s. Inside it the error
+    is the periodic (x - s*round(x/s))^2, whose antiderivative is s^2/12 * x + r^3/3 - s^2 * r/12 (r = x - s*round(x/s));
+    beyond it (x - edge)^2. Integrating exactly matters when a step is near a bin's width: 4 sample points per bin
+    alias with the grid there (a uniform [-1, 1] with 3 outliers at 20 chose 4.7 instead of 1).
+    """
     if symmetric:
         qmin, qmax, zp = -(2 ** (bits - 1)), 2 ** (bits - 1) - 1, np.zeros_like(scale)
     else:
         qmin, qmax = 0, 2 ** bits - 1
         zp = np.clip(np.round(-a / scale), qmin, qmax)
-    err = np.empty(len(a))
-    step = max(1, 2 ** 21 // max(len(x), 1))
-    for i in range(0, len(a), step):  # chunks of candidates keep the work matrix ~2M elements
-        s, z = scale[i:i + step, None], zp[i:i + step, None]
-        q = np.clip(np.round(x[None, :] / s) + z, qmin, qmax)
-        err[i:i + step] = ((q - z) * s - x[None, :]) ** 2 @ w
+    s = scale[:, None]
+    lo_g, hi_g = (qmin - zp)[:, None] * s, (qmax - zp)[:, None] * s
+
+    err = np.empty(len(scale))
+    inv_w = n / np.maximum(v - u, np.finfo(np.float64).tiny)     # counts per unit length
+    step = max(1, 2 ** 19 // max(len(u), 1))
+    for i in range(0, len(scale), step):   # chunks of candidates keep the work matrices ~0.5M elements
+        sl = slice(i, i + step)
+        ss, lg, hg = s[sl], lo_g[sl], hi_g[sl]
+        total = _cube(np.maximum(v, hg) - hg) - _cube(np.maximum(u, hg) - hg)       # 3x beyond the grid
+        total -= _cube(np.minimum(u, lg) - lg) - _cube(np.minimum(v, lg) - lg)
+        cu, cv = np.clip(u, lg, hg), np.clip(v, lg, hg)
+        r_u, r_v = cu - ss * np.rint(cu / ss), cv - ss * np.rint(cv / ss)
+        total += ss * ss / 4.0 * ((cv - cu) - (r_v - r_u)) + (_cube(r_v) - _cube(r_u))   # 3x inside
+        err[sl] = total @ inv_w / 3.0
     return err
+
+
+def _cube(x):
+    return x * x * x
 
 
 def entropy_threshold(hist: LinearHistogram, vmin: float, vmax: float, bits: int, symmetric: bool,
@@ -339,15 +379,21 @@ CLIP_QUANTILE = 0.99999  # entropy clips at most 1 - this fraction of the values
 OUTLIER_FACTOR = 3.0     # ... unless that quantile is beyond 3x the 99.99th percentile (a far outlier cluster)
 
 
-def _abs_quantile(hist: LinearHistogram, q: float) -> float:
-    """The q-quantile of |x| from the signed histogram (bins split at 0 are folded by their centre)."""
+def _abs_quantile(hist: LinearHistogram, q: float, interpolate: bool = False) -> float:
+    """The q-quantile of |x| from the signed histogram (bins split at 0 are folded by their centre): the upper edge
+    of the bin holding it, or with `interpolate` the point inside that bin where the cumulative count reaches q."""
     order = np.argsort(np.abs(hist.centers), kind="stable")
     mags = np.abs(hist.centers)[order] + hist.width / 2
-    cdf = np.cumsum(hist.counts[order])
+    counts = hist.counts[order]
+    cdf = np.cumsum(counts)
     if cdf[-1] <= 0:
         return 0.0
     k = min(int(np.searchsorted(cdf, q * cdf[-1], side="left")), len(cdf) - 1)
-    return float(mags[k])
+    if not interpolate or counts[k] <= 0:
+        return float(mags[k])
+    below = cdf[k - 1] if k > 0 else 0.0
+    frac = float(np.clip((q * cdf[-1] - below) / counts[k], 0.0, 1.0))
+    return float(max(mags[k] - hist.width * (1.0 - frac), 0.0))
 
 
 _EPS = 1e-4
@@ -421,7 +467,7 @@ _WEIGHT_FACTORS = np.linspace(0.3, 1.0, 22)
 
 
 def weight_range(w, axis: int = 0, scheme: str = "min_max", bits: int = 8, symmetric: bool = True,
-                 percentile: float = 99.99) -> tuple[np.ndarray, np.ndarray]:
+                 percentile: float = DEFAULT_PERCENTILE) -> tuple[np.ndarray, np.ndarray]:
     """Per-channel (min, max) arrays along `axis` of a weight tensor.
 
     min_max: plain per-channel min/max. mse / tf_enhanced: each channel's range is shrunk by the factor in

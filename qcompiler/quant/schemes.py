@@ -4,7 +4,7 @@ unknown one with the same one-line message.
 
 - `min_max` (AIMET `post_training_tf`, `tf`; onnxruntime `MinMax`): the observed min and max.
 - `tf_enhanced` (AIMET `post_training_tf_enhanced`): the range minimising expected quantization noise.
-- `percentile` (AIMET `post_training_percentile`; onnxruntime `Percentile`): the 99.99th percentile.
+- `percentile` (AIMET `post_training_percentile`; onnxruntime `Percentile`): the 99.999th percentile (ORT's default).
 - `entropy` (`kl`; onnxruntime `Entropy`): TensorRT's KL-divergence threshold.
 - `mse`: the range minimising the mean squared error of the fake-quantized values.
 """
