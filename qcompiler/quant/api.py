@@ -280,6 +280,22 @@ def _quantize(model_or_path, calib, names, instrumentations, s: QuantSettings) -
                           stats=_stats(ctx), plan=ctx.plan, passes=results)
 
 
+def _clip_warnings(ctx, report: dict) -> list:
+    """Activations whose grid leaves out more than observers.CLIP_WARN_FRACTION of the range calibration saw
+    (a clipping scheme cut a ReLU output to a fifth of its range): listed in report['clipped'], and a warning
+    each, since values beyond the grid saturate."""
+    from .calibrate import clipped_fractions
+    from .observers import CLIP_WARN_FRACTION
+    from .selection import warning
+    if ctx.calibration is None or not ctx.activations:
+        return []
+    fractions = clipped_fractions(ctx.calibration, ctx.activations)
+    report["clipped"] = {n: round(f, 3) for n, f in sorted(fractions.items(), key=lambda t: -t[1]) if f > 0}
+    return [warning("activation", n, f"has {100 * f:.0f}% of its observed range outside its {ctx.settings.scheme} "
+                                     f"grid (values there saturate; --scheme min_max keeps the whole range)")
+            for n, f in report["clipped"].items() if f > CLIP_WARN_FRACTION]
+
+
 def _stats(ctx) -> dict:
     cal = ctx.calibration
     if cal is None:
@@ -304,7 +320,7 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
         report["pipeline"] = ran
     net = ctx.safety_net if ctx.safety_net is not None else Outcome()
     report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
-    report["warnings"] = list(ctx.warnings)
+    report["warnings"] = list(ctx.warnings) + _clip_warnings(ctx, report)
     report["prefolded_params"] = ctx.prefolded
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),

@@ -64,3 +64,18 @@ def test_clipped_fractions_and_warnings():
     cal = calibrate(model, _samples(50), scheme="min_max")
     acts = {n: compute_encoding(*o.range(), bits=8, symmetric=False) for n, o in cal.observers.items()}
     assert max(clipped_fractions(cal, acts).values()) < 0.01
+
+
+def test_quantize_report_lists_clipped_values_and_warns_over_the_limit(tiny, monkeypatch):
+    from qcompiler.quant import observers
+    from qcompiler.quant.api import quantize
+    m, c = str(tiny / "tiny_cnn.onnx"), str(tiny / "tiny_cnn_calib.npz")
+    plain = quantize(m, c, scheme="min_max")
+    assert plain.report["clipped"] == {} and not [w for w in plain.report["warnings"] if w["kind"] == "activation"]
+    clipped = quantize(m, c, scheme="mse")
+    assert clipped.report["clipped"] and all(0 < f <= 1 for f in clipped.report["clipped"].values())
+    monkeypatch.setattr(observers, "CLIP_WARN_FRACTION", min(clipped.report["clipped"].values()) / 2)
+    warned = quantize(m, c, scheme="mse")
+    acts = [w for w in warned.report["warnings"] if w["kind"] == "activation"]
+    assert {w["value"] for w in acts} == set(warned.report["clipped"])
+    assert all("outside its mse grid" in w["problem"] for w in acts)
