@@ -47,7 +47,7 @@ MOVES = {"Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Ga
 FLOAT_OUT = {"MatMulIntegerToFloat", "DynamicQuantizeMatMul", "MatMulNBits", "QAttention", "DynamicQuantizeLSTM",
              "QEmbedLayerNormalization", "ConvInteger", "MatMulInteger"}
 LAYOUT_OPS = {"Transpose", "ReorderInput", "ReorderOutput"}
-_SUFFIX = re.compile(r"(_token_\d+|_nchwc)$")
+_SUFFIX = re.compile(r"(/[A-Za-z0-9]*Fusion|_token_\d+|_nchwc)$")
 _DTYPE = {TensorProto.UINT8: "uint8", TensorProto.INT8: "int8", TensorProto.UINT16: "uint16",
           TensorProto.INT16: "int16", TensorProto.INT32: "int32", TensorProto.FLOAT: "float32",
           TensorProto.FLOAT16: "float16", getattr(TensorProto, "INT4", 22): "int4",
@@ -307,6 +307,15 @@ def _why(node, g: _Graph, table: FusionTable) -> str:
     return "; ".join(why)
 
 
+_QMIN = {"uint8": 0, "int8": -128, "uint16": 0, "int16": -32768, "uint4": 0, "int4": -8}
+
+
+def _relu_redundant(g: _Graph, q) -> bool:
+    """onnxruntime's IsClipMadeRedundantByQ for Relu: the Q's zero point is its type's minimum."""
+    zp = g.scalar(q.input[2]) if len(q.input) > 2 and q.input[2] else 0
+    return zp is None or zp == _QMIN.get(g.qdq_dtype(q), zp)
+
+
 def _readers_through_dq(g: _Graph, q) -> int:
     """How many nodes read `q`'s output through a DequantizeLinear (after onnxruntime duplicates shared DQs)."""
     n = 0
@@ -326,6 +335,9 @@ def _why_output(node, g: _Graph, r, kernel: str, act, dq) -> list:
         if len(cons) == 1 and cons[0].op_type in r.absorbs:
             nxt = g.consumers.get(cons[0].output[0], [])
             if len(nxt) == 1 and nxt[0].op_type == "QuantizeLinear":
+                if cons[0].op_type == "Relu" and not _relu_redundant(g, nxt[0]):
+                    return [f"the Relu '{cons[0].name[:60]}' before its output Q is not made redundant by the Q "
+                            f"(zero point is not the type's minimum), so {kernel} cannot absorb it"]
                 cons = nxt
         bad = [c for c in cons if c.op_type != "QuantizeLinear"]
         if bad:
@@ -373,6 +385,7 @@ def _nearby(orig: _Graph, name: str, kinds: dict) -> Optional[str]:
     return None
 
 
+BIAS_FUSERS = {"QGemm", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "Gemm", "FusedGemm"}
 FUSES_ACTIVATION = {"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"}
 ACTIVATIONS = {"Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Tanh", "Gelu"}
 
@@ -419,7 +432,8 @@ def kernel_report(model, fusions="ort_cpu", threads: Optional[int] = 1) -> Kerne
             row = NodeKernel(name, n.op_type, kinds[name], integer, tuple(m.name for m in ns))
         else:
             near = _nearby(orig, name, kinds) if name in orig.nodes else None
-            if near and table.is_integer_kernel(near) and n.op_type in ("Relu", "Clip"):
+            if near and table.is_integer_kernel(near) and (n.op_type in ("Relu", "Clip") or (
+                    n.op_type == "Add" and near.split("+")[0] in BIAS_FUSERS)):
                 row = NodeKernel(name, n.op_type, f"absorbed by {near}", True)
             elif near and n.op_type in ACTIVATIONS and near.split("+")[0] in FUSES_ACTIVATION:
                 row = NodeKernel(name, n.op_type, f"fused into {near}", table.is_integer_kernel(near))
