@@ -17,7 +17,9 @@ Mapping optimized nodes back (onnxruntime keeps no provenance; this is a heurist
    else an output tensor name of the input model whose producer is the node (the NCHWc Conv is named after its
    Conv's output: `conv2d_53.tmp_0_nchwc`);
 3. else an output of the optimized node that is a tensor of the input model maps it to that tensor's producer
-   (through a QuantizeLinear to the node the Q quantizes).
+   (through a QuantizeLinear to the node the Q quantizes);
+4. an unnamed node onnxruntime made (HardSwish inlined as HardSigmoid + Mul) takes the node of its readers when
+   they agree (a Q of the input model, or optimized nodes mapped already; walked from the outputs back).
 Nodes onnxruntime adds (layout Transpose, ReorderInput/ReorderOutput) map to nothing and are only counted.
 An input node with no optimized node left was removed: absorbed into its producer's kernel (Relu/Clip made
 redundant by a Q, an activation fused into a float Conv), constant-folded, or dropped as a no-op; `kernel`
@@ -219,15 +221,17 @@ def _is_integer(n, ints: set, table: FusionTable) -> bool:
     return n.op_type in MOVES and bool(n.input) and n.input[0] in ints
 
 
-def _map(opt, orig: _Graph) -> dict:
-    """{optimized node name: input-model node name} (see the module docstring for the heuristic)."""
+def _map(nodes: list, orig: _Graph) -> dict:
+    """{index in `nodes` (the optimized graph's): input-model node name} (see the module docstring)."""
     out = {}
-    for n in opt.graph.node:
+    for k, n in enumerate(nodes):
         if n.op_type in QDQ_OPS and n.name in orig.nodes:
             continue
         cand = n.name
         hit = None
         for _ in range(4):
+            if not cand:
+                break
             if cand in orig.nodes:
                 hit = cand
                 break
@@ -248,7 +252,28 @@ def _map(opt, orig: _Graph) -> dict:
                     hit = p.name
                     break
         if hit is not None and orig.nodes[hit].op_type not in QDQ_OPS:
-            out[n.name] = hit
+            out[k] = hit
+    # 4. unnamed nodes onnxruntime made (a function body inlined: HardSwish -> HardSigmoid + Mul) take the node
+    # of their readers when those agree: the Q that reads them, or optimized nodes mapped already
+    readers = {}
+    for k, n in enumerate(nodes):
+        for i in n.input:
+            readers.setdefault(i, []).append(k)
+    for k in range(len(nodes) - 1, -1, -1):
+        n = nodes[k]
+        if n.name or n.op_type in LAYOUT_OPS or k in out:
+            continue
+        hits = set()
+        for o in n.output:
+            for c in readers.get(o, []):
+                cn = nodes[c]
+                if cn.op_type == "QuantizeLinear" and cn.name in orig.nodes:
+                    p = orig.producer.get(orig.nodes[cn.name].input[0])
+                    hits.add(p.name if p is not None and p.op_type not in QDQ_OPS else None)
+                else:
+                    hits.add(out.get(c))
+        if len(hits) == 1 and None not in hits:
+            out[k] = hits.pop()
     return out
 
 
@@ -401,11 +426,12 @@ def kernel_report(model, fusions="ort_cpu", threads: Optional[int] = 1) -> Kerne
     opt = optimized_graph(proto, threads=threads)
     orig = _Graph(proto.graph)
     ints = _int_tensors(opt.graph)
-    mapping = _map(opt, orig)
+    opt_nodes = list(opt.graph.node)
+    mapping = _map(opt_nodes, orig)
     by_orig = {}
     added = 0
-    for n in opt.graph.node:
-        k = mapping.get(n.name)
+    for i, n in enumerate(opt_nodes):
+        k = mapping.get(i)
         if k is None:
             if n.op_type not in QDQ_OPS:
                 added += 1
@@ -429,7 +455,7 @@ def kernel_report(model, fusions="ort_cpu", threads: Optional[int] = 1) -> Kerne
         if ns:
             main = [m for m in ns if m.op_type not in LAYOUT_OPS] or ns
             integer = any(_is_integer(m, ints, table) for m in main)
-            row = NodeKernel(name, n.op_type, kinds[name], integer, tuple(m.name for m in ns))
+            row = NodeKernel(name, n.op_type, kinds[name], integer, tuple(m.name for m in ns if m.name))
         else:
             near = _nearby(orig, name, kinds) if name in orig.nodes else None
             if near and table.is_integer_kernel(near) and (n.op_type in ("Relu", "Clip") or (
