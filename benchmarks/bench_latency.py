@@ -1,6 +1,7 @@
 """Latency of quantized models in onnxruntime: float vs qcompiler vs onnxruntime's quantize_static, interleaved.
 
-usage: python benchmarks/bench_latency.py [--corpus DIR] [--models a,b] [--runs 30] [--threads 1] [--details]
+usage: python benchmarks/bench_latency.py [--corpus DIR] [--models a,b] [--runs 30] [--threads 1] [--clock cpu|wall]
+                                         [--details]
 
 For each corpus model (DIR/*/model.onnx with calib.npz; read in place, never copied) and three small models
 built here with random weights (MobileNet-style Conv+HardSwish+SE, ResNet-style Conv+BN+Relu+Add, a BERT-style
@@ -11,7 +12,9 @@ intra-op thread count, median of --runs after warm-up). The table gives the medi
 qc/float and qc/ort, and how many nodes of each quantized model run on integer kernels in onnxruntime's
 optimized graph (quant/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
 The CPU's instruction-set flags come first (AVX2 / AVX512-VNNI / AVX-VNNI: VNNI makes u8 x s8 products cheap).
-Compare ratios within one run; the machine is shared and absolute times move.
+Compare ratios within one run; the machine is shared and absolute times move. The default clock is the timing
+thread's CPU time (quant/latency.py): under load the wall-clock median of a run longer than a scheduler slice
+jumps several-fold (a 1.7 ms model read 10-20 ms at load average 12 while its 1.2 ms float model did not).
 """
 from __future__ import annotations
 
@@ -228,15 +231,19 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every session (0: onnxruntime's)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu: the timing thread's CPU time (threads=1; robust on a loaded machine); wall: elapsed")
     ap.add_argument("--details", action="store_true", help="why qcompiler's float nodes are float, per model")
     args = ap.parse_args(argv)
     only = {m for m in args.models.split(",") if m}
     threads = args.threads or None
+    if args.clock == "cpu" and threads != 1:
+        ap.error("--clock cpu needs --threads 1")
     flags = cpu_flags()
     import onnxruntime
     print(f"onnxruntime {onnxruntime.__version__}, CPU flags: "
           + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
-          + f"; threads={threads or 'default'}, runs={args.runs} (median, interleaved)")
+          + f"; threads={threads or 'default'}, runs={args.runs} (median, interleaved, {args.clock} clock)")
     hdr = (f"{'model':16s} {'float ms':>9s} {'qc ms':>8s} {'ort ms':>8s} {'qc/float':>9s} {'qc/ort':>7s} "
            f"{'int qc':>7s} {'int ort':>8s}")
     rows, details = [], []
@@ -258,7 +265,7 @@ def main(argv=None):
             t_qc = time.perf_counter() - t0
             ort_model = ort_quantize(fpath, list(samples), os.path.join(tmp, f"{name}.ort.onnx"))
             med = time_interleaved({"float": fmodel, "qc": qc, "ort": ort_model}, samples[0], args.runs,
-                                   args.warmup, threads)
+                                   args.warmup, threads, args.clock)
             kq, ko = kernel_report(qc, threads=threads), kernel_report(ort_model, threads=threads)
             row = {"model": name, "float_ms": med["float"], "qc_ms": med["qc"], "ort_ms": med["ort"],
                    "qc_over_float": med["qc"] / med["float"], "qc_over_ort": med["qc"] / med["ort"],
@@ -282,7 +289,7 @@ def main(argv=None):
               f"onnxruntime keeps {kq.runtime_qdq} Q/DQ")
         for reason, n in kq.reasons().most_common():
             print(f"  {n:3d} x {reason}")
-    print(json.dumps({"cpu": flags, "threads": threads, "runs": args.runs,
+    print(json.dumps({"cpu": flags, "threads": threads, "runs": args.runs, "clock": args.clock,
                       "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
                                for r in rows]}))
 

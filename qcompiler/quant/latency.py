@@ -1,6 +1,6 @@
 """Latency of a float model against its quantized copy in onnxruntime: interleaved runs, medians, the ratio.
 
-`measure_latency(float_model, quant_model, feed=None, runs=30, warmup=5, threads=1)` returns a `Latency`:
+`measure_latency(float_model, quant_model, feed=None, runs=30, warmup=5, threads=1, clock="wall")` returns a `Latency`:
 both medians in milliseconds and `ratio` = quantized / float (below 1: the quantized model is faster).
 `time_interleaved({"float": m0, "qc": m1, "ort": m2}, feed, ...)` times any number of models the same way
 (benchmarks/bench_latency.py).
@@ -10,6 +10,12 @@ optimization ORT_ENABLE_ALL, CPU EP) except the intra-op thread count, which is 
 onnxruntime's default of one thread per physical core). Models are timed round-robin, one run each per round,
 with the order reversed every other round, so load from other processes and CPU frequency drift fall on all
 of them alike; after `warmup` untimed rounds the median of `runs` timed runs is kept per model.
+
+`clock`: "wall" (default: elapsed time, what a user waits) or "cpu": the CPU time of the timing thread
+(`time.thread_time`; onnxruntime runs a one-thread session in the caller's thread), which leaves out the time
+the process waits preempted. NOTE: on a loaded machine (load average 12 on 2 cores here) a run longer than the
+scheduler's slice is preempted more often than not, and the wall median of a 1.7 ms model jumped to 10-20 ms
+while the 1.2 ms float model stayed put: compare under load with clock="cpu" (threads=1 only).
 
 `feed` is one sample (input name -> array); None builds one from the float model's input types (dims that are
 not fixed become 1; integer inputs are zeros, float inputs standard normal with a fixed seed).
@@ -37,6 +43,7 @@ class Latency:
     quant_ms: float
     runs: int
     threads: Optional[int]
+    clock: str = "wall"
 
     @property
     def ratio(self) -> float:
@@ -70,7 +77,14 @@ def default_feed(session, seed: int = 0) -> dict:
     return feed
 
 
-def _check(runs, warmup, threads) -> None:
+CLOCKS = ("wall", "cpu")
+
+
+def _check(runs, warmup, threads, clock="wall") -> None:
+    if clock not in CLOCKS:
+        raise ArgumentError(f"clock must be one of {', '.join(CLOCKS)}, got {str(clock)[:40]!r}")
+    if clock == "cpu" and threads != 1:
+        raise ArgumentError("clock='cpu' needs threads=1 (the CPU time of the one thread that runs the model)")
     for name, v, lo in (("runs", runs, 1), ("warmup", warmup, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ArgumentError(f"{name} must be an int >= {lo}, got {v!r}"[:120])
@@ -79,12 +93,13 @@ def _check(runs, warmup, threads) -> None:
 
 
 def time_interleaved(models: dict, feed: Optional[dict] = None, runs: int = DEFAULT_RUNS,
-                     warmup: int = DEFAULT_WARMUP, threads: Optional[int] = 1) -> dict:
+                     warmup: int = DEFAULT_WARMUP, threads: Optional[int] = 1, clock: str = "wall") -> dict:
     """{label: median ms} for each model (IR, ModelProto or bytes), timed round-robin in one process.
 
     The first model's inputs define the default feed; each model is given the inputs it declares.
     """
-    _check(runs, warmup, threads)
+    _check(runs, warmup, threads, clock)
+    now = time.perf_counter if clock == "wall" else time.thread_time
     from ..ort_session import create_session
     sessions = {k: create_session(m, role=str(k), threads=threads) for k, m in models.items()}
     if feed is None:
@@ -103,19 +118,19 @@ def time_interleaved(models: dict, feed: Optional[dict] = None, runs: int = DEFA
     for r in range(warmup + runs):
         for k in (order if r % 2 == 0 else order[::-1]):
             raw, f = sessions[k].raw, feeds[k]
-            t0 = time.perf_counter()
+            t0 = now()
             raw.run(None, f)
-            dt = time.perf_counter() - t0
+            dt = now() - t0
             if r >= warmup:
                 times[k].append(dt * 1e3)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
 def measure_latency(float_model, quant_model, feed: Optional[dict] = None, runs: int = DEFAULT_RUNS,
-                    warmup: int = DEFAULT_WARMUP, threads: Optional[int] = 1) -> Latency:
+                    warmup: int = DEFAULT_WARMUP, threads: Optional[int] = 1, clock: str = "wall") -> Latency:
     """Float against quantized, interleaved (see the module docstring): a `Latency` with both medians."""
-    med = time_interleaved({"float": float_model, "quantized": quant_model}, feed, runs, warmup, threads)
-    return Latency(float_ms=med["float"], quant_ms=med["quantized"], runs=runs, threads=threads)
+    med = time_interleaved({"float": float_model, "quantized": quant_model}, feed, runs, warmup, threads, clock)
+    return Latency(float_ms=med["float"], quant_ms=med["quantized"], runs=runs, threads=threads, clock=clock)
 
 
 __all__ = ["Latency", "measure_latency", "time_interleaved", "default_feed", "DEFAULT_RUNS", "DEFAULT_WARMUP"]

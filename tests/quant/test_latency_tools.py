@@ -188,12 +188,15 @@ def test_measure_latency_returns_both_medians_and_their_ratio():
     assert isinstance(lat, Latency) and lat.float_ms > 0 and lat.quant_ms > 0 and lat.runs == 3
     assert lat.ratio == pytest.approx(lat.quant_ms / lat.float_ms)
     d = lat.to_dict()
-    assert set(d) == {"float_ms", "quant_ms", "runs", "threads", "ratio"}
+    assert set(d) == {"float_ms", "quant_ms", "runs", "threads", "clock", "ratio"}
+    cpu = measure_latency(m, q, runs=2, warmup=0, clock="cpu")
+    assert cpu.clock == "cpu" and cpu.float_ms > 0 and cpu.quant_ms > 0
     med = time_interleaved({"a": m, "b": q, "c": m}, _samples([1, 3, 8, 8])[0], runs=2, warmup=0)
     assert list(med) == ["a", "b", "c"] and all(v > 0 for v in med.values())
 
 
-@pytest.mark.parametrize("kw", [{"runs": 0}, {"warmup": -1}, {"threads": 0}, {"runs": True}])
+@pytest.mark.parametrize("kw", [{"runs": 0}, {"warmup": -1}, {"threads": 0}, {"runs": True}, {"clock": "tsc"},
+                                {"clock": "cpu", "threads": 2}])
 def test_measure_latency_argument_errors(kw):
     m = _conv_relu_model()
     with pytest.raises(ArgumentError):
