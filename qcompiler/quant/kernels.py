@@ -147,7 +147,7 @@ def _float_tensors(g) -> set:
         elif op in _FIRST_INPUT_DECIDES:
             out = bool(n.input) and n.input[0] in fl
         elif op == "Where":
-            out = len(n.input) > 1 and (n.input[1] in fl or n.input[2] in fl)
+            out = any(i in fl for i in n.input[1:3])
         else:
             out = any(i in fl for i in n.input if i) or not any(n.input)
         if out:
