@@ -167,6 +167,12 @@ class Session:
     def get_inputs(self):
         return self._sess.get_inputs()
 
+    @property
+    def raw(self):
+        """The onnxruntime InferenceSession itself, for timing loops (quant/latency.py): `run` starts a timeout
+        timer per call, which a millisecond model would measure too. Its failures are onnxruntime's own."""
+        return self._sess
+
     def get_outputs(self):
         return self._sess.get_outputs()
 
@@ -276,11 +282,15 @@ def _is_large(model) -> bool:
     return _total_tensor_bytes(model) > LARGE_MODEL_BYTES
 
 
-def create_session(model, role: str = "", opt_level=None, threads: Optional[int] = 1, extra_outputs=()) -> Session:
+def create_session(model, role: str = "", opt_level=None, threads: Optional[int] = 1, extra_outputs=(),
+                   optimized_path: Optional[str] = None) -> Session:
     """A quiet CPU session for an IR model, a ModelProto or serialized model bytes.
 
     `role` says which copy the messages talk about ("quantized", "after pass 'x'"); `threads`: intra-op threads
-    (None: onnxruntime's default); `extra_outputs`: value names added as graph outputs (IR models only).
+    (None: onnxruntime's default); `extra_outputs`: value names added as graph outputs (IR models only);
+    `optimized_path`: onnxruntime writes its optimized graph there (`optimized_model_filepath`), its initializers
+    of 1 KiB and more in `<optimized_path>.data` beside it, so the graph reads back without its weights
+    (quant/kernels.py; the caller owns that folder).
     A refusal raises OnnxRuntimeError naming the model and onnxruntime's reason.
 
     NOTE: the model goes to onnxruntime as a file, not as bytes: from bytes it keeps ~90 MB more for minilm (210 vs
@@ -305,6 +315,11 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         so.intra_op_num_threads = threads
     if opt_level is not None:
         so.graph_optimization_level = opt_level
+    if optimized_path is not None:
+        so.optimized_model_filepath = os.fspath(optimized_path)
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                    os.path.basename(os.fspath(optimized_path)) + ".data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     prefix = model_prefix(role)
     if hasattr(model, "SerializeToString") and not isinstance(model, (bytes, bytearray)) \
             and model.ByteSize() > LARGE_MODEL_BYTES:

@@ -1,0 +1,298 @@
+"""Latency of quantized models in onnxruntime: float vs qcompiler vs onnxruntime's quantize_static, interleaved.
+
+usage: python benchmarks/bench_latency.py [--corpus DIR] [--models a,b] [--runs 30] [--threads 1] [--clock cpu|wall]
+                                         [--details]
+
+For each corpus model (DIR/*/model.onnx with calib.npz; read in place, never copied) and three small models
+built here with random weights (MobileNet-style Conv+HardSwish+SE, ResNet-style Conv+BN+Relu+Add, a BERT-style
+encoder), the float model is quantized by qcompiler (`qcompiler.quant.api.quantize`, default settings) and by
+onnxruntime (`quantize_static`, QDQ, per-channel, MinMax, its default int8 types) on the same calibration samples,
+and the three models are timed round-robin in one process (quant/latency.py: default session options, a fixed
+intra-op thread count, median of --runs after warm-up). The table gives the medians, the two ratios
+qc/float and qc/ort, and how many nodes of each quantized model run on integer kernels in onnxruntime's
+optimized graph (quant/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
+The CPU's instruction-set flags come first (AVX2 / AVX512-VNNI / AVX-VNNI: VNNI makes u8 x s8 products cheap).
+Compare ratios within one run; the machine is shared and absolute times move. The default clock is the timing
+thread's CPU time (quant/latency.py): under load the wall-clock median of a run longer than a scheduler slice
+jumps several-fold (a 1.7 ms model read 10-20 ms at load average 12 while its 1.2 ms float model did not).
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from qcompiler.onnx_io import model_to_proto  # noqa: E402
+from qcompiler.quant.api import quantize  # noqa: E402
+from qcompiler.quant.kernels import kernel_report  # noqa: E402
+from qcompiler.quant.latency import time_interleaved  # noqa: E402
+
+CORPUS = "/work/shared/corpus"
+N_CALIB = 16
+
+
+def cpu_flags() -> dict:
+    flags = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags.update(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {k: k in flags for k in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")}
+
+
+# ---- small models with random weights -------------------------------------------------------------------------
+
+class _B:
+    """A tiny graph builder: unique names, initializers from numpy."""
+
+    def __init__(self, seed):
+        self.rng = np.random.default_rng(seed)
+        self.nodes, self.inits, self.k = [], [], 0
+
+    def name(self, p):
+        self.k += 1
+        return f"{p}{self.k}"
+
+    def w(self, shape, scale=None):
+        n = self.name("w")
+        fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
+        a = self.rng.normal(0, scale or (2.0 / fan_in) ** 0.5, shape).astype(np.float32)
+        self.inits.append(numpy_helper.from_array(a, n))
+        return n
+
+    def c(self, arr):
+        n = self.name("c")
+        self.inits.append(numpy_helper.from_array(np.asarray(arr), n))
+        return n
+
+    def op(self, op, inputs, **attrs):
+        out = self.name(op.lower() + "_")
+        self.nodes.append(helper.make_node(op, inputs, [out], name=self.name(op), **attrs))
+        return out
+
+    def conv(self, x, cin, cout, k=3, s=1, group=1, bias=True):
+        ins = [x, self.w((cout, cin // group, k, k))] + ([self.c(self.rng.normal(0, 0.05, cout).astype(np.float32))]
+                                                        if bias else [])
+        return self.op("Conv", ins, kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4, group=group)
+
+    def bn(self, x, c):
+        r = self.rng
+        return self.op("BatchNormalization", [x, self.c(r.uniform(0.5, 1.5, c).astype(np.float32)),
+                                              self.c(r.normal(0, 0.1, c).astype(np.float32)),
+                                              self.c(r.normal(0, 0.1, c).astype(np.float32)),
+                                              self.c(r.uniform(0.5, 1.5, c).astype(np.float32))])
+
+    def model(self, x, shape, y, opset=17):
+        g = helper.make_graph(self.nodes, "g", [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info(y, TensorProto.FLOAT, None)], self.inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+        m.ir_version = 8
+        return m
+
+
+def mobilenet_like(seed=0):
+    """MobileNetV3-style: stem Conv+HardSwish, inverted residual blocks (expand 1x1 + HardSwish, depthwise 3x3 +
+    HardSwish, squeeze-excite GAP-Conv-Relu-Conv-HardSigmoid-Mul, project 1x1, residual Add), GAP, Gemm."""
+    b = _B(seed)
+    x = b.op("HardSwish", [b.conv("x", 3, 16, s=2)])
+    c = 16
+    for cout, s, e in ((24, 2, 64), (24, 1, 72), (40, 2, 96), (40, 1, 120)):
+        h = b.op("HardSwish", [b.conv(x, c, e, k=1)])
+        h = b.op("HardSwish", [b.conv(h, e, e, s=s, group=e)])
+        se = b.op("GlobalAveragePool", [h])
+        se = b.op("Relu", [b.conv(se, e, e // 4, k=1)])
+        se = b.op("HardSigmoid", [b.conv(se, e // 4, e, k=1)], alpha=1 / 6, beta=0.5)
+        h = b.op("Mul", [h, se])
+        h = b.conv(h, e, cout, k=1)
+        x = b.op("Add", [x, h]) if (s == 1 and c == cout) else h
+        c = cout
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    y = b.op("Gemm", [x, b.w((10, c)), b.c(np.zeros(10, np.float32))], transB=1)
+    return b.model("x", [1, 3, 160, 160], y), [1, 3, 160, 160]
+
+
+def resnet_like(seed=1):
+    """ResNet-style: stem Conv+BN+Relu, MaxPool, basic blocks (Conv+BN+Relu, Conv+BN, shortcut, Add, Relu)."""
+    b = _B(seed)
+    x = b.op("Relu", [b.bn(b.conv("x", 3, 32, k=3, s=2, bias=False), 32)])
+    x = b.op("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c = 32
+    for cout, s in ((32, 1), (64, 2), (64, 1), (128, 2)):
+        h = b.op("Relu", [b.bn(b.conv(x, c, cout, s=s, bias=False), cout)])
+        h = b.bn(b.conv(h, cout, cout, bias=False), cout)
+        sc = x if (s == 1 and c == cout) else b.bn(b.conv(x, c, cout, k=1, s=s, bias=False), cout)
+        x = b.op("Relu", [b.op("Add", [h, sc])])
+        c = cout
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x])])
+    y = b.op("Gemm", [x, b.w((10, c)), b.c(np.zeros(10, np.float32))], transB=1)
+    return b.model("x", [1, 3, 128, 128], y), [1, 3, 128, 128]
+
+
+def bert_like(seed=2, layers=2, seq=64, hidden=256, heads=4, ffn=1024):
+    """A BERT-style encoder on embeddings: per layer Q/K/V MatMul+Add, scaled scores, Softmax, context, output
+    projection, residual + LayerNormalization, GELU (Erf form) feed-forward, residual + LayerNormalization."""
+    b = _B(seed)
+    d = hidden // heads
+    x = "x"
+    shp = b.c(np.array([1, seq, heads, d], np.int64))
+    back = b.c(np.array([1, seq, hidden], np.int64))
+
+    def linear(t, n_in, n_out):
+        return b.op("Add", [b.op("MatMul", [t, b.w((n_in, n_out), 0.05)]),
+                            b.c(b.rng.normal(0, 0.02, n_out).astype(np.float32))])
+
+    def ln(t):
+        return b.op("LayerNormalization", [t, b.c(np.ones(hidden, np.float32)), b.c(np.zeros(hidden, np.float32))],
+                    axis=-1, epsilon=1e-12)
+
+    for _ in range(layers):
+        q = b.op("Transpose", [b.op("Reshape", [linear(x, hidden, hidden), shp])], perm=[0, 2, 1, 3])
+        k = b.op("Transpose", [b.op("Reshape", [linear(x, hidden, hidden), shp])], perm=[0, 2, 3, 1])
+        v = b.op("Transpose", [b.op("Reshape", [linear(x, hidden, hidden), shp])], perm=[0, 2, 1, 3])
+        s = b.op("Div", [b.op("MatMul", [q, k]), b.c(np.array(d ** 0.5, np.float32))])
+        p = b.op("Softmax", [s], axis=-1)
+        ctx = b.op("Reshape", [b.op("Transpose", [b.op("MatMul", [p, v])], perm=[0, 2, 1, 3]), back])
+        x = ln(b.op("Add", [x, linear(ctx, hidden, hidden)]))
+        h = linear(x, hidden, ffn)
+        g = b.op("Mul", [b.op("Mul", [h, b.op("Add", [b.op("Erf", [b.op("Div", [h, b.c(np.array(2 ** 0.5,
+                                                                                                  np.float32))])]),
+                                                      b.c(np.array(1.0, np.float32))])]),
+                         b.c(np.array(0.5, np.float32))])
+        x = ln(b.op("Add", [x, linear(g, ffn, hidden)]))
+    return b.model("x", [1, seq, hidden], x), [1, seq, hidden]
+
+
+BUILT = {"mobilenet_like": mobilenet_like, "resnet_like": resnet_like, "bert_like": bert_like}
+
+
+# ---- quantizers -------------------------------------------------------------------------------------------------
+
+class _Reader:
+    def __init__(self, samples):
+        self.samples, self.i = samples, 0
+
+    def get_next(self):
+        if self.i >= len(self.samples):
+            return None
+        self.i += 1
+        return self.samples[self.i - 1]
+
+
+def ort_quantize(float_path, samples, out_path):
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
+
+    class Reader(_Reader, CalibrationDataReader):
+        pass
+
+    import logging
+    logging.getLogger().setLevel(logging.ERROR)
+    quantize_static(float_path, out_path, Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
+                    calibrate_method=CalibrationMethod.MinMax)
+    return onnx.load(out_path)
+
+
+def corpus_samples(md):
+    d = np.load(os.path.join(md, "calib.npz"))
+    n = next(iter(d.values())).shape[0]
+    return [{k: d[k][i] for k in d.files} for i in range(n)]
+
+
+def cases(corpus, only):
+    out = []
+    for md in sorted(glob.glob(os.path.join(corpus, "*", "model.onnx"))):
+        name = os.path.basename(os.path.dirname(md))
+        if not only or name in only:
+            out.append((name, md, None))
+    for name, fn in BUILT.items():
+        if not only or name in only:
+            out.append((name, None, fn))
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", default=CORPUS)
+    ap.add_argument("--models", default="", help="comma-separated names (default: all)")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1, help="intra-op threads of every session (0: onnxruntime's)")
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu: the timing thread's CPU time (threads=1; robust on a loaded machine); wall: elapsed")
+    ap.add_argument("--details", action="store_true", help="why qcompiler's float nodes are float, per model")
+    args = ap.parse_args(argv)
+    only = {m for m in args.models.split(",") if m}
+    threads = args.threads or None
+    if args.clock == "cpu" and threads != 1:
+        ap.error("--clock cpu needs --threads 1")
+    flags = cpu_flags()
+    import onnxruntime
+    print(f"onnxruntime {onnxruntime.__version__}, CPU flags: "
+          + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
+          + f"; threads={threads or 'default'}, runs={args.runs} (median, interleaved, {args.clock} clock)")
+    hdr = (f"{'model':16s} {'float ms':>9s} {'qc ms':>8s} {'ort ms':>8s} {'qc/float':>9s} {'qc/ort':>7s} "
+           f"{'int qc':>7s} {'int ort':>8s}")
+    rows, details = [], []
+    tmp = tempfile.mkdtemp(prefix="bench-latency-")
+    try:
+        for name, path, fn in cases(args.corpus, only):
+            if path is not None:
+                fmodel = onnx.load(path)
+                samples = corpus_samples(os.path.dirname(path))
+                fpath = path
+            else:
+                fmodel, shape = fn()
+                rng = np.random.default_rng(7)
+                samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(N_CALIB)]
+                fpath = os.path.join(tmp, f"{name}.onnx")
+                onnx.save(fmodel, fpath)
+            t0 = time.perf_counter()
+            qc = model_to_proto(quantize(fpath, list(samples), progress=False).model)
+            t_qc = time.perf_counter() - t0
+            ort_model = ort_quantize(fpath, list(samples), os.path.join(tmp, f"{name}.ort.onnx"))
+            med = time_interleaved({"float": fmodel, "qc": qc, "ort": ort_model}, samples[0], args.runs,
+                                   args.warmup, threads, args.clock)
+            kq, ko = kernel_report(qc, threads=threads), kernel_report(ort_model, threads=threads)
+            row = {"model": name, "float_ms": med["float"], "qc_ms": med["qc"], "ort_ms": med["ort"],
+                   "qc_over_float": med["qc"] / med["float"], "qc_over_ort": med["qc"] / med["ort"],
+                   "int_nodes_qc": kq.integer_count, "int_nodes_ort": ko.integer_count,
+                   "float_nodes_qc": len(kq.float_nodes), "float_nodes_ort": len(ko.float_nodes),
+                   "runtime_qdq_qc": kq.runtime_qdq, "runtime_qdq_ort": ko.runtime_qdq,
+                   "qc_quantize_s": round(t_qc, 2)}
+            rows.append(row)
+            print(f"{name}: float {med['float']:.3f} ms, qc {med['qc']:.3f} ms, ort {med['ort']:.3f} ms",
+                  file=sys.stderr, flush=True)
+            if args.details:
+                details.append((name, kq))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(hdr)
+    for r in rows:
+        print(f"{r['model']:16s} {r['float_ms']:9.3f} {r['qc_ms']:8.3f} {r['ort_ms']:8.3f} {r['qc_over_float']:9.2f} "
+              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d}")
+    for name, kq in details:
+        print(f"\n{name}: {kq.integer_count} nodes on integer kernels, {len(kq.float_nodes)} float; "
+              f"onnxruntime keeps {kq.runtime_qdq} Q/DQ")
+        for reason, n in kq.reasons().most_common():
+            print(f"  {n:3d} x {reason}")
+    print(json.dumps({"cpu": flags, "threads": threads, "runs": args.runs, "clock": args.clock,
+                      "rows": [{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}
+                               for r in rows]}))
+
+
+if __name__ == "__main__":
+    main()
