@@ -75,7 +75,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              bias_correction: bool = False, weight_block: Optional[int] = None,
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
-             recipe=None, pipeline=None, opset: Optional[int] = None,
+             recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
              instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
@@ -99,7 +99,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     The work is a pipeline of registered passes (qcompiler.quant.pipeline.DEFAULT_PIPELINE). `recipe`: optional
     passes to add, each where it belongs ("bias-correction", or a plug-in's pass with an `after`); `pipeline`: the
     whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
-    opset; `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
+    opset; `measure_latency`: add the `measure-latency` pass (report['latency'] and report['kernels']);
+    `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
     Errors (all subclasses of qcompiler.errors.QCompilerError, one line naming the file, argument or sample):
@@ -116,7 +117,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         from ..arguments import require_int
         require_int(opset, "opset", lo=13, hi=1 << 16)
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
-    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings)
+    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
+                         measure_latency=measure_latency)
     from ..passmanager.registry import parse_pipeline
     from ..passmanager.facts import check_contracts
     from .pipeline import START_FACTS
@@ -238,7 +240,8 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))
     opset, fallback = choose_opset(s, profile, model.opset)
-    ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback)
+    ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback,
+                       source=model_or_path)
     ctx.samples = load_samples(calib, input_specs(model.graph), limit=s.limit)
     config = _apply_selection(model, cfg, sel, profile, s.per_channel, s.weight_bits, s.act_bits, s.weight_block)
     ctx.options = PlacementOptions(per_channel=s.per_channel, weight_bits=s.weight_bits, act_bits=s.act_bits,
@@ -322,6 +325,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
     report["warnings"] = list(ctx.warnings) + _clip_warnings(ctx, report)
     report["prefolded_params"] = ctx.prefolded
+    if ctx.latency is not None:
+        report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}

@@ -53,6 +53,8 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               "each where it belongs in the default pipeline (see `qcompiler list-passes`)")
 @click.option("--pipeline", "pipeline", default=None, metavar="PASS[,PASS...]",
               help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
+@click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
+              "(default session options, interleaved) and list which nodes run on integer kernels and why not")
 @click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
               "grids, per-block weights or the target's 16-bit widening need it)")
 # --- outputs ---
@@ -73,7 +75,8 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, opset,
+                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, measure_latency,
+                 opset,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
@@ -88,7 +91,8 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
         raise click.UsageError("--json and --report - both write to stdout; give --report a file")
     ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
-    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings)
+    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
+                         measure_latency=measure_latency)
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     outputs = [("-o", output), ("--encodings", encodings_path),
                ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])

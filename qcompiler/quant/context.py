@@ -53,6 +53,9 @@ class QuantContext:
     prefolded: Dict[str, str] = field(default_factory=dict)    # weights stored float on their int grid
     errors: Optional[dict] = None       # report.output_errors: per-output SQNR on the kept samples
     safety_net: Any = None              # safety_net.Outcome
+    source: Any = None                  # the float model as the caller gave it (path, ModelProto or IR Model)
+    latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
+    kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     notes: List[str] = field(default_factory=list)
     passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
 

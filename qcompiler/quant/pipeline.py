@@ -67,7 +67,8 @@ def run_quantization(ctx, names: Sequence, instrumentations: Iterable = ()) -> l
     return pm.run(ctx.model, ctx)
 
 
-SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction"}   # argument -> its pass
+SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction",
+            "measure_latency": "measure-latency"}   # argument -> its pass
 
 
 def pipeline_for(recipe=None, pipeline=None, **switches) -> list:

@@ -198,7 +198,7 @@ def format_summary(report: dict) -> str:
     """A few human lines for the CLI."""
     c = report["counts"]
     lines = [f"quantized {c['activations']} activations and {c['params']} params for {report['target']} "
-             f"({report['scheme']}, {report['calibration_samples']} samples); {c['left_float']} values left float"]
+             f"({report['scheme']}, {report.get('calibration_samples', 0)} samples); {c['left_float']} values left float"]
     if c.get("widened"):
         lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB, or the "
                      f"safety net found them breaking the output; see report 'widened')")
@@ -212,4 +212,11 @@ def format_summary(report: dict) -> str:
         reasons[key] = reasons.get(key, 0) + 1
     for r, k in sorted(reasons.items(), key=lambda t: -t[1])[:8]:
         lines.append(f"  float x{k}: {r}")
+    lat, kern = report.get("latency"), report.get("kernels")
+    if lat:
+        lines.append(f"  latency: quantized {lat['quant_ms']:.3g} ms, float {lat['float_ms']:.3g} ms "
+                     f"({lat['ratio']:.2f}x, {lat['clock']} clock, median of {lat['runs']}, interleaved); "
+                     f"{kern['integer_nodes']} nodes on integer kernels, {kern['float_nodes']} float")
+        for r, k in list(kern["float_reasons"].items())[:5]:
+            lines.append(f"    float kernel x{k}: {r}")
     return "\n".join(lines)

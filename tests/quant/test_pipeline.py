@@ -253,3 +253,17 @@ def test_a_broken_plugin_is_named_never_silent(tiny, tmp_path):
     m, c = _paths(tiny)
     r = _cli("quantize", m, "--calib", c, "-o", tmp_path / "q.onnx", "--recipe", "test-broken", env=env)
     assert_one_line_error(r, "'test-broken' is a plug-in that failed to load (ImportError: needs torch)")
+
+
+def test_measure_latency_reports_both_medians_and_the_kernels(tiny, tmp_path):
+    m, c = _paths(tiny)
+    r = _cli("quantize", m, "--calib", c, "-o", tmp_path / "q.onnx", "--measure-latency", "--report", tmp_path / "r.json")
+    assert r.returncode == 0, r.stderr
+    import json
+    rep = json.loads((tmp_path / "r.json").read_text())
+    lat, kern = rep["latency"], rep["kernels"]
+    assert lat["float_ms"] > 0 and lat["quant_ms"] > 0 and lat["ratio"] == pytest.approx(
+        lat["quant_ms"] / lat["float_ms"], rel=1e-3)
+    assert kern["integer_nodes"] >= 2   # the Conv+Relu pairs and the Gemm of the tiny CNN
+    assert all(v["integer"] or v.get("reason") or v["kernel"] == "removed" for v in kern["nodes"].values())
+    assert rep["pipeline"][-1] == "measure-latency" and "latency: quantized" in r.stdout
