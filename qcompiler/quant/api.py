@@ -21,7 +21,10 @@ from .placement import PlacementOptions
 from .profiles import get_profile
 from .report import build_report
 
-__all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE"]
+__all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE", "OPTIMIZE"]
+# what placement trades (placement/float_regions.py): every quantizer; none that only costs time at 16 bits
+# (default); none that only costs time at all, and float weights where the kernel is float
+OPTIMIZE = ("accuracy", "balanced", "latency")
 
 
 @dataclass
@@ -76,6 +79,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
+             optimize: str = "balanced",
              instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
@@ -99,7 +103,10 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     The work is a pipeline of registered passes (qcompiler.quant.pipeline.DEFAULT_PIPELINE). `recipe`: optional
     passes to add, each where it belongs ("bias-correction", or a plug-in's pass with an `after`); `pipeline`: the
     whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
-    opset; `measure_latency`: add the `measure-latency` pass (report['latency'] and report['kernels']);
+    opset; `optimize`: accuracy keeps every quantizer; balanced (default) leaves float the 16-bit quantizers no
+    integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
+    every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
+    may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency` pass (report['latency'] and report['kernels']);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -116,6 +123,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     if opset is not None:
         from ..arguments import require_int
         require_int(opset, "opset", lo=13, hi=1 << 16)
+    if optimize not in OPTIMIZE:
+        from ..arguments import got
+        raise ArgumentError(f"optimize must be one of {', '.join(OPTIMIZE)}, got {got(optimize)}")
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
     names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
                          measure_latency=measure_latency)
@@ -136,7 +146,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                          QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
                                        act_bits=act_bits, config=config, load_encodings=load_encodings,
                                        progress=progress, limit=limit, weight_block=weight_block,
-                                       min_sqnr=min_sqnr, selection=sel, opset=opset))
+                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize))
 
 
 
@@ -247,7 +257,7 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     ctx.options = PlacementOptions(per_channel=s.per_channel, weight_bits=s.weight_bits, act_bits=s.act_bits,
                                    config=config, supergroups=_supergroup_choice(config),
                                    weight_block=s.weight_block, act_symmetric=sel.act_symmetric,
-                                   weight_symmetric=sel.weight_symmetric)
+                                   weight_symmetric=sel.weight_symmetric, optimize=s.optimize)
     return ctx
 
 
@@ -327,6 +337,7 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     report["prefolded_params"] = ctx.prefolded
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
+    report["optimize"] = s.optimize
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}

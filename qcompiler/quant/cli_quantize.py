@@ -53,6 +53,10 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               "each where it belongs in the default pipeline (see `qcompiler list-passes`)")
 @click.option("--pipeline", "pipeline", default=None, metavar="PASS[,PASS...]",
               help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
+@click.option("--optimize", type=click.Choice(["accuracy", "balanced", "latency"]), default="balanced",
+              show_default=True, help="accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
+              "kernel reads or writes it (float is exact and free); latency: no quantizer without an integer-kernel "
+              "neighbour and float weights where the kernel is float (faster, may cost a little accuracy)")
 @click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
               "(default session options, interleaved) and list which nodes run on integer kernels and why not")
 @click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
@@ -75,7 +79,7 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, measure_latency,
+                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize, measure_latency,
                  opset,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
@@ -105,7 +109,7 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                    progress=False if quiet else progress, limit=limit, weight_block=block_size,
                    exclude=list(exclude) or None, op_types=ops,
                    act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
-                   pipeline=names, opset=opset, instrumentations=instruments.list)
+                   pipeline=names, opset=opset, optimize=optimize, instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)

@@ -31,6 +31,7 @@ class QuantSettings:
     min_sqnr: float = 15.0
     selection: Any = None               # quant.selection.Selection
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
+    optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
 
 
 @dataclass

@@ -33,6 +33,9 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
   `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
 - `float_kernel_ops`: ops that always run a float kernel on the target (they dequantize their inputs): a
   data-movement output read only by them needs no quantizer of its own (it is on its input's grid already).
+- `fusions`: the runtime's QDQ fusion table (qcompiler/quant/fusions.py; a built-in name such as `ort_cpu` or a
+  YAML path): placement keeps an activation quantizer only next to an op that runs an integer kernel under it
+  (quant/placement/float_regions.py; `--optimize accuracy` keeps every quantizer). None: every quantizer stays.
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -95,6 +98,9 @@ PROFILES: dict = {
         "float_kernel_ops": ["LSTM", "GRU", "RNN"],
         # placement/storage.py: ORT's WeightBiasQuantization
         "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],
+        # which QDQ units onnxruntime's CPU EP turns into integer kernels (quant/fusions/ort_cpu.yaml): placement
+        # keeps a quantizer only next to one of them (placement/float_regions.py)
+        "fusions": "ort_cpu",
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
@@ -176,6 +182,7 @@ class Profile:
     output_q_through: Tuple[str, ...] = ()
     float_kernel_ops: Tuple[str, ...] = ()
     requantizes_float_weights: Tuple[str, ...] = ()
+    fusions: Optional[str] = None       # the runtime's QDQ fusion table (quant/fusions.py): a name or a YAML path
 
     def to_dict(self) -> dict:
         """Plain data (JSON-serialisable: tuples become lists)."""
@@ -294,7 +301,7 @@ def check_profile(p: dict, source: str = "profile") -> Profile:
     """The typed Profile of `p` (edited in place: JSON slot keys made ints), every key's type and range checked;
     ConfigError names the key."""
     c = _Check(source)
-    for k in ("name", "description", "base"):
+    for k in ("name", "description", "base", "fusions"):
         if k in p and not isinstance(p[k], str):
             raise c.err(k, f"expected a string, got {short(p[k])}")
     p["activation"] = c.grid(p.get("activation"), "activation", ("bits", "symmetric"))
@@ -373,7 +380,7 @@ def _typed(p: dict) -> Profile:
         weights={op: dict(rules) for op, rules in p["weights"].items()}, bias=dict(p["bias"]),
         float_outputs={op: tuple(slots) for op, slots in p.get("float_outputs", {}).items()},
         fixed_output_range={op: (float(r[0]), float(r[1])) for op, r in p.get("fixed_output_range", {}).items()},
-        wide_activation_bits=p.get("wide_activation_bits"),
+        wide_activation_bits=p.get("wide_activation_bits"), fusions=p.get("fusions"),
         fused_activations=tuple(tuple(pair) for pair in p.get("fused_activations", ())),
         per_block_weight_bits=tuple(p.get("per_block_weight_bits", (4, 8))),
         integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},

@@ -31,6 +31,7 @@ from ..plan import QuantPlan
 from ..profiles import Profile
 from .activations import CELL_STATE, drop_needless_quantizers, place_activations
 from .bodies import record_bodies
+from .float_regions import drop_float_region_quantizers
 from .kernels import full_range_for_float_kernels, integer_kernel
 from .lookup import nodes_by_name, weight_nodes
 from .observe import observed_names, propagate_dtypes
@@ -65,5 +66,8 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     widen_or_float(plan, stats, profile)
     tie_values(plan, g, profile)
     check_tie_spread(plan, stats, g)
+    if opts.optimize != "accuracy" and profile.fusions:
+        from ..fusions import load_fusions
+        drop_float_region_quantizers(plan, g, load_fusions(profile.fusions), everywhere=opts.optimize == "latency")
     full_range_for_float_kernels(plan, g)
     return plan

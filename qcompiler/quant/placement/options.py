@@ -8,11 +8,14 @@ class PlacementOptions:
     """Global knobs (API arguments) used when no config rule says otherwise."""
 
     def __init__(self, per_channel=True, weight_bits=8, act_bits=8, act_symmetric=None, weight_symmetric=None,
-                 config=None, supergroups=True, weight_block=None):
+                 config=None, supergroups=True, weight_block=None, optimize="balanced"):
         self.per_channel, self.weight_bits, self.act_bits = per_channel, weight_bits, act_bits
         self.weight_block = weight_block
         self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
         self.config, self.supergroups = config, supergroups
+        # accuracy keeps every quantizer; balanced (default) drops 16-bit ones with no integer-kernel neighbour
+        # on a target whose fusions are known, latency every one and the weights of float kernels (float_regions)
+        self.optimize = optimize
 
 
 def node_settings(opts: PlacementOptions, profile: Profile, node):

@@ -1,0 +1,183 @@
+"""Quantizers that only cost time: a Q/DQ pair between two ops that both run float kernels on the target.
+
+On a runtime whose QDQ fusions are known (the profile's `fusions` table, qcompiler/quant/fusions.py), a quantizer
+earns its run time only next to an op that runs an integer kernel: the op that produces the value (a QLinearConv
+needs its output Q) or one that reads it (a QLinearMatMul needs the DQ on its input), looking through ops whose
+Q/DQ the runtime drops (Reshape, Transpose, MaxPool, ...: they run on the integer data). Anywhere else the pair
+is a round trip to the grid that the float op after it undoes: it costs two kernels per run and some accuracy and
+buys nothing (issue 13; measured on ppocr_cls: 18 Conv+HardSwish units run float, and the Q/DQ pairs around them
+made the model 1.45x float; without them 1.21x, with agreement 0.9925 -> 0.9950). A value 8 bits cannot carry,
+widened to 16 bits for a reader that has no 16-bit integer kernel (onnxruntime CPU has none), is the same case:
+float is more accurate than 16 bits and costs nothing (minilm_l6: 46 such tensors, 1.04x -> 0.94x float).
+
+Which nodes run integer kernels is judged on the plan before this step (every quantizer still in place), and a
+value keeps its quantizer when any neighbour is such a node, so no integer kernel loses an input or output it
+needs. `--optimize accuracy` skips the step (every quantizer stays, for targets whose kernels are not known).
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+from ..plan import QuantPlan
+from .kernels import group_bits_table
+
+ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
+
+
+def _spec_bits(plan: QuantPlan, table: Dict[str, int], node, slot: int, v) -> Optional[int]:
+    """Bits the input `slot` of `node` reaches it with through a DQ, None when it arrives float."""
+    spec = plan.uses.get((node.name, slot))
+    if spec is not None:
+        if spec.keep_float:
+            return None
+        if spec.kind in ("weight", "bias"):
+            return spec.bits
+    spec = plan.spec(v.name)
+    if spec is None or spec.keep_float or spec.kind != "activation":
+        return None
+    return table.get(plan.find(v.name), spec.bits)
+
+
+class _Kernels:
+    """Which nodes of the graph will run an integer kernel, given the plan and the fusion table."""
+
+    def __init__(self, plan: QuantPlan, table):
+        self.plan, self.table = plan, table
+        self.bits = group_bits_table(plan)
+        self.memo: Dict[int, bool] = {}
+        self.through = set(plan.profile.output_q_through)
+
+    def rule(self, node, action: str):
+        for r in self.table.for_op(node.op_type):
+            if r.action == action:
+                return r
+        return None
+
+    def _accepts(self, r, bits: Optional[int]) -> bool:
+        return bits is not None and bits in {ACT_BITS.get(t) for t in r.act_dtypes or ("uint8", "int8")}
+
+    def output_quantized(self, node, r) -> bool:
+        """A Q (of a width the rule takes) on the node's output, directly or behind ops the unit absorbs."""
+        v = node.outputs[0] if node.outputs else None
+        while v is not None:
+            spec = self.plan.spec(v.name)
+            if spec is not None and not spec.keep_float and spec.kind == "activation":
+                return self._accepts(r, self.bits.get(self.plan.find(v.name), spec.bits))
+            readers = v.consumers()
+            if len(readers) != 1 or readers[0].op_type not in set(r.absorbs) | self.through \
+                    or v.is_output_of_any_graph():
+                return False
+            v = readers[0].outputs[0] if readers[0].outputs else None
+        return False
+
+    def weight_only(self, node, slot: int, spec) -> bool:
+        """A weight-only integer kernel (MatMulNBits: blocked int4 weights, float activations) takes this weight."""
+        r = self.rule(node, "weight_only")
+        return r is not None and slot == 1 and spec.kind == "weight" and \
+            spec.bits in {ACT_BITS.get(t) for t in r.weight_dtypes} and spec.bits != 8
+
+    def integer(self, node) -> bool:
+        key = id(node)
+        if key not in self.memo:
+            self.memo[key] = self._integer(node)
+        return self.memo[key]
+
+    def _integer(self, node) -> bool:
+        r = self.rule(node, "replace")
+        if r is None:
+            return False
+        slots = range(len(node.inputs))
+        if r.dq_inputs == "first":
+            slots = range(min(1, len(node.inputs)))
+        elif r.dq_inputs == "values":
+            slots = range(1, len(node.inputs))
+        for i in slots:
+            v = node.inputs[i]
+            if v is None:
+                continue
+            bits = _spec_bits(self.plan, self.bits, node, i, v)
+            use = self.plan.uses.get((node.name, i))
+            if use is not None and use.kind == "bias":
+                if bits is None:
+                    return False
+                continue
+            if use is not None and use.kind == "weight":
+                if bits is None or bits not in {ACT_BITS.get(t) for t in r.weight_dtypes or ("uint8", "int8")}:
+                    return False
+                continue
+            if not self._accepts(r, bits):
+                return False
+        if r.output_q == "required":
+            return self.output_quantized(node, r)
+        return True
+
+
+def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
+    """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
+    beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
+    stays), or all of them and the weights and
+    biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
+    1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
+    specs it marked."""
+    k = _Kernels(plan, table)
+    useful: Dict[str, bool] = {}
+
+    def is_useful(v) -> bool:
+        if v.name in useful:
+            return useful[v.name]
+        useful[v.name] = False      # a cycle through data movement proves nothing
+        p = v.producer
+        ok = False
+        if p is not None and p.graph is g:
+            r = k.rule(p, "replace")
+            if r is not None and r.output_q == "required" and k.integer(p):
+                ok = True
+            elif p.op_type in k.through and p.inputs and p.inputs[0] is not None \
+                    and p.inputs[0].producer is not None:
+                q = p.inputs[0].producer     # a Relu/Clip behind an integer Conv: the Q the unit needs
+                rq = k.rule(q, "replace")
+                ok = rq is not None and p.op_type in rq.absorbs and k.integer(q)
+        if not ok:
+            for u in v.uses():
+                if u.is_graph_output:
+                    continue
+                reader = u.user
+                if reader.graph is not g:      # read inside an If/Loop/Scan body: its own placement decides
+                    ok = True
+                    break
+                if k.integer(reader):
+                    ok = True
+                elif k.rule(reader, "drop_qdq") is not None and u.index == 0 and reader.outputs \
+                        and reader.outputs[0] is not None and is_useful(reader.outputs[0]):
+                    ok = True
+                if ok:
+                    break
+        useful[v.name] = ok
+        return ok
+
+    candidates = [v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
+                  if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
+                  and (everywhere or (s.widened and k.bits.get(plan.find(v.name), s.bits) > 8))]
+    verdict = {v.name: is_useful(v) for v in candidates}
+    dropped, freed = 0, set()
+    for v in candidates:
+        if not verdict[v.name]:
+            what = "16-bit " if plan.spec(v.name).bits > 8 else ""
+            plan.spec(v.name).float_(f"no integer kernel on {plan.profile.name} reads or writes it: a {what}"
+                                     f"Q/DQ pair here would only cost time (--optimize accuracy keeps it)")
+            freed.add(v.name)
+            dropped += 1
+    # a weight of a node that runs a float kernel is multiplied in float whatever its grid: stored on the grid it
+    # buys no speed. `everywhere` frees them all; otherwise those of nodes that now read a float activation this
+    # step freed (minilm_l6's FFN MatMuls behind a widened LayerNorm output: cosine 0.9969 -> 0.9973)
+    for (node_name, slot), spec in plan.uses.items():
+        node = plan.nodes.get(node_name)
+        if spec.kind not in ("weight", "bias") or spec.keep_float or node is None or node.graph is not g:
+            continue
+        if not everywhere and not any(x is not None and x.name in freed for x in node.inputs):
+            continue
+        if not k.integer(node) and not k.weight_only(node, slot, spec):
+            spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
+                        f"integer grid would only cost accuracy (--optimize accuracy keeps it)")
+            dropped += 1
+    return dropped
