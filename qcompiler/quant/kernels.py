@@ -60,7 +60,7 @@ _DTYPE = {TensorProto.UINT8: "uint8", TensorProto.INT8: "int8", TensorProto.UINT
 class NodeKernel:
     """How one node of the input model runs in onnxruntime's optimized graph."""
 
-    node: str
+    node: str                   # its name; "<unnamed Op #i>" (position i in the graph) when it has none
     op: str
     kernel: str                 # optimized op type(s) that run it, or "absorbed by X" / "fused into X" / "removed"
     integer: bool
@@ -444,20 +444,20 @@ def kernel_report(model, fusions="ort_cpu", threads: Optional[int] = 1) -> Kerne
     rows = []
     floats = _float_tensors(proto.graph)
     shape_nodes = 0
-    for n in proto.graph.node:
+    for idx, n in enumerate(proto.graph.node):
         if n.op_type in QDQ_OPS or n.op_type == "Constant":
             continue
         if not any(o in floats for o in n.output if o):
             shape_nodes += 1   # integer shape arithmetic (Shape -> Gather -> Concat): nothing to quantize
             continue
-        name = n.name
-        ns = by_orig.get(name, [])
+        name = n.name or f"<unnamed {n.op_type} #{idx}>"   # NOTE: unique, so callers can key rows by node
+        ns = by_orig.get(n.name, []) if n.name else []
         if ns:
             main = [m for m in ns if m.op_type not in LAYOUT_OPS] or ns
             integer = any(_is_integer(m, ints, table) for m in main)
-            row = NodeKernel(name, n.op_type, kinds[name], integer, tuple(m.name for m in ns if m.name))
+            row = NodeKernel(name, n.op_type, kinds[n.name], integer, tuple(m.name for m in ns if m.name))
         else:
-            near = _nearby(orig, name, kinds) if name in orig.nodes else None
+            near = _nearby(orig, n.name, kinds) if n.name in orig.nodes else None
             if near and table.is_integer_kernel(near) and (n.op_type in ("Relu", "Clip") or (
                     n.op_type == "Add" and near.split("+")[0] in BIAS_FUSERS)):
                 row = NodeKernel(name, n.op_type, f"absorbed by {near}", True)

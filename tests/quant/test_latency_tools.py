@@ -207,3 +207,12 @@ def test_measure_latency_feed_missing_an_input_is_one_line():
     m = _conv_relu_model()
     with pytest.raises(ArgumentError, match="no input 'x'"):
         measure_latency(m, m, feed={"z": np.zeros(1, np.float32)}, runs=1)
+
+
+def test_unnamed_nodes_get_unique_labels():
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("Relu", ["r"], ["y"])]
+    m = make_model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", [1, 4, 8, 8])], [_init("w", _conv_w(4, 3))])
+    rep = kernel_report(model_to_proto(quantize(m, _samples([1, 3, 8, 8])).model))
+    labels = [r.node for r in rep.nodes]
+    assert len(labels) == len(set(labels)) == 3 and all(x.startswith("<unnamed ") or x for x in labels)
