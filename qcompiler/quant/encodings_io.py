@@ -27,6 +27,10 @@ Layouts (issue 16), as aimet_onnx writes and reads them:
   which qcompiler reads back exactly and AIMET's loader refuses (a count mismatch), so say --per-channel for a
   Conv that must go to AIMET.
 
+Biases: 2.0.0 lists the int32 bias grids (scale s_in * s_w), as aimet_onnx's 2.0.0 export does; 1.0.0 leaves
+them out, as aimet_onnx's 1.0.0 export does (its loader counts an int32 entry for a bias quantizer its config
+leaves disabled as a mismatch). qcompiler re-derives biases from the input and weight scales on load anyway.
+
 The grid written is the grid used (issue 16 item 5): a weight calibrated on a narrowed range (`range_bits`, the
 ort_cpu profile's 7-bit weights as onnxruntime's `reduce_range`; stored in int8, values in [-64, 63]) is written
 in 1.0.0 as `bw: 7` with the offset of that 7-bit grid (-64 when symmetric); AIMET simulates exactly that grid.
@@ -205,7 +209,8 @@ def write_encodings(path: Optional[str], activations: dict, params: dict, versio
     if version == "1.0.0":
         doc = {"version": "1.0.0",
                "activation_encodings": [_entry_v1(n, e) for n, e in activations.items()],
-               "param_encodings": [_entry_v1(n, e) for n, e in params.items()],
+               "param_encodings": [_entry_v1(n, e) for n, e in params.items()
+                                   if e.dtype == "float" or e.bits not in BIAS_BITS],
                "quantizer_args": dict(quantizer_args or {}),
                "excluded_layers": list(excluded_layers)}
     else:

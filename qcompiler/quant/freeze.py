@@ -142,9 +142,9 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
             name = resolve(fname)
             if name is None:
                 kinds["missing"].append(fname)
-            elif name in weight_uses and section == "param":
+            elif name in weight_uses:       # by name: 2.0.0's split used the file's name, not its alias
                 weights[name] = (fname, enc)
-            elif name in bias_uses and section == "param":
+            elif name in bias_uses:
                 kinds["bias"].append(fname)
             elif name in plan.values:
                 freeze_activation(name, enc)
