@@ -75,8 +75,16 @@ def _coverage(w: np.ndarray, enc, out_axis: Optional[int]):
     return beyond, outside, bn_like
 
 
-def _names(names: list) -> str:
-    return ", ".join(n[:60] for n in names[:SHOW_NAMES])
+def _names(names: list, limit: int = 80) -> str:
+    """Up to SHOW_NAMES names, joined, at most `limit` characters (a warning's value is shown whole up to 80)."""
+    out = ""
+    for n in names[:SHOW_NAMES]:
+        part = (", " if out else "") + n
+        if len(out) + len(part) > limit - 5:
+            part = part[: max(0, limit - 5 - len(out))]
+            return out + part + ", ..."
+        out += part
+    return out + (", ..." if len(names) > SHOW_NAMES and len(out) <= limit - 5 else "")
 
 
 def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = None) -> None:
@@ -215,15 +223,14 @@ def _report(kinds, aliased, covered, notes, warnings, warning) -> None:
         lst = kinds[kind]
         if not lst:
             continue
-        notes.append(f"--load-encodings: {len(lst)} {many if len(lst) > 1 else 'entry ' + one}: {_names(lst)}"
-                     + (", ..." if len(lst) > SHOW_NAMES else ""))
+        notes.append(f"--load-encodings: {len(lst)} {many if len(lst) > 1 else 'entry ' + one}: "
+                     f"{_names(lst, 200)}")
         out.append(("frozen encoding", _names(lst), one if len(lst) == 1 else
                     f"{one.split(';')[0].replace('names', 'name')} ({len(lst)} entries of this kind, "
                     f"{SHOW_NAMES if len(lst) > SHOW_NAMES else len(lst)} shown); not applied"))
     if kinds["bias"]:
         notes.append(f"--load-encodings: {len(kinds['bias'])} bias entries not applied: biases are re-derived as "
-                     f"int32 with scale s_in * s_w from the frozen input and weight scales ({_names(kinds['bias'])}"
-                     f"{', ...' if len(kinds['bias']) > SHOW_NAMES else ''})")
+                     f"int32 with scale s_in * s_w from the frozen input and weight scales ({_names(kinds['bias'], 200)})")
     if aliased:
         notes.append(f"--load-encodings: {len(aliased)} created-bias names matched in the other convention "
                      f"(<node>.bias / <node>_bias): {_names(aliased)}")
