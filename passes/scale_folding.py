@@ -361,7 +361,7 @@ def write_constant_input(node: Node, index: int, array: np.ndarray, hint: str = 
 def apply_plan(plan: FoldPlan) -> Value:
     """Commit a plan; returns the value that now holds x*s(+t) (x itself, or the output of an inserted Add)."""
     for node, index, array in plan.writes:
-        hint = f"{node.name}_bias" if index == 2 else ""
+        hint = f"{node.name}.bias" if index == 2 else ""   # AIMET names a created bias <node>.bias
         write_constant_input(node, index, array, hint)
     for node, name, value in plan.attrs:
         node.set_attr(name, value)

@@ -1,6 +1,6 @@
 """AIMET encodings files: write 1.0.0 or 2.0.0, read 1.0.0, 2.0.0 and the legacy 0.6.1 dict-of-lists form.
 
-Formats (anchors.md A "Encodings", AIMET `Docs/techniques/encoding_spec.rst`):
+Formats (anchors.md A "Encodings", AIMET `Docs/techniques/encoding_spec.rst`, aimet_onnx 2.42 `_encoding.py`):
 - 1.0.0: `{"version", "activation_encodings": [E], "param_encodings": [E], "quantizer_args", "excluded_layers"}`,
   E = `{"name", "enc_type": PER_TENSOR|PER_CHANNEL|PER_BLOCK, "dtype": INT|FLOAT, "bw", "is_sym", "scale": [..],
   "offset": [..]}` (+ `block_size`). AIMET's offset lives on the UNSIGNED grid: real = (q + offset) * scale,
@@ -11,19 +11,48 @@ Formats (anchors.md A "Encodings", AIMET `Docs/techniques/encoding_spec.rst`):
 - 0.6.1 (legacy): `{"activation_encodings": {name: [{bitwidth, scale, offset, is_symmetric, dtype, min, max}]},
   "param_encodings": {...}}`, one list item per channel.
 
+Layouts (issue 16), as aimet_onnx writes and reads them:
+- Per-channel 1.0.0 entries carry no axis: the axis comes from the weight's op (`aimet_axes`: Conv 0,
+  ConvTranspose 1, Gemm 0 with transB else 1, MatMul the last axis), never from the scale count.
+- Per-block 1.0.0 scales are listed output channel first: a 2-D weight blocked along axis 0 (MatMul/Gemm B
+  [K, N]) has its (K/bs, N) scales written transposed, (N, K/bs), and read back the same way (AIMET's
+  `_should_permute_to_1_0_0_blockwise_ordering`). A weight blocked along axis 1 ([N, K]) needs no transpose.
+- Per-block Conv/ConvTranspose: AIMET keeps one scale per (output channel, block) for the whole kernel window,
+  shape (Cout, Cin/bs, 1, 1) (ConvTranspose (Cin/bs, Cout/g, 1, 1)); onnxruntime's blocked DequantizeLinear
+  wants the weight's shape with the blocked dim reduced, (Cout, Cin/bs, kh, kw), and refuses AIMET's for kernels
+  larger than 1x1. Both are read (AIMET's is repeated over the kernel: the same values). The QDQ model always
+  holds the onnxruntime form. Files get AIMET's form whenever the scales are equal across the kernel window
+  (every encoding that came from AIMET, and 1x1 kernels); qcompiler's own per-block Conv scales differ per
+  kernel position, which AIMET's per-block Conv quantizer cannot hold: those are written in the onnxruntime form,
+  which qcompiler reads back exactly and AIMET's loader refuses (a count mismatch), so say --per-channel for a
+  Conv that must go to AIMET.
+
+Biases: 2.0.0 lists the int32 bias grids (scale s_in * s_w), as aimet_onnx's 2.0.0 export does; 1.0.0 leaves
+them out, as aimet_onnx's 1.0.0 export does (its loader counts an int32 entry for a bias quantizer its config
+leaves disabled as a mismatch). qcompiler re-derives biases from the input and weight scales on load anyway.
+
+The grid written is the grid used (issue 16 item 5): a weight calibrated on a narrowed range (`range_bits`, the
+ort_cpu profile's 7-bit weights as onnxruntime's `reduce_range`; stored in int8, values in [-64, 63]) is written
+in 1.0.0 as `bw: 7` with the offset of that 7-bit grid (-64 when symmetric); AIMET simulates exactly that grid.
+2.0.0's `output_dtype` is the Q/DQ storage type, which onnx only has in 4, 8, 16 and 32 bits: it says int8, and
+the scale is the one the model uses (the integers of those weights lie in [-64, 63]). Reading `bw` 5-7 (9-15)
+gives an 8-bit (16-bit) storage grid with `meta["range_bits"]` set, for weights only (an activation on a
+narrowed grid is refused: qcompiler stores activations on the full 4/8/16-bit grid).
+
 Reading back (the information the formats lack):
 - 1.0.0 / 0.6.1: signed = is_sym and offset == -2^(bw-1) everywhere (then zero_point 0, int8 storage); otherwise
   unsigned with zero_point = -offset. A signed asymmetric grid therefore returns as the same grid on unsigned
   storage, and an unsigned symmetric grid centred at 2^(bw-1) returns as signed with zero point 0.
-  Per-channel entries get axis 0 and `meta["axis_known"] = False`: the caller fixes the axis from the graph
-  (Conv weight 0, ConvTranspose 1, MatMul weight 1).
+  Per-channel and per-block entries get axis 0 and `meta["axis_known"] = False`: `fit_param_encoding` fixes the
+  axis and the layout from the weight's op and shape.
 - 2.0.0: symmetric = signed storage with every zero point 0.
 Every encoding read is `frozen=True`. A malformed file raises ConfigError naming the file and the entry: bit
-widths outside bitwidths.py's table (INT 4/8/16, FLOAT 16/32; float8, bfloat16, 33 or 64 bits are refused),
-NaN/Inf/zero/negative scales, offsets or zero points outside the grid. Before use, `fit_param_encoding` and
-`check_activation_encoding` check each entry against the model (quant/freeze.py): the axis in range for
-the weight's rank, one scale per channel on that axis, a block size no larger than the blocked dim and the
-scale count ceil(dim / block_size) per block row (ONNX DequantizeLinear's rule; a last block may be partial).
+widths outside bitwidths.py's table (INT 4/8/16, FLOAT 16/32; float8, bfloat16, 33 or 64 bits are refused) apart
+from the narrowed weight ranges above, NaN/Inf/zero/negative scales, offsets or zero points outside the grid, a
+non-zero `zero_point_shift`. Before use, `fit_param_encoding` and `check_activation_encoding` check each entry
+against the model (quant/freeze.py): the axis in range for the weight's rank, one scale per channel on that axis,
+a block size no larger than the blocked dim and the scale count ceil(dim / block_size) per block row (ONNX
+DequantizeLinear's rule; a last block may be partial).
 """
 from __future__ import annotations
 
@@ -45,6 +74,26 @@ MAX_NAME_CHARS = 60
 # what a file may hold: weight/activation grids and int32 biases (as written by write_encodings); an int32 entry
 # used for a weight or an activation is refused when it is checked against the model
 READ_INT_BITS = tuple(sorted(set(INT_BITS) | set(BIAS_BITS)))
+# narrowed weight ranges a file may name (bw 7 = ORT's reduce_range): stored in the next width of INT_BITS
+RANGE_BITS = tuple(b for b in range(5, max(INT_BITS)) if b not in INT_BITS)
+FILE_INT_BITS = tuple(sorted(set(READ_INT_BITS) | set(RANGE_BITS)))
+
+
+def storage_bits(bw: int) -> int:
+    """The Q/DQ storage width of a grid of `bw` bits (itself for 4/8/16/32, else the next of INT_BITS)."""
+    return bw if bw in READ_INT_BITS else min(b for b in INT_BITS if b >= bw)
+
+
+def grid_bits(enc: Encoding) -> int:
+    """The bits of the grid `enc` really uses: its narrowed `range_bits` when set, else its storage bits."""
+    rb = enc.meta.get("range_bits") if enc.dtype != "float" else None
+    return int(rb) if rb and int(rb) < int(enc.bits) else int(enc.bits)
+
+
+def grid_limits(enc: Encoding) -> tuple:
+    """(qmin, qmax) of the grid `enc` really uses, in its storage's integer domain."""
+    b = grid_bits(enc)
+    return (-(2 ** (b - 1)), 2 ** (b - 1) - 1) if enc.signed else (0, 2 ** b - 1)
 
 
 # --- writing ----------------------------------------------------------------------------------------------
@@ -67,14 +116,52 @@ def _nested(a, cast):
     return cast(a.item()) if a.ndim == 0 else [_nested(x, cast) for x in a]
 
 
+def _aimet_offset(enc: Encoding, bw: int) -> np.ndarray:
+    """AIMET's offset on the unsigned `bw`-bit grid: real = (q + offset) * scale, q in [0, 2^bw - 1]."""
+    zp = np.asarray(enc.zero_point, np.int64)
+    return -(zp + 2 ** (bw - 1)) if enc.signed else -zp
+
+
+def _collapse_kernel(scale: np.ndarray, zp: np.ndarray):
+    """Per-block scales of a rank>2 weight (Conv) in AIMET's form, the kernel dims cut to 1, when they are equal
+    across the kernel window; else None."""
+    if scale.ndim <= 2 or all(d == 1 for d in scale.shape[2:]):
+        return None
+    flat_s = scale.reshape(scale.shape[:2] + (-1,))
+    flat_z = zp.reshape(zp.shape[:2] + (-1,))
+    if np.all(flat_s == flat_s[..., :1]) and np.all(flat_z == flat_z[..., :1]):
+        keep = (slice(None), slice(None)) + (slice(0, 1),) * (scale.ndim - 2)
+        return scale[keep], zp[keep]
+    return None
+
+
+def aimet_block_layout(enc: Encoding, v1: bool):
+    """(scale, zero point) of a per-block encoding as AIMET lays them out: 1.0.0 lists a 2-D weight blocked along
+    axis 0 output channel first (transposed); Conv scales equal over the kernel take AIMET's (.., .., 1, 1)."""
+    scale = np.asarray(enc.scale)
+    zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), scale.shape)
+    c = _collapse_kernel(scale, zp)
+    if c is not None:
+        return c
+    if v1 and scale.ndim == 2 and enc.axis == 0:
+        return scale.T, zp.T
+    return scale, zp
+
+
 def _entry_v1(name: str, enc: Encoding) -> dict:
     if enc.dtype == "float":
         return {"name": name, "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": int(enc.bits)}
+    bw = grid_bits(enc)
     if per_tensor(enc):    # one number in whatever shape it came: (), (1,), (1, 1), a numpy scalar
-        scale, offset = [float(scalar(enc.scale, f"'{name[:80]}' scale"))], [int(scalar(enc.offset, "offset"))]
+        scale = [float(scalar(enc.scale, f"'{name[:80]}' scale"))]
+        offset = [int(scalar(_aimet_offset(enc, bw), "offset"))]
+    elif enc.block_size:
+        s, zp = aimet_block_layout(enc, v1=True)
+        scale = _floats(s)
+        offset = _ints(_aimet_offset(Encoding(scale=s, zero_point=zp, bits=enc.bits, signed=enc.signed), bw))
     else:
-        scale, offset = _floats(enc.scale), _ints(enc.offset)
-    e = {"name": name, "enc_type": _enc_type(enc), "dtype": "INT", "bw": int(enc.bits),
+        scale, offset = _floats(enc.scale), _ints(_aimet_offset(enc, bw))
+    e = {"name": name, "enc_type": _enc_type(enc), "dtype": "INT", "bw": bw,
          "is_sym": bool(enc.symmetric), "scale": scale, "offset": offset}
     if enc.block_size:
         e["block_size"] = int(enc.block_size)
@@ -94,6 +181,9 @@ def _entry_v2(name: str, enc: Encoding) -> dict:
     if per_tensor(enc):    # a number, not a list, whatever shape of size 1 the encoding holds
         e["y_scale"] = float(scalar(enc.scale, f"'{name[:80]}' scale"))
         zp = np.asarray(int(scalar(enc.zero_point, f"'{name[:80]}' zero point")), np.int64)
+    elif enc.block_size:
+        s, zp = aimet_block_layout(enc, v1=False)
+        e["y_scale"] = _nested(np.asarray(s, np.float64), float)
     else:
         e["y_scale"] = _nested(np.asarray(enc.scale, np.float64), float)
         zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), np.shape(enc.scale))
@@ -119,7 +209,8 @@ def write_encodings(path: Optional[str], activations: dict, params: dict, versio
     if version == "1.0.0":
         doc = {"version": "1.0.0",
                "activation_encodings": [_entry_v1(n, e) for n, e in activations.items()],
-               "param_encodings": [_entry_v1(n, e) for n, e in params.items()],
+               "param_encodings": [_entry_v1(n, e) for n, e in params.items()
+                                   if e.dtype == "float" or e.bits not in BIAS_BITS],
                "quantizer_args": dict(quantizer_args or {}),
                "excluded_layers": list(excluded_layers)}
     else:
@@ -193,8 +284,17 @@ def _name(entry) -> str:
     return short(entry, MAX_NAME_CHARS) if isinstance(entry, str) else short(entry)
 
 
+def _narrowed(enc: Encoding, bw: int) -> Encoding:
+    """`enc` on a `bw`-bit grid stored in the next width of INT_BITS (`meta["range_bits"]`)."""
+    if bw not in READ_INT_BITS:
+        enc.bits = storage_bits(bw)
+        enc.meta = dict(enc.meta, range_bits=bw)
+    return enc
+
+
 def _from_aimet_offset(r: _Reader, entry: str, scale, offset, bits: int, sym: bool, **kw) -> Encoding:
-    """Encoding from AIMET's (scale, unsigned-grid offset) pair; see the module docstring for signedness."""
+    """Encoding from AIMET's (scale, unsigned-grid offset) pair; see the module docstring for signedness. A
+    narrowed grid (`bits` in RANGE_BITS) is stored in the next width of INT_BITS with `meta["range_bits"]`."""
     offset = r.ints(offset, entry, "offset")
     if offset.size != scale.size and offset.size != 1:
         raise r.err(entry, f"{scale.size} scales but {offset.size} offsets")
@@ -205,8 +305,23 @@ def _from_aimet_offset(r: _Reader, entry: str, scale, offset, bits: int, sym: bo
     zp = (-offset - 2 ** (bits - 1)) if signed else -offset
     if scale.size == 1 and "axis" not in kw:
         scale, zp = scale.reshape(()), zp.reshape(())
-    return Encoding(scale=scale, zero_point=zp.astype(np.int64), bits=bits, symmetric=sym, signed=signed,
-                    frozen=True, **kw)
+    enc = Encoding(scale=scale, zero_point=zp.astype(np.int64), bits=bits, symmetric=sym, signed=signed,
+                   frozen=True, **kw)
+    return _narrowed(enc, bits)
+
+
+def _no_zero_point_shift(r: _Reader, e: dict, name: str) -> None:
+    """AIMET's `zero_point_shift` (a fractional offset) has no Q/DQ form: refused unless it is all zeros."""
+    zs = e.get("zero_point_shift")
+    if zs is None:
+        return
+    try:
+        a = np.asarray(zs, np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise r.err(name, f"zero_point_shift must be numbers, got {short(zs)}") from None
+    if np.any(a != 0):
+        raise r.err(name, "non-zero 'zero_point_shift' (a fractional offset) has no QuantizeLinear form; "
+                    "not supported")
 
 
 def _read_v1_entry(r: _Reader, e) -> tuple:
@@ -219,12 +334,13 @@ def _read_v1_entry(r: _Reader, e) -> tuple:
     dtype = e.get("dtype", "INT")
     if not isinstance(dtype, str) or dtype not in ("INT", "FLOAT"):
         raise r.err(name, f"dtype must be INT or FLOAT, got {short(dtype)}")
-    bits = r.bits(e["bw"], name, FLOAT_BITS if dtype == "FLOAT" else READ_INT_BITS, dtype)
+    bits = r.bits(e["bw"], name, FLOAT_BITS if dtype == "FLOAT" else FILE_INT_BITS, dtype)
     if dtype == "FLOAT":
         return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=bits, dtype="float", frozen=True)
     for k in ("scale", "offset", "is_sym", "enc_type"):
         if k not in e:
             raise r.err(name, f"missing '{k}'")
+    _no_zero_point_shift(r, e, name)
     enc_type = e["enc_type"]
     if not isinstance(enc_type, str) or enc_type not in ("PER_TENSOR", "PER_CHANNEL", "PER_BLOCK"):
         raise r.err(name, f"enc_type {short(enc_type)} is not supported (PER_TENSOR, PER_CHANNEL, PER_BLOCK)")
@@ -269,14 +385,14 @@ def _read_v2_entry(r: _Reader, e) -> tuple:
     if od in _FLOAT_NAMES:
         return name, Encoding(scale=np.float32(1.0), zero_point=np.int64(0), bits=_FLOAT_NAMES[od], dtype="float",
                               frozen=True, meta={"output_dtype": od})
-    supported = [f"{p}{b}" for b in READ_INT_BITS for p in ("int", "uint")] + list(_FLOAT_NAMES)
+    supported = [f"{p}{b}" for b in FILE_INT_BITS for p in ("int", "uint")] + list(_FLOAT_NAMES)
     if od.startswith("uint"):
         signed, b = False, od[4:]
     elif od.startswith("int"):
         signed, b = True, od[3:]
     else:
         raise r.err(name, f"output_dtype {short(od)} is not supported (supported: {', '.join(supported)})")
-    if not b.isdigit() or len(b) > 3 or int(b) not in READ_INT_BITS:
+    if not b.isdigit() or len(b) > 3 or int(b) not in FILE_INT_BITS:
         raise r.err(name, f"output_dtype {short(od)} is not supported (supported: {', '.join(supported)})")
     bits = int(b)
     if "y_scale" not in e:
@@ -294,6 +410,7 @@ def _read_v2_entry(r: _Reader, e) -> tuple:
     enc = Encoding(scale=scale, zero_point=zp, bits=bits, signed=signed, frozen=True)
     if np.any(zp < enc.qmin) or np.any(zp > enc.qmax):
         raise r.err(name, f"y_zero_point outside the {od} range")
+    enc = _narrowed(enc, bits)
     enc.symmetric = bool(signed and np.all(zp == 0))
     if "axis" in e:
         ax = e["axis"]
@@ -348,7 +465,7 @@ def _read_legacy(r: _Reader, doc: dict) -> tuple:
             if not isinstance(dt, str) or dt.lower() not in ("int", "float"):
                 raise r.err(name, f"dtype must be int or float, got {short(dt)}")
             is_float = dt.lower() == "float"
-            bits = r.bits(items[0]["bitwidth"], name, FLOAT_BITS if is_float else READ_INT_BITS, dt.upper())
+            bits = r.bits(items[0]["bitwidth"], name, FLOAT_BITS if is_float else FILE_INT_BITS, dt.upper())
             if any(i["bitwidth"] != bits or i.get("dtype", "int") != dt for i in items):
                 raise r.err(name, "channels with different bit widths or dtypes")
             if is_float:
@@ -393,10 +510,14 @@ def _weight_or_activation_bits(path, name, enc, what):
 
 
 def check_activation_encoding(path: str, name: str, enc: Encoding) -> None:
-    """An activation's encoding must be one scale (qcompiler quantizes activations per tensor)."""
+    """An activation's encoding must be one scale (qcompiler quantizes activations per tensor) on a full grid."""
     if enc.dtype == "float":
         return
     _weight_or_activation_bits(path, name, enc, "an activation")
+    if grid_bits(enc) != enc.bits:
+        raise ConfigError(f"{path}: encoding {_name(name)}: {grid_bits(enc)}-bit grid for an activation; "
+                          f"activations are quantized on full {', '.join(map(str, INT_BITS))}-bit grids "
+                          f"(narrowed ranges are for weights)")
     if enc.block_size or np.size(enc.scale) != 1:
         raise ConfigError(f"{path}: encoding {_name(name)}: {np.size(enc.scale)} scales"
                           f"{' per block' if enc.block_size else ''} for an activation; activations are "
@@ -406,13 +527,59 @@ def check_activation_encoding(path: str, name: str, enc: Encoding) -> None:
     enc.axis = None
 
 
-def fit_param_encoding(path: str, name: str, enc: Encoding, shape, axis_hint: Optional[int] = None) -> Encoding:
-    """Check a weight's encoding against the weight's `shape` and fix its axis; ConfigError names the entry.
+def aimet_axes(node, slot: int, rank: int) -> tuple:
+    """(channel axis, block axis) of weight input `slot` of `node` as AIMET quantizes it: the output-channel axis
+    (Conv 0, ConvTranspose 1, Gemm 0 with transB else 1, MatMul the last) and the reduction axis blocks run
+    along (placement.block_axis); None where the op has no such axis."""
+    from .placement import block_axis
+    from .qdq import output_axis
+    channel = None
+    if slot == 1 and rank >= 1:
+        channel = output_axis(node) if node.op_type != "MatMul" else rank - 1
+        if channel is not None and not 0 <= channel < rank:
+            channel = None
+    return channel, block_axis(node, slot, rank)
 
-    1.0.0 and legacy files record no axis (`meta["axis_known"]` False): `axis_hint` (the axis placement chose
-    for this weight) is used, else 0. The scale count must be the channel count on the axis (per-channel) or
-    ceil(dim / block_size) times the other dims (per-block); the scale is reshaped to what Q/DQ expects.
-    Only shapes and counts are compared: no weight data is read.
+
+def _block_scales(err, enc: Encoding, shape: tuple, axis: int, axis_known: bool):
+    """(scale, zero point) of a per-block encoding in onnxruntime's layout: the weight's shape with dim `axis`
+    cut to ceil(dim / block_size). Accepts that layout (flat or shaped), AIMET's 1.0.0 output-channel-first
+    order of a 2-D weight blocked along axis 0 (transposed back), and AIMET's Conv/ConvTranspose layout with the
+    kernel dims 1 (repeated over the kernel window). See the module docstring."""
+    bs, dim = int(enc.block_size), shape[axis]
+    if bs > dim:
+        raise err(f"block_size {bs} is larger than dim {axis} of the weight ({dim}, shape {shape})")
+    want = shape[:axis] + (-(-dim // bs),) + shape[axis + 1:]
+    collapsed = want[:2] + (1,) * (len(want) - 2) if len(want) > 2 else want
+    scale = np.asarray(enc.scale, np.float32)
+    zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), scale.shape)
+    n = scale.size
+    n_want = int(np.prod(want, dtype=np.int64))
+    if not axis_known and len(want) == 2 and axis == 0 and n == n_want:
+        # 1.0.0: AIMET lists the scales output channel first, (N, K/bs), for a [K, N] weight
+        return scale.reshape(want[::-1]).T.copy(), np.array(zp).reshape(want[::-1]).T.copy()
+    if n == n_want and (scale.ndim <= 1 or scale.shape == want or not axis_known):
+        return scale.reshape(want), np.array(zp).reshape(want)
+    n_col = int(np.prod(collapsed, dtype=np.int64))
+    if len(want) > 2 and n == n_col and (scale.ndim <= 1 or scale.shape == collapsed or not axis_known):
+        s = np.broadcast_to(scale.reshape(collapsed), want).copy()
+        return s, np.broadcast_to(np.array(zp).reshape(collapsed), want).copy()
+    also = f" or {collapsed} (AIMET's Conv layout)" if len(want) > 2 and collapsed != want else ""
+    raise err(f"{n} scales of shape {np.shape(enc.scale)} do not fit block_size {bs} on axis {axis} of a weight of "
+              f"shape {shape} (expected shape {want}{also})")
+
+
+def fit_param_encoding(path: str, name: str, enc: Encoding, shape, axis_hint: Optional[int] = None,
+                       channel_axis: Optional[int] = None, block_axis: Optional[int] = None) -> Encoding:
+    """Check a weight's encoding against the weight's `shape` and fix its axis and layout; ConfigError names the
+    entry.
+
+    1.0.0 and legacy files record no axis (`meta["axis_known"]` False): a per-channel entry takes `channel_axis`
+    (the op's output-channel axis, `aimet_axes`), a per-block entry `block_axis`; `axis_hint` (the axis placement
+    chose) stands in for either when it is None, else 0. The scale count must be the channel count on the axis
+    (per-channel) or ceil(dim / block_size) times the other dims (per-block, in either layout of
+    `_block_scales`); the scale is reshaped to what Q/DQ expects. Only shapes and counts are compared: no weight
+    data is read.
     """
     if enc.dtype == "float":
         return enc
@@ -431,33 +598,29 @@ def fit_param_encoding(path: str, name: str, enc: Encoding, shape, axis_hint: Op
     rank = len(shape)
     if rank == 0:
         raise err("per-channel or per-block encoding for a scalar weight")
-    if enc.meta.get("axis_known", True) is False:
-        axis = axis_hint if axis_hint is not None else 0
-    else:
+    known = enc.meta.get("axis_known", True) is not False
+    if known:
         axis = enc.axis
+    else:
+        derived = block_axis if enc.block_size else channel_axis
+        axis = derived if derived is not None else (axis_hint if axis_hint is not None else 0)
     if not -rank <= axis < rank:
         raise err(f"axis {axis} is out of range for the weight's rank {rank} (shape {shape})")
     axis %= rank
-    dim = shape[axis]
-    zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), np.shape(enc.scale))
     if enc.block_size:
-        bs = int(enc.block_size)
-        if bs > dim:
-            raise err(f"block_size {bs} is larger than dim {axis} of the weight ({dim}, shape {shape})")
-        want = shape[:axis] + (-(-dim // bs),) + shape[axis + 1:]
-        if n != int(np.prod(want, dtype=np.int64)) or (np.ndim(enc.scale) > 1 and np.shape(enc.scale) != want):
-            raise err(f"{n} scales of shape {np.shape(enc.scale)} do not fit block_size {bs} on axis {axis} of a "
-                      f"weight of shape {shape} (expected shape {want})")
+        enc.scale, enc.zero_point = _block_scales(err, enc, shape, axis, known)
     else:
+        dim = shape[axis]
         if n != dim:
             raise err(f"{n} scales but the weight has {dim} channels on axis {axis} (shape {shape})")
-        want = (dim,)
-    enc.scale = np.asarray(enc.scale, np.float32).reshape(want)
-    enc.zero_point = np.array(zp, np.int64).reshape(want)
+        zp = np.broadcast_to(np.asarray(enc.zero_point, np.int64), np.shape(enc.scale))
+        enc.scale = np.asarray(enc.scale, np.float32).reshape((dim,))
+        enc.zero_point = np.array(zp, np.int64).reshape((dim,))
     enc.axis = axis
     if "axis_known" in enc.meta:
         enc.meta["axis_known"] = True
     return enc
 
 
-__all__ = ["write_encodings", "read_encodings", "fit_param_encoding", "check_activation_encoding"]
+__all__ = ["write_encodings", "read_encodings", "fit_param_encoding", "check_activation_encoding", "aimet_axes",
+           "aimet_block_layout", "grid_bits", "grid_limits", "storage_bits"]

@@ -288,11 +288,17 @@ def test_outlier_channel_is_widened_to_int16():
     nodes = [helper.make_node("Add", ["x", "s"], ["big"]), helper.make_node("Conv", ["big", "w"], ["y"])]
     proto = make_model(nodes, [tinfo("x", [1, 8, 16, 16])], [tinfo("y", [1, 2, 14, 14])],
                        [init("s", spike), init("w", conv_w(2, 8))])
-    res = quantize(proto, samples([1, 8, 16, 16]))
+    res = quantize(proto, samples([1, 8, 16, 16]), optimize="accuracy")
     assert res.encodings["activations"]["big"].bits == 16
     assert "big" in res.report["widened"]
     q = check_runs_and_sqnr(proto, res, samples([1, 8, 16, 16], 2), floor=30.0)
     assert max(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 21
+    # the default (balanced) on ort_cpu: no integer kernel reads 16 bits there, so the value stays float instead
+    bal = quantize(proto, samples([1, 8, 16, 16]))
+    assert "big" not in bal.encodings["activations"] and "16-bit Q/DQ pair" in bal.report["left_float"]["big"]
+    check_runs_and_sqnr(proto, bal, samples([1, 8, 16, 16], 2), floor=30.0)
+    on_htp = quantize(proto, samples([1, 8, 16, 16]), target="qnn_htp")   # no fusion table: widening stays
+    assert on_htp.encodings["activations"]["big"].bits == 16
 
 
 def test_if_bodies_are_reported_float_and_outer_graph_is_quantized():
