@@ -153,7 +153,7 @@ def test_not_constant_not_folded():
     y = b.op("Add", _conv(b), "t")
     proto = _one_output(b, y)
     m, r = _fold(proto)
-    assert r.stats["folded"] == 0 and "not a constant" in " ".join(r.stats["kept_reasons"].values())
+    assert r.stats["folded"] == 0 and r.stats["kept"] == 0   # Add(conv, activation) is not a bias candidate
     x = RNG.normal(size=(2, CIN, HW, HW)).astype(F)
     t = RNG.normal(size=(1, C, 1, 1)).astype(F)
     np.testing.assert_allclose(run(m, {"x": x, "t": t})[0], run(proto, {"x": x, "t": t})[0], rtol=1e-6)
