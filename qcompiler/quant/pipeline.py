@@ -2,6 +2,7 @@
 
     constant-to-initializer, fold-batchnorm, simplify-shape-of, canonicalize   (preparation: model passes)
     convert-opset        the output opset, chosen before the pipeline (quant/opset.py)
+    fuse-hardswish       decomposed HardSwish becomes one op at opset >= 14 (after convert-opset; issue 13)
     calibrate            one streaming pass over the calibration data
     place                the plan: what each value and weight use becomes (quant/placement.py)
     assign-encodings     scales and zero points from the statistics (and per-block weight grids)
@@ -11,8 +12,8 @@
     safety-net           below the SQNR floor: keep float or widen the quantizers that break an output
 
 `--recipe a,b` adds optional passes, each right after the pass named by its `after` (bias-correction after
-assign-encodings; load-encodings after place); `--pipeline` replaces the whole list for experts. Third-party
-passes join through the `qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
+assign-encodings; load-encodings after place; fold-conv-bias-add after convert-opset); `--pipeline` replaces
+the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from typing import Iterable, List, Sequence
 from ..errors import PipelineError
 
 PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
-DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "calibrate", "place", "assign-encodings", "insert-qdq",
-                                     "float16-islands", "measure-sqnr", "safety-net")
+DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
+                                     "insert-qdq", "float16-islands", "measure-sqnr", "safety-net")
 START_FACTS = ("model", "quant-context")
 
 
