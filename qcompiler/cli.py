@@ -175,14 +175,15 @@ def list_passes_cmd():
     for name, cls in passes.items():
         if name not in quant:
             row(name, cls)
-    click.echo("quantization passes, default pipeline of `qcompiler quantize` (preparation above: "
-               + ", ".join(n for n in DEFAULT_PIPELINE if n not in quant) + "):")
+    click.echo("default pipeline of `qcompiler quantize`, in order (graph passes are described above):")
     for name in DEFAULT_PIPELINE:
         if name in quant:
             row(name, quant[name])
-    click.echo("optional quantization passes (qcompiler quantize --recipe a,b):")
-    for name, cls in quant.items():
-        if name not in DEFAULT_PIPELINE:
+        else:
+            click.echo(f"  {name:<26}(graph pass)")
+    click.echo("optional passes (qcompiler quantize --recipe a,b; each runs right after the pass it names):")
+    for name, cls in passes.items():
+        if name not in DEFAULT_PIPELINE and (name in quant or getattr(cls, "after", "")):
             row(name, cls, f"  [after {cls.after}]" if getattr(cls, "after", "") else "  [--pipeline only]")
     from .passmanager.registry import BROKEN_PLUGINS
     for name, why in BROKEN_PLUGINS.items():
