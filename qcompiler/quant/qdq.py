@@ -333,21 +333,31 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         params[v.name if v.name not in params else pname] = enc
         v.graph.drop_if_unused([v])
 
-    # 3. activations at producers (one Q/DQ per value, every use reads the DQ)
+    # 3. activations at producers (one Q/DQ per value, every use reads the DQ), in the graph defining the value:
+    # a body value's Q/DQ sits inside its body; a value captured by a body is quantized where it is defined and
+    # the body reads the DQ output, a valid outer-scope name (issue 14)
+    local = {}
+    for sub in g.subgraphs(recursive=True):
+        for v in sub.local_values():
+            local.setdefault(v.name, v)
     for name, spec in list(plan.values.items()):
         if spec.kind != "activation" or spec.keep_float or spec.encoding is None:
             continue
-        v = g.value(name)
+        v = g.value(name) or local.get(name)
         if v is None or not v.uses():
             continue
-        insert_activation_qdq(g, v, spec.encoding)
+        if v.graph is not g:
+            touched.add(id(v.graph))
+        insert_activation_qdq(v.graph, v, spec.encoding)
         acts[name] = spec.encoding
 
     # 4. per-use activation quantizers (Concat input whose producer is not quantizable)
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind == "activation" and not spec.keep_float and spec.encoding is not None:
             node = by_name[node_name]
-            insert_use_qdq(g, node, slot, spec.encoding)
+            if node.graph is not g:
+                touched.add(id(node.graph))
+            insert_use_qdq(node.graph, node, slot, spec.encoding)
             acts[f"{node.inputs[slot].name}"] = spec.encoding
     g.toposort()
     for body in g.subgraphs(recursive=True):

@@ -71,7 +71,7 @@ def tie_bodies(plan: QuantPlan, g, profile: Profile, stats: Dict[str, dict]) -> 
     from .ties import check_tie_spread, tie_values
     for body in body_graphs(g):
         tie_values(plan, body, profile)
-    tie_boundaries(plan, g)
+    tie_boundaries(plan, g, stats)
     for body in body_graphs(g):
         check_tie_spread(plan, stats, body)
 
@@ -82,7 +82,18 @@ def _quantized(plan: QuantPlan, v) -> bool:
 
 
 def _tie_all(plan: QuantPlan, values) -> None:
+    """Tie the quantized members. A fixed output range (Tanh's [-1, 1]) holds for its own member only: the
+    group's range comes from every member's statistics instead (a Loop state starting from an unbounded input
+    and carried through a Tanh would otherwise be clipped to [-1, 1] at the loop's entry)."""
     vals = [v for v in values if _quantized(plan, v)]
+    if len(vals) < 2:
+        return
+    specs = [plan.spec(v.name) for v in vals]
+    if len({s.fixed_range for s in specs}) > 1:
+        for s in specs:
+            if s.fixed_range is not None:
+                s.source += f"; fixed range {s.fixed_range} dropped: tied across a body boundary"
+                s.fixed_range = None
     for v in vals[1:]:
         plan.tie(vals[0].name, v.name)
 
@@ -129,11 +140,70 @@ def boundary_groups(n) -> List[list]:
     return [[v for v in grp if v is not None] for grp in groups]
 
 
-def tie_boundaries(plan: QuantPlan, g) -> None:
-    """One encoding per boundary group (`boundary_groups`) among its quantized members."""
+# Loop-carried state: the rounding error of one iteration is carried into the next, so the state's grid needs
+# this much more headroom than widening.MIN_SQNR8_DB asks of a value computed once (the LSTM cell state gets the
+# wide grid unconditionally for the same reason: activations.CELL_STATE)
+CARRY_MARGIN_DB = 10.0
+
+
+def carried_groups(n) -> List[list]:
+    """The loop-carried states among `boundary_groups(n)` (Loop: every carried value; Scan: its states)."""
+    groups = boundary_groups(n)
+    if n.op_type == "Loop":
+        return groups
+    if n.op_type == "Scan":
+        m = int(n.attr("num_scan_inputs", 0) or 0)
+        return groups[:max(len(n.inputs) - m, 0)]
+    return []
+
+
+def _sqnr_on(st: dict, span: float) -> float:
+    """Estimated SQNR (dB) of a value with statistics `st` on an 8-bit grid spanning `span`."""
+    own = max(st.get("max", 0.0), 0.0) - min(st.get("min", 0.0), 0.0)
+    if "mean_sq" in st:
+        power = st["mean_sq"]
+    elif "sqnr8_db" in st and np.isfinite(st["sqnr8_db"]) and own > 0:
+        power = 10 ** (st["sqnr8_db"] / 10) * (own / 255) ** 2 / 12
+    else:
+        return float("inf")
+    step = span / 255
+    return float("inf") if step <= 0 or power <= 0 else float(10 * np.log10(power * 12 / step ** 2))
+
+
+def check_carried_state(plan: QuantPlan, n, stats: Dict[str, dict], profile: Profile) -> None:
+    """Loop-carried state 8 bits cannot carry (issue 14 item 2): estimated on the group's one grid, each member
+    needs widening.MIN_SQNR8_DB + CARRY_MARGIN_DB; else the group goes to the wide grid, or float without one."""
+    from .widening import MIN_SQNR8_DB
+    wide = profile.wide_activation_bits
+    for grp in carried_groups(n):
+        vals = [v for v in grp if _quantized(plan, v)]
+        specs = [plan.spec(v.name) for v in vals]
+        if not specs or max(s.bits for s in specs) > 8:
+            continue
+        seen = [stats[v.name] for v in vals if stats.get(v.name)]
+        if not seen:
+            continue
+        span = max(max(st.get("max", 0.0), 0.0) for st in seen) - min(min(st.get("min", 0.0), 0.0) for st in seen)
+        worst = min(_sqnr_on(st, span) for st in seen)
+        if worst >= MIN_SQNR8_DB + CARRY_MARGIN_DB:
+            continue
+        why = (f"state carried by {n.op_type} '{n.name}' across iterations: an 8-bit grid gives ~{worst:.0f} dB per "
+               f"iteration and the error is carried into the next")
+        for sp in specs:
+            if wide:
+                sp.bits, sp.widened = int(wide), why
+            else:
+                sp.float_(why + "; no wide grid on this target")
+
+
+def tie_boundaries(plan: QuantPlan, g, stats: Optional[Dict[str, dict]] = None) -> None:
+    """One encoding per boundary group (`boundary_groups`) among its quantized members; loop-carried state
+    8 bits cannot carry widened or float (`check_carried_state`)."""
     for owner in [g] + body_graphs(g):
         for n in owner.nodes:
             if n.op_type in ("If", "Loop", "Scan"):
+                if stats is not None:
+                    check_carried_state(plan, n, stats, plan.profile)
                 for grp in boundary_groups(n):
                     _tie_all(plan, grp)
 
