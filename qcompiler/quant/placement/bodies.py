@@ -10,8 +10,10 @@ rules, the ties across each body boundary, and one record per body for the repor
 - **Across the boundary** (`tie_boundaries`): one encoding for a value on both sides, as one tie group:
   Loop: initial value, body state input, body state output (the state is one tensor over every iteration);
   Scan: the same for its state, and each scan input with the body's slice of it; If: the outputs of both
-  branches that become one If output. The outer side is float where its producer is (the If/Loop/Scan node
-  itself is not quantizable): then the body carries the group alone. A group that 8 bits cannot carry is
+  branches that become one If output, and a body's scan output with the stacked output, when that outer side
+  is quantized. The If/Loop/Scan node is not quantizable on the built-in targets, so its outputs are float and
+  If branches keep their own grids (each branch's DQ gives the float output); the Loop/Scan state stays one
+  group whatever the outer side is. A group that 8 bits cannot carry is
   widened as a whole (calibrate.assign_encodings: the widest member decides), or floats with its reason.
 - Q/DQ of a value captured from an outer graph sits in the graph that defines it (qdq.apply_plan): the body
   keeps reading the captured name's DQ output, a valid outer-scope name.
@@ -204,7 +206,15 @@ def tie_boundaries(plan: QuantPlan, g, stats: Optional[Dict[str, dict]] = None) 
             if n.op_type in ("If", "Loop", "Scan"):
                 if stats is not None:
                     check_carried_state(plan, n, stats, plan.profile)
+                outs = {id(v) for v in n.outputs if v is not None}
                 for grp in boundary_groups(n):
+                    if grp and id(grp[0]) in outs and n.op_type == "If" and not _quantized(plan, grp[0]):
+                        # NOTE: the If output is float (the If node is not quantizable): each branch's DQ already
+                        # gives it float values, and one grid over both branches would only coarsen the branch
+                        # with the smaller range (Relu(x²) in one, -x² in the other: 36 -> 21 dB)
+                        continue
+                    if len(grp) == 2 and id(grp[1]) in outs and not _quantized(plan, grp[1]):
+                        continue   # a scan output: stacked outside as float, nothing to agree with
                     _tie_all(plan, grp)
 
 
