@@ -118,7 +118,7 @@ def test_body_weights_come_from_dequantize_linear(name, target):
                 assert dq is not None, f"{path}: {n.name} input {slot} does not come from a DequantizeLinear"
                 assert dq.input[0] in inits and inits[dq.input[0]].data_type == onnx.TensorProto.INT8
                 scale = numpy_helper.to_array(inits[dq.input[1]])
-                if n.op_type in per_channel:
+                if n.op_type in per_channel or n.op_type in ("LSTM", "GRU", "RNN"):
                     axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
                     assert scale.size > 1, f"{n.name} input {slot}: per-tensor DQ"
                     if n.op_type in ("LSTM", "GRU", "RNN"):
