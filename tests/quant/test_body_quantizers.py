@@ -139,3 +139,40 @@ def test_ort_cpu_report_says_how_body_weights_are_stored():
     proto, calib, _ = MODELS["if_two_convs"]()
     res = quantize(proto, calib)
     assert "w_shared" in res.report["quantized_params"] and "w_shared" not in res.report.get("prefolded_params", {})
+
+
+def variance_in_branch():
+    """If c: Var[x] as E[x²] - E[x]² (cancels catastrophically at 8 bits: x has a large mean), else Neg(mean)."""
+    from onnx import TensorProto as T, helper
+    from tests.helpers import make_model, tinfo
+    then = helper.make_graph(
+        [helper.make_node("ReduceMean", ["x"], ["m"], axes=[1], name="var_mean"),
+         helper.make_node("Mul", ["x", "x"], ["xx"], name="var_sq"),
+         helper.make_node("ReduceMean", ["xx"], ["s"], axes=[1], name="var_meansq"),
+         helper.make_node("Mul", ["m", "m"], ["mm"], name="var_mm"),
+         helper.make_node("Sub", ["s", "mm"], ["v"], name="var_sub")],
+        "then", [], [tinfo("v", [1, 1])])
+    els = helper.make_graph([helper.make_node("ReduceMean", ["x"], ["e"], axes=[1], name="else_mean")],
+                            "else", [], [tinfo("e", [1, 1])])
+    proto = make_model([helper.make_node("If", ["c"], ["y"], then_branch=then, else_branch=els, name="branch")],
+                       [tinfo("x", [1, 64]), tinfo("c", [], T.BOOL)], [tinfo("y", [1, 1])])
+
+    def feeds(n, seed, cond=True):
+        rng = np.random.default_rng(seed)
+        return [{"x": (20 + rng.standard_normal((1, 64)) * rng.uniform(0.5, 2)).astype(np.float32),
+                 "c": np.array(cond)} for _ in range(n)]
+    return proto, feeds
+
+
+def test_safety_net_turns_breaking_body_quantizers_float():
+    """A body quantizer that breaks the output (the search sees main-graph quantizers only) is still found: the
+    body's quantizers are turned float as one group, and the report names each with the reason."""
+    proto, feeds = variance_in_branch()
+    res = quantize(proto, feeds(32, 0))
+    sn = res.report["safety_net"]
+    assert sn["triggered"], sn
+    body = [c for c in sn["changed"] if "inside If/Loop/Scan bodies" in c["reason"]]
+    assert body and {"s", "mm"} & {c["value"] for c in body}
+    assert res.report["below_floor"] == []
+    q = model_to_proto(res.model)
+    check_sqnr(proto, q, [feeds(8, 9)])
