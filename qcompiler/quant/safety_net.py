@@ -113,7 +113,8 @@ def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
             continue
         out = q.outputs[0]
         uses = out.uses()
-        if len(uses) != 1 or uses[0].is_graph_output or uses[0].user.op_type != "DequantizeLinear":
+        if len(uses) != 1 or uses[0].is_graph_output or uses[0].user.op_type != "DequantizeLinear" \
+                or uses[0].user.graph is not g:   # read only through bodies' own DQs (qdq.local_dequantizers)
             continue
         dq = uses[0].user
         if dq.outputs[0].is_output_of_any_graph() and not g.can_take_name(x):
