@@ -176,3 +176,22 @@ def test_safety_net_turns_breaking_body_quantizers_float():
     assert res.report["below_floor"] == []
     q = model_to_proto(res.model)
     check_sqnr(proto, q, [feeds(8, 9)])
+
+
+def test_captured_activation_gets_a_dequantizer_inside_each_body():
+    """x is quantized in the main graph and read by both If branches: each branch has its own DQ of the captured
+    int8 tensor (scale inside the branch), so onnxruntime fuses the branch's Conv into QLinearConv."""
+    import onnxruntime as ort
+    proto, calib, evals = MODELS["if_two_convs"]()
+    q = model_to_proto(quantize(proto, calib).model)
+    for path, b in bodies(q.graph):
+        dqs = {n.output[0]: n for n in b.node if n.op_type == "DequantizeLinear"}
+        conv = next(n for n in b.node if n.op_type == "Conv" and n.input[1].startswith("w_shared"))
+        dq = dqs.get(conv.input[0])
+        assert dq is not None, path
+        assert dq.input[1] in {t.name for t in b.initializer}
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    assert sess.run(None, evals[0][0])[0].shape == (1, 4, 8, 8)
+    check_sqnr(proto, q, evals)
