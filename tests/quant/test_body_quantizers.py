@@ -195,3 +195,24 @@ def test_captured_activation_gets_a_dequantizer_inside_each_body():
     sess = ort.InferenceSession(q.SerializeToString(), so, providers=["CPUExecutionProvider"])
     assert sess.run(None, evals[0][0])[0].shape == (1, 4, 8, 8)
     check_sqnr(proto, q, evals)
+
+
+def test_body_placement_failure_leaves_the_body_float(monkeypatch):
+    """Issue 14 item 4: a body placement cannot handle stays float, named with the reason; the rest quantizes."""
+    from qcompiler.quant.placement import activations
+    original = activations.place_activations
+
+    def fragile(plan, g, profile, opts):
+        original(plan, g, profile, opts)
+        if g.parent is not None and g.parent.name == "branch" and any(n.name == "else_conv" for n in g.nodes):
+            raise RuntimeError("an unknown construct")
+    monkeypatch.setattr(activations, "place_activations", fragile)
+    proto, calib, evals = MODELS["if_two_convs"]()
+    res = quantize(proto, calib)
+    reasons = [s.reason for s in res.plan.values.values() if "failed (RuntimeError: an unknown construct)" in s.reason]
+    assert reasons and "If 'branch'" in reasons[0]
+    assert reasons[0] in res.report["left_float"].values()
+    q = model_to_proto(res.model)
+    found = {p: sum(1 for n in b.node if n.op_type == "QuantizeLinear") for p, b in bodies(q.graph)}
+    assert found["branch/then_branch"] > 0 and found["branch/else_branch"] == 0
+    check_sqnr(proto, q, evals)

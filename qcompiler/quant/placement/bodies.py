@@ -62,10 +62,18 @@ def place_bodies(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -
     from .observe import propagate_dtypes
     from .supergroups import mark_supergroups
     for body in body_graphs(g):
-        plan.dtypes = propagate_dtypes(body, profile, plan.dtypes)
-        mark_supergroups(plan, body, profile, opts)
-        place_activations(plan, body, profile, opts)
-        drop_needless_quantizers(plan, body, profile)
+        try:
+            plan.dtypes = propagate_dtypes(body, profile, plan.dtypes)
+            mark_supergroups(plan, body, profile, opts)
+            place_activations(plan, body, profile, opts)
+            drop_needless_quantizers(plan, body, profile)
+        except Exception as e:   # noqa: BLE001 - issue 14 item 4: a body placement cannot handle stays float
+            why = (f"left float: placement inside the body of {body.parent.op_type} '{body.parent.name[:60]}' "
+                   f"failed ({type(e).__name__}: {str(e)[:80]})")
+            for v in body.local_values():
+                spec = plan.values.get(v.name)
+                if spec is not None and spec.kind == "activation":
+                    spec.float_(why)
 
 
 def tie_bodies(plan: QuantPlan, g, profile: Profile, stats: Dict[str, dict]) -> None:
