@@ -138,9 +138,10 @@ class QuantPlan:
         return out
 
     def float_values(self) -> Dict[str, str]:
-        """Every value the plan leaves float, with its reason, and every body (its activations stay float)."""
+        """Every value the plan leaves float, with its reason, and every body where something stays float
+        (values calibration never reached, or no activation quantized)."""
         out = {n: s.reason for n, s in self.values.items() if s.keep_float}
-        out.update((b.key, b.reason) for b in self.bodies)
+        out.update((b.key, b.reason) for b in self.bodies if b.unobserved or not b.activations)
         return out
 
     # --- supergroups ------------------------------------------------------------------------------------

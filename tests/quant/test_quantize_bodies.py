@@ -135,7 +135,7 @@ def test_if_branch_weights_quantized_inside_bodies(target):
     # the bodies' Conv/MatMul read quantized activations now (issue 14): integer kernels on ort_cpu, so the
     # weights keep their DQ inside the body, as on trt
     assert kinds == {"dq"}
-    bodies = {k: v for k, v in res.report["left_float"].items() if k.startswith("<body")}
+    bodies = res.report["bodies"]
     assert len(bodies) == 2 and all(BODY_REASON in v for v in bodies.values())
     for cond in (True, False):
         check_sqnr(proto, q, if_feeds(8, 7, cond))
@@ -149,7 +149,7 @@ def test_loop_body_matmul_weight_quantized():
     onnx.checker.check_model(q)
     assert "wl" in res.encodings["params"] and "wl" in res.report["quantized_params"]
     assert weight_grid(body_graph(q, "loop", "body"), "loop_matmul", 1, res.encodings["params"]["wl"]) == "dq"
-    (reason,) = [v for k, v in res.report["left_float"].items() if k.startswith("<body")]
+    (reason,) = res.report["bodies"].values()
     assert BODY_REASON in reason and "1 weights quantized" in reason
     check_sqnr(proto, q, loop_feeds(8, 7), floor=25.0)   # the body's MatMul output is 8-bit now (issue 14 floor)
 
