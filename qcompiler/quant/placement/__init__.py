@@ -30,7 +30,8 @@ import numpy as np
 from ..plan import QuantPlan
 from ..profiles import Profile
 from .activations import CELL_STATE, drop_needless_quantizers, place_activations
-from .bodies import observed_body_names, place_bodies, record_bodies, tie_bodies
+from .bodies import observed_body_names, place_bodies, tie_bodies
+from .bodies import record_bodies
 from .kernels import full_range_for_float_kernels, integer_kernel
 from .lookup import nodes_by_name, weight_nodes
 from .observe import observed_names, propagate_dtypes
@@ -41,8 +42,8 @@ from .ties import check_tie_spread, tie_values
 from .weights import block_axis, place_weights
 from .widening import widen_or_float
 
-__all__ = ["build_plan", "observed_names", "observed_body_names", "PlacementOptions", "block_axis", "nodes_by_name", "weight_nodes",
-           "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
+__all__ = ["build_plan", "observed_names", "observed_body_names", "PlacementOptions", "block_axis", "nodes_by_name",
+           "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
 
 
 def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
@@ -61,10 +62,10 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     place_activations(plan, g, profile, opts)
     drop_needless_quantizers(plan, g, profile)
     place_bodies(plan, g, profile, opts)            # the same rules inside If/Loop/Scan bodies (issue 14)
+    tie_bodies(plan, g, profile, stats)             # inside bodies and across their boundaries
     widen_or_float(plan, stats, profile)
     tie_values(plan, g, profile)
     check_tie_spread(plan, stats, g)
-    tie_bodies(plan, g, profile, stats)             # inside bodies and across their boundaries
-    record_bodies(plan, g)
     full_range_for_float_kernels(plan, g)
+    record_bodies(plan, g)
     return plan
