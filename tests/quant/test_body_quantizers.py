@@ -89,8 +89,11 @@ def test_loop_carried_state_is_one_group_on_the_wide_grid():
     res = quantize(proto, calib)
     plan = res.plan
     for grp, bits in ((("h0", "h_in", "h_out"), 8), (("c0", "c_in", "c_out"), 16)):
-        specs = [plan.values[v] for v in grp]
         assert len({plan.find(v) for v in grp}) == 1
+        # the outer initial value may be left float by a later placement step (--optimize balanced: a 16-bit
+        # pair no integer kernel reads); the body's state input and output always share the encoding
+        specs = [plan.values[v] for v in grp if not plan.values[v].keep_float]
+        assert {grp[1], grp[2]} <= {v for v in grp if not plan.values[v].keep_float}
         assert all(s.encoding is specs[0].encoding and s.bits == bits for s in specs)
     assert all("carried by Loop 'cell_loop'" in plan.values[v].widened for v in ("c0", "c_in", "c_out"))
     trt = quantize(proto, calib, target="trt").plan
