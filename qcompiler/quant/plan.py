@@ -59,14 +59,17 @@ class Supergroup:
 
 @dataclass
 class Body:
-    """An If/Loop/Scan body: its weights are quantized (per use, like the main graph's), its activations stay
-    float (calibration does not see inside bodies: field notes §1). The report lists it under `key`."""
+    """An If/Loop/Scan body: its weights are quantized per use and its activations placed like the main
+    graph's (placement/bodies.py); values calibration never reached there stay float. The report lists it
+    under `key`."""
 
     owner: str           # the If/Loop/Scan node
     op_type: str
     index: int           # which of the node's bodies (If: 0 then, 1 else)
     nodes: int
     weights: int         # weight uses quantized inside it
+    activations: int = 0     # activations quantized inside it
+    unobserved: int = 0      # float values calibration never reached (left float)
 
     @property
     def key(self) -> str:
@@ -74,8 +77,13 @@ class Body:
 
     @property
     def reason(self) -> str:
-        return (f"subgraph body of {self.op_type} '{self.owner}' ({self.nodes} nodes, {self.weights} weights "
-                f"quantized): weights quantized, activations float: no calibration inside bodies yet")
+        what = (f"subgraph body of {self.op_type} '{self.owner}' ({self.nodes} nodes, {self.weights} weights "
+                f"quantized, {self.activations} activations quantized)")
+        if self.unobserved:
+            what += f": {self.unobserved} float values never reached by calibration stay float"
+        elif not self.activations:
+            what += ": activations float (none observed or quantizable)"
+        return what
 
 
 class QuantPlan:
@@ -86,7 +94,7 @@ class QuantPlan:
         self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
         self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides
         self.supergroups: List[Supergroup] = []
-        self.bodies: List[Body] = []                            # If/Loop/Scan bodies (activations float)
+        self.bodies: List[Body] = []                            # If/Loop/Scan bodies
         self.interior: Dict[str, str] = {}                      # value name -> supergroup kind
         self._parent: Dict[str, str] = {}
         self.dtypes: Dict[str, object] = {}                     # runtime dtype of every value seen
@@ -133,9 +141,10 @@ class QuantPlan:
         return out
 
     def float_values(self) -> Dict[str, str]:
-        """Every value the plan leaves float, with its reason, and every body (its activations stay float)."""
+        """Every value the plan leaves float, with its reason, and every body where something stays float
+        (values calibration never reached, or no activation quantized)."""
         out = {n: s.reason for n, s in self.values.items() if s.keep_float}
-        out.update((b.key, b.reason) for b in self.bodies)
+        out.update((b.key, b.reason) for b in self.bodies if b.unobserved or not b.activations)
         return out
 
     # --- supergroups ------------------------------------------------------------------------------------

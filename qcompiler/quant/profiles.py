@@ -108,7 +108,8 @@ PROFILES: dict = {
         "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
         "wide_activation_bits": None,
         "weights": _WEIGHTS, "bias": {},
-        "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+        # LSTM/GRU/RNN W and R per channel on the gate axis (issue 14 item 3): an explicit DQ TensorRT folds
+        "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul", "LSTM", "GRU", "RNN"],
         "float_output_ops": NOT_QUANTIZABLE,
         "float_outputs": {"LSTM": [2]},
         "shares_input_encoding": DATA_MOVEMENT,

@@ -156,6 +156,37 @@ def insert_activation_qdq(g, value, enc: Encoding):
     return dq
 
 
+def local_dequantizers(dq, enc: Encoding, touched: set) -> int:
+    """Give each body that reads the output of `dq` (a value quantized in an outer graph, captured) its own
+    DequantizeLinear of the captured QuantizeLinear output, with its own scale and zero point; returns how many.
+
+    NOTE: onnxruntime's QDQ fusions look at one graph at a time and want the DQ and its scale in the same graph
+    as the consumer: a Conv in an If branch reading the main graph's DQ of `x` stayed a float Conv (issue 14).
+    The int8 tensor crosses the boundary instead of the float one; the outer DQ goes when nothing reads it.
+    """
+    out, q_out = dq.outputs[0], dq.inputs[0]
+    by_graph: Dict[int, tuple] = {}
+    for u in out.uses():
+        ug = u.user if u.is_graph_output else u.user.graph
+        if ug is not dq.graph:
+            by_graph.setdefault(id(ug), (ug, []))[1].append(u)
+    for ug, uses in by_graph.values():
+        scale, zp = _qparams(ug, enc, q_out.name)
+        first = next((u.user for u in uses if not u.is_graph_output), None)
+        local = ug.add_node("DequantizeLinear", [q_out, scale, zp], [f"{out.name}_local"],
+                            {"axis": enc.axis} if enc.per_channel else None, name=f"{out.name}_DequantizeLinear",
+                            before=first if first is not None else None)
+        for u in uses:
+            if u.is_graph_output:
+                ug.set_output(u.index, local.outputs[0])
+            else:
+                ug.set_input(u.user, u.index, local.outputs[0])
+        touched.add(id(ug))
+    if by_graph and not out.uses():
+        dq.graph.remove_node(dq)
+    return len(by_graph)
+
+
 def insert_use_qdq(g, node, slot: int, enc: Encoding):
     """Q→DQ feeding only input `slot` of `node`."""
     v = node.inputs[slot]
@@ -331,21 +362,32 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         params[v.name if v.name not in params else pname] = enc
         v.graph.drop_if_unused([v])
 
-    # 3. activations at producers (one Q/DQ per value, every use reads the DQ)
+    # 3. activations at producers (one Q/DQ per value, every use reads the DQ), in the graph defining the value:
+    # a body value's Q/DQ sits inside its body; a value captured by a body is quantized where it is defined and
+    # the body reads the DQ output, a valid outer-scope name (issue 14)
+    local = {}
+    for sub in g.subgraphs(recursive=True):
+        for v in sub.local_values():
+            local.setdefault(v.name, v)
     for name, spec in list(plan.values.items()):
         if spec.kind != "activation" or spec.keep_float or spec.encoding is None:
             continue
-        v = g.value(name)
+        v = g.value(name) or local.get(name)
         if v is None or not v.uses():
             continue
-        insert_activation_qdq(g, v, spec.encoding)
+        if v.graph is not g:
+            touched.add(id(v.graph))
+        dq = insert_activation_qdq(v.graph, v, spec.encoding)
+        local_dequantizers(dq, spec.encoding, touched)
         acts[name] = spec.encoding
 
     # 4. per-use activation quantizers (Concat input whose producer is not quantizable)
     for (node_name, slot), spec in plan.uses.items():
         if spec.kind == "activation" and not spec.keep_float and spec.encoding is not None:
             node = by_name[node_name]
-            insert_use_qdq(g, node, slot, spec.encoding)
+            if node.graph is not g:
+                touched.add(id(node.graph))
+            insert_use_qdq(node.graph, node, slot, spec.encoding)
             acts[f"{node.inputs[slot].name}"] = spec.encoding
     g.toposort()
     for body in g.subgraphs(recursive=True):

@@ -132,6 +132,7 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
         "quantized_activations": {n: encoding_summary(e) for n, e in activations.items()},
         "quantized_params": {n: encoding_summary(e) for n, e in params.items()},
         "left_float": floats,
+        "bodies": {b.key: b.reason for b in plan.bodies},   # every If/Loop/Scan body (issue 14)
         "widened": {n: f"{s.bits} bits: {s.widened}" for n, s in plan.values.items()
                     if s.widened and not s.keep_float},
         "integer_tensors_never_quantized": integers,

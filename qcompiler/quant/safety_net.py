@@ -20,8 +20,11 @@ samples) is below the floor, the quantized model is measured with quantizers swi
   below the floor, a second pass (MAX_PASSES) starts from it. Cost bound: MAX_TRIALS trials and MAX_SECONDS in
   all, two sessions per pass.
 
-NOTE: only main-graph activation quantizers take part: weights are per channel and their float copies are gone
-after export; If/Loop/Scan bodies stay as they are. Models whose weights exceed `MAX_WEIGHT_BYTES` are skipped
+NOTE: only main-graph activation quantizers take part in the search: weights are per channel and their float
+copies are gone after export. Quantizers inside If/Loop/Scan bodies (issue 14) are not switchable one by one
+(a Where per quantizer would have to bubble its switch into every body); when the search leaves the output below
+the floor, `body_fallback` tries them as one group: all turned float, kept when the output gains MIN_GAIN_DB,
+and the report names each; otherwise the note says they were not searched (the quality gate still applies). Models whose weights exceed `MAX_WEIGHT_BYTES` are skipped
 (the switchable copy is one protobuf), with a note.
 """
 from __future__ import annotations
@@ -110,7 +113,8 @@ def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
             continue
         out = q.outputs[0]
         uses = out.uses()
-        if len(uses) != 1 or uses[0].is_graph_output or uses[0].user.op_type != "DequantizeLinear":
+        if len(uses) != 1 or uses[0].is_graph_output or uses[0].user.op_type != "DequantizeLinear" \
+                or uses[0].user.graph is not g:   # read only through bodies' own DQs (qdq.local_dequantizers)
             continue
         dq = uses[0].user
         if dq.outputs[0].is_output_of_any_graph() and not g.can_take_name(x):
@@ -406,7 +410,74 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
         out.after_db = worst_sqnr(new_errors)
         if out.after_db >= floor or out.trials >= budget - 2 or time.perf_counter() > deadline:
             break
+    if out.after_db < floor:
+        fixed = body_fallback(model, plan, acts, kept, new_errors or errors, out)
+        new_errors = fixed if fixed is not None else new_errors
     return out, new_errors
+
+
+def body_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
+    """Activation Q→DQ pairs inside If/Loop/Scan bodies (what qdq.apply_plan wrote there), keyed like
+    `activation_quantizers`."""
+    found = []
+    for body in model.graph.subgraphs(recursive=True):
+        for q in body.nodes_by_op("QuantizeLinear"):
+            x = q.inputs[0]
+            if x is None or x.tensor is not None or (x.producer is not None and x.producer.op_type == "Constant"):
+                continue
+            uses = q.outputs[0].uses()
+            if len(uses) != 1 or uses[0].is_graph_output or uses[0].user.op_type != "DequantizeLinear":
+                continue
+            dq = uses[0].user
+            if dq.outputs[0].is_output_of_any_graph() and not body.can_take_name(x):
+                continue
+            key = dq.outputs[0].name if dq.outputs[0].name in acts else x.name
+            if key in acts:
+                found.append(_Quantizer(key, q, dq, acts[key]))
+    return found
+
+
+def body_fallback(model, plan, acts: dict, kept: list, errors: dict, out: Outcome) -> Optional[dict]:
+    """Still below the floor after the search: every activation quantizer inside the bodies turned float at once,
+    measured on a copy, applied when the output gains MIN_GAIN_DB. Returns the new errors, or None."""
+    from ..onnx_io import model_to_proto
+    from ..onnx_io.importer import model_from_proto
+    from .report import output_errors
+    quants = body_quantizers(model, acts)
+    if not quants:
+        return None
+    before = worst_sqnr(errors)
+    trial = model_from_proto(model_to_proto(model))
+    _drop_quantizers(body_quantizers(trial, dict(acts)))
+    after = worst_sqnr(output_errors(trial, kept))
+    del trial
+    if not after - before >= MIN_GAIN_DB:
+        note = (f"{len(quants)} activation quantizers inside If/Loop/Scan bodies not searched one by one; all of "
+                f"them float gave {after:.1f} dB (from {before:.1f} dB): kept")
+        out.note = f"{out.note}; {note}" if out.note else note
+        return None
+    _drop_quantizers(quants)
+    reason = (f"left float by the safety net: output SQNR {before:.1f} dB -> {after:.1f} dB with every activation "
+              f"quantizer inside If/Loop/Scan bodies float ({len(quants)}; they are not searched one by one)")
+    for z in quants:
+        acts.pop(z.key, None)
+        spec = plan.values.get(z.key)
+        if spec is not None:
+            spec.encoding = None
+            spec.float_(reason)
+            spec.reason = reason
+        out.changed.append({"value": z.key, "action": "float", "sqnr_before_db": _r(before),
+                            "sqnr_after_db": _r(after), "reason": reason})
+    from ..ir import verify
+    verify(model.graph)
+    new = output_errors(model, kept)
+    out.after_db = worst_sqnr(new)
+    return new
+
+
+def _drop_quantizers(quants: List[_Quantizer]) -> None:
+    for z in quants:
+        z.q.graph.substitute(z.dq.outputs[0], z.q.inputs[0], remove=[z.dq, z.q])
 
 
 def _one_pass(model, kept, quants, floor, wide_bits, no_wide, out: Outcome, trials_left: int, deadline: float):

@@ -19,8 +19,8 @@ def test_bodies_are_records_not_pseudo_values():
     assert not any(k.startswith("<") for k in plan.values)
     assert sorted((b.op_type, b.owner, b.index) for b in plan.bodies) == [("If", "branch", 0), ("If", "branch", 1)]
     assert all(isinstance(b, Body) and b.weights >= 1 for b in plan.bodies)
-    for b in plan.bodies:   # the report still lists each body under its key
-        assert res.report["left_float"][b.key] == b.reason
+    for b in plan.bodies:   # the report lists each body under its key
+        assert res.report["bodies"][b.key] == b.reason
 
 
 def test_concat_input_from_float_producer_is_tied_by_field():

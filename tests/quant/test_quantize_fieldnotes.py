@@ -312,6 +312,6 @@ def test_if_bodies_are_reported_float_and_outer_graph_is_quantized():
                        [helper.make_tensor("zero", T.FLOAT, [], [0.0])])
     res = quantize(proto, samples([2, 3]))
     check_runs_and_sqnr(proto, res, samples([2, 3], 3))
-    bodies = [k for k, v in res.report["left_float"].items() if "subgraph body of If" in v]
+    bodies = [k for k, v in res.report["bodies"].items() if "subgraph body of If" in v]
     assert len(bodies) == 2
     assert "a" in res.encodings["activations"] and "c" not in res.encodings["activations"]

@@ -16,8 +16,8 @@ Rules (issue 3 "placement", field notes §2, §3, §6):
   per-use specs with the op's per-channel axis, so a weight shared by two Gemms with different transB gets two
   copies and one with the same axis gets one DQ. Bias slots become int32 (scale s_in * s_w) in qdq.py.
 - Weights inside If/Loop/Scan bodies (recursively, captured outer weights included) get the same per-use
-  specs (field notes §1); the bodies' activations stay float (calibration does not see inside bodies), and the
-  report says so once per body.
+  specs (field notes §1); the bodies' activations follow the main graph's rules where calibration observed
+  them (bodies.py: ties across each body boundary), and the report lists each body once.
 - Data-movement outputs tie to input 0; Concat inputs tie to its output. Ties never cross a producer that is
   not quantizable (that input gets a per-use quantizer at the Concat instead) and never touch integer tensors.
 """
@@ -30,6 +30,7 @@ import numpy as np
 from ..plan import QuantPlan
 from ..profiles import Profile
 from .activations import CELL_STATE, drop_needless_quantizers, place_activations
+from .bodies import observed_body_names, place_bodies, tie_bodies
 from .bodies import record_bodies
 from .float_regions import drop_float_region_quantizers
 from .kernels import full_range_for_float_kernels, integer_kernel
@@ -42,8 +43,8 @@ from .ties import check_tie_spread, tie_values
 from .weights import block_axis, place_weights
 from .widening import widen_or_float
 
-__all__ = ["build_plan", "observed_names", "PlacementOptions", "block_axis", "nodes_by_name", "weight_nodes",
-           "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
+__all__ = ["build_plan", "observed_names", "observed_body_names", "PlacementOptions", "block_axis", "nodes_by_name",
+           "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
 
 
 def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
@@ -62,7 +63,8 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)
     place_activations(plan, g, profile, opts)
     drop_needless_quantizers(plan, g, profile)
-    record_bodies(plan, g)
+    place_bodies(plan, g, profile, opts)            # the same rules inside If/Loop/Scan bodies (issue 14)
+    tie_bodies(plan, g, profile, stats)             # inside bodies and across their boundaries
     widen_or_float(plan, stats, profile)
     tie_values(plan, g, profile)
     check_tie_spread(plan, stats, g)
@@ -70,4 +72,5 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
         from ..fusions import load_fusions
         drop_float_region_quantizers(plan, g, load_fusions(profile.fusions), everywhere=opts.optimize == "latency")
     full_range_for_float_kernels(plan, g)
+    record_bodies(plan, g)
     return plan

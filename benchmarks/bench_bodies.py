@@ -1,0 +1,118 @@
+"""Quantization inside If/Loop/Scan bodies (issue 14): the test models and the corpus char_rnn, in one run.
+
+usage: python benchmarks/bench_bodies.py [--corpus DIR] [--target ort_cpu] [--runs 200]
+
+Per model: QuantizeLinear nodes inside bodies (and in all), the worst output SQNR against float over every
+branch's evaluation inputs (char_rnn: its first 64 eval windows), onnxruntime CPU latency of the float and the
+quantized model (default session options, one sample per run, median over `--runs` runs cycling through the
+evaluation inputs) and the ratio. char_rnn has no bodies (its LSTM/GRU are ops of the main graph): it shows that
+main-graph models are unchanged and how recurrent weights are stored on the target.
+"""
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+DEFAULT_CORPUS = os.environ.get("QC_CORPUS", next(
+    (p for p in (os.path.join(HERE, *[".."] * k, "shared", "corpus") for k in (2, 3)) if os.path.isdir(p)),
+    os.path.join(HERE, "..", "..", "shared", "corpus")))   # /work/main or a worktree /work/wt/NAME
+
+
+def session(proto):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def quantizers(proto):
+    """(QuantizeLinear nodes inside bodies, in all)."""
+    def walk(g, inside):
+        n_in = n_all = 0
+        for n in g.node:
+            if n.op_type == "QuantizeLinear":
+                n_all += 1
+                n_in += inside
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    i, t = walk(a.g, 1)
+                    n_in, n_all = n_in + i, n_all + t
+        return n_in, n_all
+    return walk(proto.graph, 0)
+
+
+def sqnr_db(ref, got):
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    noise = np.sum((ref - got) ** 2)
+    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
+
+
+def worst_sqnr(fs, qs, evals):
+    worst = float("inf")
+    for ev in evals:
+        ref = [fs.run(None, f) for f in ev]
+        got = [qs.run(None, f) for f in ev]
+        for k in range(len(ref[0])):
+            worst = min(worst, sqnr_db(np.stack([r[k] for r in ref]), np.stack([g[k] for g in got])))
+    return worst
+
+
+def latency_ms(sess, feeds, runs):
+    for f in feeds[:3]:
+        sess.run(None, f)
+    times = []
+    for i in range(runs):
+        f = feeds[i % len(feeds)]
+        t0 = time.perf_counter()
+        sess.run(None, f)
+        times.append(time.perf_counter() - t0)
+    return 1e3 * float(np.median(times))
+
+
+def bench(name, proto, calib, evals, target, runs):
+    from qcompiler import model_to_proto
+    from qcompiler.quant.api import quantize
+    t0 = time.perf_counter()
+    res = quantize(proto, calib, target=target)
+    secs = time.perf_counter() - t0
+    q = model_to_proto(res.model)
+    fs, qs = session(proto), session(q)
+    inside, total = quantizers(q)
+    feeds = [f for ev in evals for f in ev]
+    lf, lq = latency_ms(fs, feeds, runs), latency_ms(qs, feeds, runs)
+    pre = res.report.get("prefolded_params", {})
+    print(f"{name:16s} {inside:6d} {total:6d} {worst_sqnr(fs, qs, evals):8.1f} {lf:9.3f} {lq:9.3f} {lq / lf:6.2f} "
+          f"{secs:6.2f}  {len(res.report['quantized_params'])} weights, {len(pre)} float on grid")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--corpus", default=DEFAULT_CORPUS)
+    ap.add_argument("--target", default="ort_cpu")
+    ap.add_argument("--runs", type=int, default=200)
+    a = ap.parse_args()
+    from tests.quant.body_models import MODELS
+    print(f"target {a.target}; latency: onnxruntime CPU, default session options, median of {a.runs} runs")
+    print(f"{'model':16s} {'Q body':>6s} {'Q all':>6s} {'SQNR dB':>8s} {'float ms':>9s} {'quant ms':>9s} "
+          f"{'ratio':>6s} {'q sec':>6s}  weights")
+    for name, build in MODELS.items():
+        proto, calib, evals = build()
+        bench(name, proto, calib, evals, a.target, a.runs)
+    folder = os.path.join(a.corpus, "char_rnn")
+    if os.path.isfile(os.path.join(folder, "model.onnx")):
+        proto = onnx.load(os.path.join(folder, "model.onnx"))
+        c, e = np.load(os.path.join(folder, "calib.npz")), np.load(os.path.join(folder, "eval.npz"))
+        calib = [{"chars": c["chars"][i]} for i in range(c["chars"].shape[0])]
+        evals = [[{"chars": e["chars"][i]} for i in range(64)]]
+        bench("char_rnn", proto, calib, evals, a.target, a.runs)
+    else:
+        print(f"char_rnn: not found under {a.corpus}")
+
+
+if __name__ == "__main__":
+    main()
