@@ -21,7 +21,7 @@ import numpy as np
 
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
-from .supergroups import _replace_match
+from .supergroups import replace_match
 
 HARDSWISH_OPSET = 14
 RTOL = 1e-6
@@ -91,6 +91,6 @@ class FuseHardSwish(Pass):
             if why:
                 kept[m.root.name] = why
                 continue
-            _replace_match(m.root.graph, m, "HardSwish", [m.get("x")], {}, name=m.root.name + "_hardswish")
+            replace_match(m.root.graph, m, "HardSwish", [m.get("x")], {}, name=m.root.name + "_hardswish")
             fused += 1
         return PassResult(fused > 0, {"fused": fused, "kept": len(kept), "kept_reasons": kept})

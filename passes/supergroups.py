@@ -87,7 +87,7 @@ class AnnotateSupergroups(Pass):
         return PassResult(False, {k: v for k, v in counts.items() if v})
 
 
-def _replace_match(g, match, op_type, inputs, attrs, name):
+def replace_match(g, match, op_type, inputs, attrs, name):
     """Replace a match with one node computing its (single) output; keeps the output's name."""
     out = match.outputs[0]
     anchor = match.root
@@ -136,7 +136,7 @@ class FuseLayerNorm(Pass):
                 reasons[m.root.name] = why
                 continue
             eps = float(np.ravel(m.const("epsilon"))[0])
-            _replace_match(g, m, "LayerNormalization", [x, gamma, beta], {"axis": -1, "epsilon": eps},
+            replace_match(g, m, "LayerNormalization", [x, gamma, beta], {"axis": -1, "epsilon": eps},
                            name=m.root.name + "_layernorm")
             fused += 1
         return PassResult(fused > 0, {"fused": fused, "kept": kept, "kept_reasons": reasons})
@@ -158,7 +158,7 @@ class FuseGelu(Pass):
         fused = 0
         for m in matches:
             approx = "tanh" if m.pattern == "gelu_tanh" else "none"
-            _replace_match(m.root.graph, m, "Gelu", [m.inputs[0]], {"approximate": approx},
+            replace_match(m.root.graph, m, "Gelu", [m.inputs[0]], {"approximate": approx},
                            name=m.root.name + "_gelu")
             fused += 1
         return PassResult(fused > 0, {"fused": fused})
