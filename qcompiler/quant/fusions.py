@@ -1,6 +1,6 @@
 """A runtime's QDQ fusions as data: which DQ -> op -> Q units become integer kernels, and their type limits.
 
-`load_fusions("ort_cpu")` reads `fusions/ort_cpu.yaml` (onnxruntime CPU, from its qdq_selector_action_transformer.cc
+`load_fusions("ort_cpu")` reads `fusion_tables/ort_cpu.yaml` (onnxruntime CPU, from its qdq_selector_action_transformer.cc
 and qdq_selectors.cc; the file's header gives the field meanings) into a `FusionTable` of typed `Fusion` records;
 a path to a .yaml file loads another backend's table the same way (opened through input_files, parsed by the
 bounded YAML loader, every bad field one ConfigError line). `FusionTable.for_op(op)` lists the records for an op
@@ -19,7 +19,7 @@ from typing import Optional
 from ..errors import ConfigError
 from .untrusted import short
 
-FUSIONS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fusions")
+FUSIONS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fusion_tables")
 
 ACTIONS = ("replace", "drop_qdq", "drop_dq", "weight_only")
 DQ_INPUTS = ("all", "first", "weight", "values")

@@ -6,7 +6,7 @@ removed afterwards (never beside the user's files; its initializers go to an ext
 back), maps each optimized node to the node of the input model it came from, and returns a `KernelReport`:
 one `NodeKernel` per node of the input model other than QuantizeLinear/DequantizeLinear, saying which op runs
 it (`kernel`), whether that is integer arithmetic (`integer`) and, for a float one, why (`reason`), from the
-fusion table (qcompiler/quant/fusions/ort_cpu.yaml) checked against the node's DQ inputs and Q outputs.
+fusion table (qcompiler/quant/fusion_tables/ort_cpu.yaml) checked against the node's DQ inputs and Q outputs.
 
 Mapping optimized nodes back (onnxruntime keeps no provenance; this is a heuristic, measured on onnxruntime
 1.32 with the corpus models and tests/quant/test_latency_tools.py):

@@ -98,7 +98,7 @@ PROFILES: dict = {
         "float_kernel_ops": ["LSTM", "GRU", "RNN"],
         # placement/storage.py: ORT's WeightBiasQuantization
         "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],
-        # which QDQ units onnxruntime's CPU EP turns into integer kernels (quant/fusions/ort_cpu.yaml): placement
+        # which QDQ units onnxruntime's CPU EP turns into integer kernels (quant/fusion_tables/ort_cpu.yaml): placement
         # keeps a quantizer only next to one of them (placement/float_regions.py)
         "fusions": "ort_cpu",
     },
