@@ -1,7 +1,8 @@
 """Built-in passes. Importing this package registers them; third-party passes use the `qcompiler.passes`
 entry-point group. Each module holds one pass (or one family) and a docstring that says why."""
-from . import (canonicalize, constant_weights, fold_batchnorm, fold_constants, fold_conv_bias_add,  # noqa: F401
-               fuse_hardswish, scale_folding, shape_inference, shape_simplify, supergroups)  # registration side effects
+# registration side effects
+from . import (canonicalize, constant_weights, cross_layer_equalization, fold_batchnorm, fold_constants,  # noqa: F401
+               fold_conv_bias_add, fuse_hardswish, scale_folding, shape_inference, shape_simplify, supergroups)
 
-__all__ = ["canonicalize", "constant_weights", "fold_batchnorm", "fold_constants", "fold_conv_bias_add",
-           "fuse_hardswish", "scale_folding", "shape_inference", "shape_simplify", "supergroups"]
+__all__ = ["canonicalize", "constant_weights", "cross_layer_equalization", "fold_batchnorm", "fold_constants",
+           "fold_conv_bias_add", "fuse_hardswish", "scale_folding", "shape_inference", "shape_simplify", "supergroups"]
