@@ -4,16 +4,17 @@
     convert-opset        the output opset, chosen before the pipeline (quant/opset.py)
     fuse-hardswish       decomposed HardSwish becomes one op at opset >= 14 (after convert-opset; issue 13)
     calibrate            one streaming pass over the calibration data
-    place                the plan: what each value and weight use becomes (quant/placement.py)
+    place                the plan: what each value and weight use becomes (quant/placement/)
     assign-encodings     scales and zero points from the statistics (and per-block weight grids)
     insert-qdq           the plan written into the model as Q/DQ (quant/qdq.py)
     float16-islands      nodes a config marks `precision: float16` run in fp16 between Casts
     measure-sqnr         per-output SQNR against float on the kept calibration samples
     safety-net           below the SQNR floor: keep float or widen the quantizers that break an output
 
-`--recipe a,b` adds optional passes, each right after the pass named by its `after` (bias-correction after
-assign-encodings; load-encodings after place; fold-conv-bias-add after convert-opset); `--pipeline` replaces
-the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
+`--recipe a,b` adds optional passes, each right after the pass named by its `after` (load-encodings after place;
+bias-correction after assign-encodings; measure-latency after safety-net; fold-conv-bias-add after convert-opset;
+cle after fuse-hardswish); `--pipeline` replaces the whole list for experts. Third-party passes join through the
+`qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
 """
 from __future__ import annotations
 
