@@ -30,6 +30,7 @@ from ..scale_folding import is_protected, write_constant_input
 
 SMOOTHQUANT_ALPHA = 0.5
 S_MIN, S_MAX = 1e-5, 1e5
+SHAPE_ONLY = ("Shape", "Size")   # readers that see only X's shape, which the scale does not change
 _FLOATS = (np.float16, np.float32, np.float64)
 
 
@@ -163,14 +164,16 @@ def _groups(ctx):
             if x.is_output_of_any_graph():
                 why = f"'{_short(x.name)}' is a graph output"
             for use in x.uses():
-                if why:
-                    break
                 r = use.user
-                if use.is_graph_output or r is None:
+                if use.is_graph_output or r is None or (_std(r) and r.op_type in SHAPE_ONLY):
                     continue
-                got, why = _reader_weight(r, x)
+                got, reason = _reader_weight(r, x)
                 if got:
                     readers.append((r, got[0], got[1]))
+                why = why or reason
+            skip_names = [r.name for r, _, _ in readers] + [u.user.name for u in x.uses() if u.user is not None
+                                                            and _std(u.user) and u.user.op_type in ("MatMul", "Gemm")
+                                                            and u.user.name not in {r.name for r, _, _ in readers}]
             if not why:
                 own = {id(r) for r, _, _ in readers}
                 for r, w, _ in readers:
@@ -189,8 +192,8 @@ def _groups(ctx):
             if not why:
                 slots, why = _absorber(x, k, tails)
             if why:
-                for r, _, _ in readers or [(n, None, None)]:
-                    skipped[r.name] = why
+                for name in skip_names or [n.name]:
+                    skipped[name] = why
                 continue
             groups.append((x, readers, slots))
     return groups, skipped
