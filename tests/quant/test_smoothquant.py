@@ -174,3 +174,21 @@ def test_cli_recipe_runs_after_fuse_hardswish(tmp_path):
     ev = {"x": rng.normal(size=(2, T, K)).astype(F)}
     import onnx
     assert len(run(onnx.load(str(tmp_path / "q.onnx")), ev)) == 3
+
+
+def test_gemm_trans_b_smoothed_outputs_unchanged():
+    rng = np.random.default_rng(6)
+    g = np.ones(K, F)
+    g[[1, 5]] = 50.0
+    wt = (rng.normal(size=(N, K)) / np.sqrt(K)).astype(F)   # transB: [N, K]
+    inits = [numpy_helper.from_array(g, "gamma"), numpy_helper.from_array(np.zeros(K, F), "beta"),
+             numpy_helper.from_array(wt, "wt"), numpy_helper.from_array(rng.normal(size=N).astype(F), "c")]
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma", "beta"], ["h"], name="ln", axis=-1),
+             helper.make_node("Gemm", ["h", "wt", "c"], ["y"], name="gemm", transB=1)]
+    p = make_model(nodes, [tinfo("x", [4, K])], [tinfo("y", [4, N])], inits, opset=17)
+    calib = [{"x": rng.normal(size=(4, K)).astype(F)} for _ in range(8)]
+    r = quantize(p, calib, pipeline=UP_TO_SMOOTHQUANT)
+    assert _sq_stats(r)["smoothed"] == 1
+    w1 = {n.name: n for n in r.model.graph}["gemm"].inputs[1].const_value()
+    assert w1.shape == (N, K) and np.abs(w1[:, 1]).max() > 2 * np.abs(wt[:, 1]).max()   # column k of B^T grew
+    _close(run(r.model, calib[0]), run(p, calib[0]))
