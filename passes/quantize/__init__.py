@@ -2,7 +2,7 @@
 (qcompiler/quant/context.py). The default order is `qcompiler.quant.pipeline.DEFAULT_PIPELINE`; the algorithms
 they call live in qcompiler/quant/ (calibrate.py, placement.py, qdq.py, ...), one module per job."""
 from . import (bias_correction, calibrate, convert_opset, encodings, float16_islands, insert_qdq, measure_latency, measure_sqnr,  # noqa: F401
-               place, safety_net)  # registration side effects
+               place, safety_net, smoothquant)  # registration side effects
 
 __all__ = ["bias_correction", "calibrate", "convert_opset", "encodings", "float16_islands", "insert_qdq", "measure_latency", "measure_sqnr", "place",
-           "safety_net"]
+           "safety_net", "smoothquant"]
