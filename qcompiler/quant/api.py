@@ -106,7 +106,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     opset; `optimize`: accuracy keeps every quantizer; balanced (default) leaves float the 16-bit quantizers no
     integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
     every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
-    may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency` pass (report['latency'] and report['kernels']);
+    may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency`
+    pass (report['latency'] and report['kernels']);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
