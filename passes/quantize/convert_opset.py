@@ -6,8 +6,8 @@ from __future__ import annotations
 from qcompiler.errors import QCompilerError
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.context import QuantPass
-from qcompiler.quant.memory import release
-from qcompiler.quant.opset import convert_in_place, opset_note, weight_bytes
+from qcompiler.quant.memory import release, weight_bytes
+from qcompiler.quant.opset import convert_in_place, opset_note
 
 COLLECT_OVER_BYTES = 16 << 20   # below this, a full gc (~15 ms) costs more than the replaced graph holds
 

@@ -16,7 +16,8 @@ from typing import Iterable, Optional
 from ..errors import ArgumentError
 from ..onnx_io import load_model, model_from_proto, model_to_proto
 from .context import QuantContext, QuantSettings
-from .pipeline import DEFAULT_PIPELINE, pipeline_for, run_quantization
+from ..passmanager.instrumentation import Timing
+from .pipeline import DEFAULT_PIPELINE, pipeline_for, quantization_manager, run_quantization
 from .placement import PlacementOptions
 from .profiles import get_profile
 from .report import build_report
@@ -128,12 +129,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         from ..arguments import got
         raise ArgumentError(f"optimize must be one of {', '.join(OPTIMIZE)}, got {got(optimize)}")
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
-    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
-                         measure_latency=measure_latency)
-    from ..passmanager.registry import parse_pipeline
-    from ..passmanager.facts import check_contracts
-    from .pipeline import START_FACTS
-    check_contracts(parse_pipeline(names), START_FACTS)
+    pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
+                                           load_encodings=load_encodings, measure_latency=measure_latency),
+                              instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
     sel = _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric)
@@ -143,7 +141,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         for a in (model_or_path, calib, target, config, load_encodings))
     from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
-        return _quantize(model_or_path, calib, names, instrumentations,
+        return _quantize(model_or_path, calib, pm,
                          QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
                                        act_bits=act_bits, config=config, load_encodings=load_encodings,
                                        progress=progress, limit=limit, weight_block=weight_block,
@@ -262,37 +260,20 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     return ctx
 
 
-class _PassSeconds:
-    """Wall time of each pass, for the report's `seconds` (an instrumentation like passmanager's Timing)."""
-
-    def __init__(self):
-        self.seconds: dict = {}
-        self._t0 = 0.0
-
-    def before_pipeline(self, passes, model): ...
-
-    def before_pass(self, p, model):
-        self._t0 = time.perf_counter()
-
-    def after_pass(self, p, model, result):
-        self.seconds[p.name] = self.seconds.get(p.name, 0.0) + time.perf_counter() - self._t0
-
-    def after_pass_failed(self, p, model, error): ...
-
-    def after_pipeline(self, model, results): ...
-
-
-def _quantize(model_or_path, calib, names, instrumentations, s: QuantSettings) -> QuantizeResult:
+def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
     t_start = time.perf_counter()
     ctx = _context(model_or_path, calib, s)
-    seconds = _PassSeconds()
-    seconds.seconds["load"] = time.perf_counter() - t_start
-    # NOTE: last in the list: its before_pass runs after, and its after_pass before, every other hook (hooks
-    # unwind like a stack), so a verifier's onnxruntime runs are not counted in the report's seconds
-    results = run_quantization(ctx, names, list(instrumentations) + [seconds])
-    seconds.seconds["total"] = time.perf_counter() - t_start
+    seconds = {"load": time.perf_counter() - t_start}
+    # NOTE: added last: its before_pass runs after, and its after_pass before, every other hook (hooks unwind
+    # like a stack), so a verifier's onnxruntime runs are not counted in the report's seconds
+    timing = Timing()
+    pm.add_instrumentation(timing)
+    results = run_quantization(ctx, pm)
+    for name, t in timing.rows:
+        seconds[name] = seconds.get(name, 0.0) + t
+    seconds["total"] = time.perf_counter() - t_start
     return QuantizeResult(model=ctx.model, encodings={"activations": ctx.activations, "params": ctx.params},
-                          report=_report(ctx, seconds.seconds, [p.name for p, _ in results]),
+                          report=_report(ctx, seconds, [p.name for p, _ in results]),
                           stats=_stats(ctx), plan=ctx.plan, passes=results)
 
 

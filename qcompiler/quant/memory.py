@@ -27,6 +27,11 @@ def _malloc_trim():
         _libc.malloc_trim(0)
 
 
+def weight_bytes(model) -> int:
+    """Bytes of the main graph's initializers (from their headers: nothing is decoded)."""
+    return sum(v.tensor.nbytes for v in model.graph.initializers.values())
+
+
 def release(collect: bool = False) -> None:
     """Return freed heap to the OS (glibc malloc_trim; nothing elsewhere); `collect`: run a full gc first."""
     if collect:

@@ -8,8 +8,6 @@ settings' grids cannot live in is one ArgumentError line.
 """
 from __future__ import annotations
 
-from typing import Optional
-
 from ..errors import ArgumentError, QCompilerError
 from ..onnx_io import model_from_proto, model_to_proto
 
@@ -83,9 +81,5 @@ def convert_in_place(model, opset: int) -> bool:
     return True
 
 
-def weight_bytes(model) -> int:
-    return sum(v.tensor.nbytes for v in model.graph.initializers.values())
-
-
-def opset_note(before: int, after: int, fallback: Optional[str] = None) -> str:
-    return f"opset converted from {before} to {after}" + (f" ({fallback})" if fallback else "")
+def opset_note(before: int, after: int) -> str:
+    return f"opset converted from {before} to {after}"

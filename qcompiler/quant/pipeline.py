@@ -60,11 +60,15 @@ def build_pipeline(recipe=None, pipeline=None) -> list:
     return names
 
 
-def run_quantization(ctx, names: Sequence, instrumentations: Iterable = ()) -> list:
-    """Run the pass names on the context's model; returns [(pass, PassResult)]. The contracts are checked
-    before the first pass (passmanager.facts)."""
+def quantization_manager(names: Sequence, instrumentations: Iterable = ()):
+    """The PassManager of a quantization pipeline: unknown names and broken contracts (passmanager.facts) raise
+    here, before any model is read."""
     from ..passmanager import PassManager
-    pm = PassManager(list(names), instrumentations, start=START_FACTS)
+    return PassManager(list(names), instrumentations, start=START_FACTS)
+
+
+def run_quantization(ctx, pm) -> list:
+    """Run `pm`'s passes on the context's model; returns [(pass, PassResult)]."""
     ctx.passes = pm.passes
     return pm.run(ctx.model, ctx)
 

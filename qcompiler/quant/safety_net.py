@@ -373,8 +373,8 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     if not (out.before_db < floor) or not kept:
         return out, None
     out.triggered = True
-    weight_bytes = sum(v.tensor.nbytes for v in model.graph.initializers.values())
-    if weight_bytes > MAX_WEIGHT_BYTES:
+    from .memory import weight_bytes
+    if weight_bytes(model) > MAX_WEIGHT_BYTES:
         out.note = f"skipped: weights over {MAX_WEIGHT_BYTES >> 20} MB"
         return out, None
     wide_bits = profile.wide_activation_bits
@@ -460,12 +460,7 @@ def body_fallback(model, plan, acts: dict, kept: list, errors: dict, out: Outcom
     reason = (f"left float by the safety net: output SQNR {before:.1f} dB -> {after:.1f} dB with every activation "
               f"quantizer inside If/Loop/Scan bodies float ({len(quants)}; they are not searched one by one)")
     for z in quants:
-        acts.pop(z.key, None)
-        spec = plan.values.get(z.key)
-        if spec is not None:
-            spec.encoding = None
-            spec.float_(reason)
-            spec.reason = reason
+        _left_float(plan, acts, z.key, reason)
         out.changed.append({"value": z.key, "action": "float", "sqnr_before_db": _r(before),
                             "sqnr_after_db": _r(after), "reason": reason})
     from ..ir import verify
@@ -528,18 +523,24 @@ def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
         else:
             reason = f"left float by the safety net: output SQNR {before:.1f} dB -> {shown} with {it} float"
             g.substitute(z.dq.outputs[0], z.q.inputs[0], remove=[z.dq, z.q])
-            acts.pop(z.key, None)
-            spec = plan.values.get(z.key)
-            if spec is not None:
-                spec.encoding = None
-                spec.float_(reason)
-                spec.reason = reason
+            _left_float(plan, acts, z.key, reason)
         out.changed.append({"value": z.key, "action": "widened" if choice == "wide" else "float",
                             "sqnr_before_db": _r(before), "sqnr_after_db": _r(after), "reason": reason})
 
 
 def _r(v: float):
     return round(v, 2) if np.isfinite(v) else (None if math.isnan(v) else v)
+
+
+def _left_float(plan, acts: dict, key: str, reason: str) -> None:
+    """Record that the safety net took value `key`'s quantizer out: no encoding, float, with `reason` (it
+    replaces whatever reason placement gave)."""
+    acts.pop(key, None)
+    spec = plan.values.get(key)
+    if spec is not None:
+        spec.encoding = None
+        spec.float_(reason)
+        spec.reason = reason
 
 
 def report_fields(report: dict, outcome: Outcome, floor: float, seconds: float) -> None:
