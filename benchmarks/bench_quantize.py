@@ -19,6 +19,8 @@ import time
 import numpy as np
 import onnxruntime as ort
 
+from qcompiler.sqnr import db_from_powers, powers
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_CORPUS = os.environ.get("QC_CORPUS", os.path.join(HERE, "..", "..", "shared", "corpus"))
 
@@ -56,12 +58,12 @@ def sqnr(ref, got):
     num = den = 0.0
     for r, g in zip(ref, got):
         for a, b in zip(r, g):
-            a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-            if a.dtype.kind != "f":
+            if np.asarray(a).dtype.kind != "f":
                 continue
-            num += float(np.sum(a ** 2))
-            den += float(np.sum((a - b) ** 2))
-    return float("inf") if den == 0 else 10 * np.log10(num / den)
+            signal, noise = powers(a, b)
+            num += signal
+            den += noise
+    return db_from_powers(num, den)
 
 
 def latencies_ms(paths: dict, feeds, n=30, rounds=10) -> dict:

@@ -16,6 +16,7 @@ from ..ir.invariants import problems
 from ..ir.printer import format_graph
 from ..onnx_io import model_to_proto
 from ..onnx_io.tensor_check import short
+from ..sqnr import sqnr_db
 from .manager import Instrumentation
 
 
@@ -309,11 +310,7 @@ def sqnr_text(names, reference, got) -> str:
         if a.shape != b.shape:
             parts.append(f"{label} shape {a.shape} -> {b.shape}")
         elif a.dtype.kind in "fc":
-            ref = a.astype(np.float64).ravel()
-            noise = float(np.sum((ref - b.astype(np.float64).ravel()) ** 2))
-            signal = float(np.sum(ref ** 2))
-            db = float("inf") if noise == 0 else (10 * math.log10(signal / noise) if signal > 0 else float("-inf"))
-            parts.append(f"{label} {db:.1f} dB")
+            parts.append(f"{label} {sqnr_db(a, b):.1f} dB")
         else:
             parts.append(f"{label} {'equal' if np.array_equal(a, b) else 'differs'}")
     return ", ".join(parts)

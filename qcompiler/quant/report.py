@@ -6,6 +6,7 @@ from typing import Dict
 
 import numpy as np
 
+from ..sqnr import db_from_powers, powers
 from .encoding import Encoding, per_tensor, scalar
 
 
@@ -45,19 +46,16 @@ class OutputError:
         self.count = 0
 
     def update(self, ref, got) -> None:
-        ref = np.asarray(ref, np.float64).reshape(-1)
-        d = ref - np.asarray(got, np.float64).reshape(-1)
-        # NOTE: einsum, not np.dot: a BLAS dot spins OpenBLAS threads against onnxruntime's (calibrate.py)
-        self.signal += float(np.einsum("i,i->", ref, ref))
-        self.noise += float(np.einsum("i,i->", d, d))
+        signal, noise = powers(ref, got)
+        self.signal += signal
+        self.noise += noise
+        d = np.asarray(ref, np.float64).reshape(-1) - np.asarray(got, np.float64).reshape(-1)
         if d.size:
             self.max_abs = max(self.max_abs, float(np.abs(d).max()))
         self.count += 1
 
     def sqnr_db(self) -> float:
-        if self.noise == 0.0:
-            return float("inf")
-        return float(10 * np.log10(self.signal / self.noise)) if self.signal > 0 else float("-inf")
+        return db_from_powers(self.signal, self.noise)
 
 
 def output_errors(quant_model, kept: list, progress=False) -> Dict[str, OutputError]:
