@@ -61,15 +61,18 @@ def drop_body_float_regions(plan: QuantPlan, g, table, everywhere: bool = False)
         return 0
     k = _Kernels(plan, table)
     idle = [b for b in bodies if not has_integer_kernel(k, plan, b)]   # judged before anything below changes
+    idle_ids = {id(b) for b in idle}
     changed = 0
     for body in idle:
-        changed += float_body(plan, body, f"{body_label(body)}: {NO_KERNEL_BODY}{plan.profile.name}: its Q/DQ "
-                                          f"would cost kernels on every run or iteration and buy nothing "
-                                          f"(--optimize accuracy keeps them)")
-        float_bodies(plan)[body_key(body)] = (f"no op inside runs an integer kernel on {plan.profile.name}: "
-                                       f"activations left float (--optimize accuracy keeps them)")
+        n = float_body(plan, body, f"{body_label(body)}: {NO_KERNEL_BODY}{plan.profile.name}: its Q/DQ "
+                                   f"would cost kernels on every run or iteration and buy nothing "
+                                   f"(--optimize accuracy keeps them)")
+        changed += n
+        if n:   # a body with nothing quantized (never reached by calibration) says so, not this
+            float_bodies(plan)[body_key(body)] = (f"no op inside runs an integer kernel on {plan.profile.name}: "
+                                                  f"activations left float (--optimize accuracy keeps them)")
     for body in bodies:
-        if body not in idle:
+        if id(body) not in idle_ids:
             changed += drop_float_region_quantizers(plan, body, table, everywhere=everywhere)
     changed += agree_across_boundaries(plan, g, k)
     return changed
