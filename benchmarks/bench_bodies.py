@@ -8,7 +8,9 @@ branch's evaluation inputs (char_rnn: its first 64 eval windows), onnxruntime CP
 quantized model (default session options, one intra-op thread, float and quantized runs interleaved by
 quant/latency.time_interleaved, median over `--runs` runs of the first evaluation input of each branch, summed over
 the branches; `--clock cpu` (default) times the CPU time of the running thread, which leaves out the time a loaded
-machine keeps the process waiting) and the ratio. char_rnn has no bodies (its LSTM/GRU are ops of the main graph): it shows that
+machine keeps the process waiting) and the ratio; `kern f/q`: the nodes inside the bodies of onnxruntime's optimized
+float and quantized graphs (what each If run or Loop/Scan iteration launches: with tensors of 8 to 256 values a
+kernel costs about the same whatever it computes, so this count, not the arithmetic, sets a tiny body's latency). char_rnn has no bodies (its LSTM/GRU are ops of the main graph): it shows that
 main-graph models are unchanged and how recurrent weights are stored on the target.
 """
 import argparse
@@ -49,6 +51,22 @@ def quantizers(proto):
     return walk(proto.graph, 0)
 
 
+def body_kernels(proto) -> int:
+    """Nodes inside bodies of onnxruntime's optimized graph (one If branch each, one Loop/Scan iteration): the
+    kernels a run or an iteration launches, which is what a body of tiny tensors costs."""
+    from qcompiler.quant.kernels import optimized_graph
+
+    def walk(g, inside):
+        n = 0
+        for node in g.node:
+            n += inside
+            for a in node.attribute:
+                if a.type == onnx.AttributeProto.GRAPH:
+                    n += walk(a.g, 1)
+        return n
+    return walk(optimized_graph(proto).graph, 0)
+
+
 def sqnr_db(ref, got):
     ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
     noise = np.sum((ref - got) ** 2)
@@ -87,8 +105,9 @@ def bench(name, proto, calib, evals, target, runs, clock="cpu", optimize="balanc
     lf, lq = latency_ms(proto, q, evals, runs, clock)
     pre = res.report.get("prefolded_params", {})
     floated = sum(1 for b in res.plan.bodies if not b.activations)
+    kern = f"{body_kernels(proto)}/{body_kernels(q)}"
     print(f"{name:16s} {inside:6d} {total:6d} {worst_sqnr(fs, qs, evals):8.1f} {lf:9.4f} {lq:9.4f} {lq / lf:6.2f} "
-          f"{secs:6.2f}  {len(res.report['quantized_params'])} weights, {len(pre)} float on grid, "
+          f"{kern:>9s} {secs:6.2f}  {len(res.report['quantized_params'])} weights, {len(pre)} float on grid, "
           f"{floated}/{len(res.plan.bodies)} bodies without activation quantizers")
 
 
@@ -104,7 +123,7 @@ def main():
     print(f"target {a.target}, --optimize {a.optimize}; latency: onnxruntime CPU, default session options, one "
           f"thread, {a.clock} clock, median of {a.runs} interleaved runs per branch (summed over branches)")
     print(f"{'model':16s} {'Q body':>6s} {'Q all':>6s} {'SQNR dB':>8s} {'float ms':>9s} {'quant ms':>9s} "
-          f"{'ratio':>6s} {'q sec':>6s}  weights")
+          f"{'ratio':>6s} {'kern f/q':>9s} {'q sec':>6s}  weights")
     for name, build in MODELS.items():
         proto, calib, evals = build()
         bench(name, proto, calib, evals, a.target, a.runs, a.clock, a.optimize)

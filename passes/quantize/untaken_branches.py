@@ -28,8 +28,15 @@ class MirrorUntakenBranches(QuantPass):
     after = "calibrate"
 
     def calibration_request(self, ctx) -> dict:
-        # None: observe the value, no per-channel means (calibrate collects sums only for an axis)
-        return {name: None for name in mirror_candidates(ctx.model)} if has_bodies(ctx.model) else {}
+        """The twins, each with axis None: observe the value, no per-channel means (calibrate sums only for an
+        axis). A name another pass asks means for is left to it (the requests are merged into one dict)."""
+        if not has_bodies(ctx.model):
+            return {}
+        others: dict = {}
+        for p in ctx.passes:
+            if p is not self and hasattr(p, "calibration_request"):
+                others.update(p.calibration_request(ctx))
+        return {name: None for name in mirror_candidates(ctx.model) if name not in others}
 
     def run(self, ctx) -> PassResult:
         cal = ctx.calibration

@@ -38,6 +38,12 @@ Design, and why:
   others). `value` and `stacked` probes are selected by the code of their innermost If, element by element
   over the iterations, so fillers never reach an observer; `BranchTally` accumulates the codes over the whole
   calibration set and names the branches never taken.
+- **A branch never taken** over the whole calibration set keeps float activations, and the report's notes name it
+  (`BranchTally.untaken_notes`). On request (`--untaken-branches mirror`, the `mirror-untaken-branches` pass)
+  each of its values computed exactly as a value of the other branch (`mirrored_values`: same op, domain,
+  attributes and inputs, pairing outward from the captured names) shares that twin's observer: the same tensor
+  on the same inputs, so the same statistics. Both branches' twins are observed (`mirror_candidates`), since
+  which branch goes idle is known only after calibration; the rest of the idle branch stays float.
 - **Names** come from one NameScope holding every value and node name of the model, so a probe name never
   collides with or shadows an existing one. The input goes through the IR (names model-wide unique, importer
   `_define`), so a body value name is a key as good as a main-graph name.

@@ -113,3 +113,13 @@ def test_cli_flag(tmp_path):
     r = CliRunner().invoke(main, ["quantize", str(m), "--calib", str(c), "-o", str(tmp_path / "x.onnx"),
                                   "--untaken-branches", "copy"])
     assert r.exit_code == 2 and "copy" in r.output
+
+
+def test_mirror_with_bias_correction():
+    """Both optional passes together: the idle branch's Convs are corrected from the captured x's means (observed in
+    the main graph), the mirrored values keep their twins' grids, and onnxruntime runs both branches."""
+    proto, calib, evals = if_shared_prefix()
+    res = quantize(proto, calib, untaken_branches="mirror", bias_correction=True)
+    assert any("bias correction on" in n and "inside If/Loop/Scan bodies" in n for n in res.report["notes"])
+    assert _q_per_branch(model_to_proto(res.model))["branch/else_branch"] >= 2
+    check_sqnr(proto, model_to_proto(res.model), evals)
