@@ -44,3 +44,16 @@ def test_accuracy_keeps_every_body_quantizer():
     res = quantize(proto, calib, optimize="accuracy")
     assert all(b.activations > 0 for b in res.plan.bodies)
     assert not any("integer kernel" in r for r in res.report["left_float"].values())
+
+
+def test_latency_drops_a_captured_quantizer_only_float_kernels_read():
+    """If(LSTM | GRU) under latency: both bodies float, and the captured xs, read only by the float LSTM/GRU
+    kernels, loses its Q/DQ too; if_two_convs keeps x's (the branch Convs are QLinearConv)."""
+    proto, calib, evals = MODELS["if_lstm_gru"]()
+    res = quantize(proto, calib, optimize="latency")
+    assert res.plan.values["xs"].keep_float and "inside the bodies that capture it" in res.plan.values["xs"].reason
+    q = model_to_proto(res.model)
+    assert not [n for n in q.graph.node if n.op_type == "QuantizeLinear"]
+    check_sqnr(proto, q, evals)
+    proto, calib, _ = MODELS["if_two_convs"]()
+    assert not quantize(proto, calib, optimize="latency").plan.values["x"].keep_float

@@ -17,7 +17,11 @@ quantizers are decided; the kernels are judged on the plan before this step, lik
 2. **The main graph's rule inside each body**: a 16-bit quantizer no integer kernel reads or writes goes float
    (`balanced`), every quantizer without an integer-kernel neighbour and the weights of float kernels
    (`latency`), exactly as float_regions.py does for the main graph, with `g` the body.
-3. **One encoding across each boundary, or float on both sides**: the values that are one tensor seen from both
+3. **Captured values judged again**: float_regions keeps a value some body reads ("that body decides"); once the
+   bodies are decided, a candidate (as in 2) whose readers, in its own graph and in the bodies that capture it,
+   include no integer kernel goes float too (If(LSTM | GRU) under `latency`: the captured input's Q/DQ fed
+   two float kernels).
+4. **One encoding across each boundary, or float on both sides**: the values that are one tensor seen from both
    sides of a body (bodies.boundary_groups: a Loop's initial state, the body's state input and output, its
    final value; a Scan's state and each scan input with its slice) are one tie group. After 1 and 2 a group can
    be split: the main graph judged a Loop's initial value by its main-graph readers only (the Loop node, no
@@ -53,7 +57,7 @@ def body_label(body) -> str:
 
 
 def drop_body_float_regions(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
-    """Steps 1-3 of the module docstring on every body under `g`; returns how many specs changed."""
+    """Steps 1-4 of the module docstring on every body under `g`; returns how many specs changed."""
     from .bodies import body_graphs
     from .float_regions import _Kernels, drop_float_region_quantizers
     bodies = body_graphs(g)
@@ -74,8 +78,35 @@ def drop_body_float_regions(plan: QuantPlan, g, table, everywhere: bool = False)
     for body in bodies:
         if id(body) not in idle_ids:
             changed += drop_float_region_quantizers(plan, body, table, everywhere=everywhere)
+    changed += drop_captured(plan, g, k, everywhere)
     changed += agree_across_boundaries(plan, g, k)
     return changed
+
+
+def drop_captured(plan: QuantPlan, g, k, everywhere: bool) -> int:
+    """A value read inside a body (a captured value) was kept by its own graph's rule whatever the body does
+    ("that body decides"): judged again now that the bodies are decided, it goes float when no reader in any
+    graph runs an integer kernel (If(LSTM | GRU) on ort_cpu under latency: the captured input's Q/DQ fed only
+    float kernels). Candidates as in float_regions: every quantizer (`latency`), widened ones (`balanced`)."""
+    from .bodies import body_graphs
+    from .kernels import group_bits_table
+    bits = group_bits_table(plan)
+    n = 0
+    for owner in [g] + body_graphs(g):
+        for v in [x for x in owner.inputs] + [o for m in owner.nodes for o in m.outputs if o is not None]:
+            spec = plan.spec(v.name)
+            if spec is None or spec.kind != "activation" or spec.keep_float:
+                continue
+            if not (everywhere or (spec.widened and bits.get(plan.find(v.name), spec.bits) > 8)):
+                continue
+            if not any(not u.is_graph_output and u.user.graph is not owner and
+                       u.user.op_type not in ("If", "Loop", "Scan") for u in v.uses()):
+                continue
+            if not useful(k, plan, v, nested_decides=False):
+                spec.float_(f"{FLOAT_REGIONS_PREFIX}{plan.profile.name} reads or writes it, inside the bodies that "
+                            f"capture it or out: a Q/DQ pair here would only cost time (--optimize accuracy keeps it)")
+                n += 1
+    return n
 
 
 def body_key(body) -> tuple:
@@ -131,10 +162,11 @@ def _by_float_regions(spec) -> bool:
                                 or spec.reason.startswith(BOUNDARY))
 
 
-def useful(k, plan: QuantPlan, v, seen: Optional[Dict[str, bool]] = None) -> bool:
+def useful(k, plan: QuantPlan, v, seen: Optional[Dict[str, bool]] = None, nested_decides: bool = True) -> bool:
     """Whether `v` has an integer-kernel neighbour in its own graph (float_regions.py's test: the producer is an
     integer kernel needing its output Q, directly or behind a Relu/Clip it absorbs; or a reader is one, directly
-    or behind ops whose Q/DQ the runtime drops); a reader inside a nested body counts (that body decides)."""
+    or behind ops whose Q/DQ the runtime drops); a reader inside a nested body counts (that body decides), or,
+    `nested_decides=False`, is judged like a reader of the same graph."""
     seen = {} if seen is None else seen
     if v.name in seen:
         return seen[v.name]
@@ -155,15 +187,15 @@ def useful(k, plan: QuantPlan, v, seen: Optional[Dict[str, bool]] = None) -> boo
             if u.is_graph_output:
                 continue
             reader = u.user
-            if reader.graph is not g:
-                if reader.op_type not in ("If", "Loop", "Scan"):
-                    ok = True          # read inside a nested body (a captured value): that body decides
-                    break
+            if reader.op_type in ("If", "Loop", "Scan"):
                 continue               # the control-flow node itself runs no integer kernel
+            if reader.graph is not g and nested_decides:
+                ok = True              # read inside a nested body (a captured value): that body decides
+                break
             if k.integer(reader):
                 ok = True
             elif k.rule(reader, "drop_qdq") is not None and u.index == 0 and reader.outputs \
-                    and reader.outputs[0] is not None and useful(k, plan, reader.outputs[0], seen):
+                    and reader.outputs[0] is not None and useful(k, plan, reader.outputs[0], seen, nested_decides):
                 ok = True
             if ok:
                 break
@@ -172,7 +204,7 @@ def useful(k, plan: QuantPlan, v, seen: Optional[Dict[str, bool]] = None) -> boo
 
 
 def agree_across_boundaries(plan: QuantPlan, g, k) -> int:
-    """Step 3 of the module docstring: each boundary group quantized on both sides or float on both."""
+    """Step 4 of the module docstring: each boundary group quantized on both sides or float on both."""
     from .bodies import body_graphs, boundary_groups
     changed = 0
     for owner in [g] + body_graphs(g):
