@@ -138,7 +138,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
     pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
                                            load_encodings=load_encodings, measure_latency=measure_latency,
-                                           mirror_untaken=untaken_branches == "mirror"),
+                                           untaken_branches=untaken_branches == "mirror"),
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)

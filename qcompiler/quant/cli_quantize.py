@@ -99,7 +99,7 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
     names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
-                         measure_latency=measure_latency, mirror_untaken=untaken_branches == "mirror")
+                         measure_latency=measure_latency, untaken_branches=untaken_branches == "mirror")
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     outputs = [("-o", output), ("--encodings", encodings_path),
                ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])

@@ -75,7 +75,7 @@ def run_quantization(ctx, pm) -> list:
 
 SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction",
             "measure_latency": "measure-latency",
-            "mirror_untaken": "mirror-untaken-branches"}   # argument -> its pass
+            "untaken_branches": "mirror-untaken-branches"}   # argument -> its pass
 
 
 def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
