@@ -80,7 +80,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
-             optimize: str = "balanced",
+             optimize: str = "balanced", untaken_branches: str = "float",
              instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
@@ -108,7 +108,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
     every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
     may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency`
-    pass (report['latency'] and report['kernels']);
+    pass (report['latency'] and report['kernels']); `untaken_branches`: an If branch calibration never took keeps
+    float activations ("float", default) or, "mirror", is calibrated from the other branch where the values are
+    the same tensors (passes/quantize/untaken_branches.py; the notes say what each idle branch got);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -128,9 +130,15 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     if optimize not in OPTIMIZE:
         from ..arguments import got
         raise ArgumentError(f"optimize must be one of {', '.join(OPTIMIZE)}, got {got(optimize)}")
+    from .body_probe import UNTAKEN_BRANCHES
+    if untaken_branches not in UNTAKEN_BRANCHES:
+        from ..arguments import got
+        raise ArgumentError(f"untaken_branches must be one of {', '.join(UNTAKEN_BRANCHES)}, "
+                            f"got {got(untaken_branches)}")
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
     pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
-                                           load_encodings=load_encodings, measure_latency=measure_latency),
+                                           load_encodings=load_encodings, measure_latency=measure_latency,
+                                           untaken_branches=untaken_branches == "mirror"),
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)

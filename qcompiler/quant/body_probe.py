@@ -38,6 +38,12 @@ Design, and why:
   others). `value` and `stacked` probes are selected by the code of their innermost If, element by element
   over the iterations, so fillers never reach an observer; `BranchTally` accumulates the codes over the whole
   calibration set and names the branches never taken.
+- **A branch never taken** over the whole calibration set keeps float activations, and the report's notes name it
+  (`BranchTally.untaken_notes`). On request (`--untaken-branches mirror`, the `mirror-untaken-branches` pass)
+  each of its values computed exactly as a value of the other branch (`mirrored_values`: same op, domain,
+  attributes and inputs, pairing outward from the captured names) shares that twin's observer: the same tensor
+  on the same inputs, so the same statistics. Both branches' twins are observed (`mirror_candidates`), since
+  which branch goes idle is known only after calibration; the rest of the idle branch stays float.
 - **Names** come from one NameScope holding every value and node name of the model, so a probe name never
   collides with or shadows an existing one. The input goes through the IR (names model-wide unique, importer
   `_define`), so a body value name is a key as good as a main-graph name.
@@ -231,9 +237,29 @@ class BranchTally:
         return [k for k, t in self.seen.items() if not t]
 
     def report(self) -> List[str]:
-        """One line per branch never taken (values there stay float unless calibrated otherwise)."""
-        return [f"If '{node[:80]}' {attr} ({path[-80:] or 'main graph'}) never taken in {self.runs} calibration "
-                f"runs: its values were not observed" for path, node, attr in self.never_taken()]
+        """One line per branch never taken: its values were not observed, so its activations stay float (the
+        `mirror-untaken-branches` pass replaces these lines with its own)."""
+        return self.untaken_notes("float")
+
+    def untaken_notes(self, mode: str, mirrored: Optional[Mapping[str, str]] = None, model=None) -> List[str]:
+        """One line per branch never taken saying what was done with it: `mode` "float" (its activations stay
+        float) or "mirror" (`mirrored`: idle value -> taken twin whose statistics it was given)."""
+        out = []
+        branches = _branch_values(model) if model is not None else {}
+        for path, node, attr in self.never_taken():
+            where = f"If '{node[:80]}' {attr} ({path[-80:] or 'main graph'})"
+            if mode != "mirror":
+                out.append(f"{where} never taken in {self.runs} calibration runs: its activations stay float "
+                           f"(--untaken-branches mirror calibrates the values it shares with the other branch)")
+                continue
+            own = branches.get((node, attr), [])
+            got = [v for v in own if v in (mirrored or {})]
+            other = "else_branch" if attr == "then_branch" else "then_branch"
+            shown = ", ".join(f"'{v[:40]}'" for v in got[:4]) + (f" and {len(got) - 4} more" if len(got) > 4 else "")
+            out.append(f"{where} never taken in {self.runs} calibration runs: {len(got)} of {len(own)} values "
+                       f"calibrated from {other}'s statistics (the same tensors: {shown or 'none'}); "
+                       f"{len(own) - len(got)} stay float")
+        return out
 
 
 def has_bodies(model) -> bool:
@@ -271,7 +297,9 @@ def calibration_probe(model, first_feed: Mapping[str, np.ndarray], extra_outputs
     pm = build_probe(model, dims=dims, extra_outputs=extra_outputs, **kw)
     if kw.get("stack", True) and any(p.reason == UNSHAPED for p in pm.probes.values()):
         pm = None   # NOTE: each copy holds the weights: one at a time
-        learn = build_probe(model, dims=dims, learn_shapes=True, body_names=kw.get("body_names"))
+        only = kw.get("body_names")
+        learn = build_probe(model, dims=dims, learn_shapes=True,
+                            body_names=None if only is None else set(only) | set(extra_outputs))
         shapes: dict = {}
         if learn.probes:
             names = learn.output_names
@@ -313,6 +341,8 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
     b = _Builder(proto, types, dict(dims or {}), max(0, int(stack_limit)), max(0, int(stack_budget)), stack)
     b.shapes, b.learn = dict(shapes or {}), bool(learn_shapes)
     b.only = None if body_names is None else set(body_names)
+    if b.only is not None:   # body values among `extra_outputs` (a pass's calibration_request) are probed too
+        b.only.update(extra_outputs)
     res = b.result
     res.original_outputs = [o.name for o in proto.graph.output]
     if b.opset < MIN_OPSET:   # nothing probed; extra_outputs still listed below
@@ -326,7 +356,10 @@ def build_probe(model, stack_limit: int = STACK_LIMIT, stack_budget: int = STACK
         else:
             res.branches[it.name] = it.ref
     present = {o.name for o in proto.graph.output} | {i.name for i in proto.graph.input}
+    main = present | {t.name for t in proto.graph.initializer} | {o for n in proto.graph.node for o in n.output}
     for name in extra_outputs:
+        if name not in main:
+            continue   # a body value asked for (bias correction's channel means, twins): probed when `only` lets it
         if name not in present:
             proto.graph.output.append(onnx.ValueInfoProto(name=name))
             present.add(name)
@@ -708,6 +741,57 @@ class BodyCalibration:
 
 
 # --------------------------------------------------------------------------------------------- never taken
+
+UNTAKEN_BRANCHES = ("float", "mirror")   # `--untaken-branches`: what a branch calibration never took gets
+
+
+def _branch_values(model) -> Dict[Tuple[str, str], List[str]]:
+    """(If label, branch attribute) -> the float-typed values defined in that branch (node outputs)."""
+    out: Dict[Tuple[str, str], List[str]] = {}
+    for g in model.graphs():
+        for n in g.nodes_by_op("If"):
+            label = n.name or (n.outputs[0].name if n.outputs and n.outputs[0] is not None else "")
+            for attr in ("then_branch", "else_branch"):
+                b = n.attr(attr)
+                if b is not None:
+                    out[(label, attr)] = [o.name for m in b.nodes if m.op_type != "Constant" for o in m.outputs
+                                          if o is not None and o.dtype in FLOAT_TYPES]
+    return out
+
+
+def mirror_candidates(model) -> List[str]:
+    """Every If-branch value that has a twin in the other branch, on both sides (`_twins` both ways): what
+    calibration must observe so that, whichever branch goes idle, its twins' statistics exist (supergroup
+    interiors included: an idle Conv -> Sigmoid output may borrow from its twin inside a Conv -> Relu pair)."""
+    out: List[str] = []
+    for g in model.graphs():
+        for n in g.nodes_by_op("If"):
+            a, b = n.attr("then_branch"), n.attr("else_branch")
+            if a is None or b is None:
+                continue
+            for x, y in _twins(a, b).items():
+                out.extend((x, y))
+    return list(dict.fromkeys(out))
+
+
+def mirror_untaken(calibration, model) -> Dict[str, str]:
+    """Give each value of a branch calibration never took the observer (and dtype) of its twin in the branch
+    that ran (`mirrored_values`), so placement quantizes it on the twin's grid. Returns {idle: twin} for the
+    values that got one (a twin calibration did not observe gives nothing)."""
+    body = calibration.bodies
+    if body is None:
+        return {}
+    done = {}
+    for idle, twin in mirrored_values(model, body.tally.never_taken()).items():
+        obs = calibration.observers.get(twin)
+        if obs is None or idle in calibration.observers or twin not in calibration.dtypes:
+            continue
+        calibration.observers[idle], calibration.dtypes[idle] = obs, calibration.dtypes[twin]
+        axis = calibration.channel_axes.get(idle)
+        if axis is not None and twin in calibration.channel_sums:
+            calibration.channel_sums[idle] = calibration.channel_sums[twin]
+        done[idle] = twin
+    return done
 
 def mirrored_values(model, never_taken: Iterable[Tuple[str, str, str]]) -> Dict[str, str]:
     """For If branches calibration never took (`BranchTally.never_taken()`): value in the idle branch -> the

@@ -57,6 +57,9 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               show_default=True, help="accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
               "kernel reads or writes it (float is exact and free); latency: no quantizer without an integer-kernel "
               "neighbour and float weights where the kernel is float (faster, may cost a little accuracy)")
+@click.option("--untaken-branches", type=click.Choice(["float", "mirror"]), default="float", show_default=True,
+              help="an If branch the calibration data never takes: float activations, or mirror: calibrated from "
+              "the other branch where the values are the same tensors (the report's notes say which)")
 @click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
               "(default session options, interleaved) and list which nodes run on integer kernels and why not")
 @click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
@@ -80,7 +83,7 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
                  block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize, measure_latency,
-                 opset,
+                 opset, untaken_branches,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
@@ -96,7 +99,7 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
     names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
-                         measure_latency=measure_latency)
+                         measure_latency=measure_latency, untaken_branches=untaken_branches == "mirror")
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     outputs = [("-o", output), ("--encodings", encodings_path),
                ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])

@@ -398,23 +398,23 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
 
 # --------------------------------------------------------------------------- bias correction
 
-def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
+def correct_biases(model, plan: QuantPlan, channel_mean, corrected: Optional[list] = None) -> int:
     """Empirical bias correction (Nagel et al. 2019, DFQ §4.2): b' = b - (W_q - W)·E[x].
 
     Weight rounding shifts each output channel's mean by (W_q - W)·E[x]; subtracting it from the bias
     removes that shift (padding borders aside). Depthwise convolutions with few taps per channel gain most.
     Biases are written copy-on-write; a Conv/Gemm without bias gets one (int32-quantized like the others).
-    Returns how many nodes were corrected.
+    Returns how many nodes were corrected (their names appended to `corrected` when given). Nodes inside
+    If/Loop/Scan bodies too, when `channel_mean` knows their input (passes/quantize/bias_correction.py).
     """
-    g = model.graph
     bias_slot = plan.profile.bias
     done = 0
     for (node_name, slot), spec in list(plan.uses.items()):
         node = plan.nodes.get(node_name)
-        # NOTE: main-graph nodes only: calibration collects channel means of main-graph values
-        if spec.kind != "weight" or spec.keep_float or spec.encoding is None or slot != 1 or node is None \
-                or node.graph is not g:
+        # body nodes too: calibration observes their inputs' channel means through body_probe (issue 14)
+        if spec.kind != "weight" or spec.keep_float or spec.encoding is None or slot != 1 or node is None:
             continue
+        g = node.graph
         if node.op_type not in ("Conv", "Gemm"):
             continue
         mu = channel_mean(node.inputs[0].name) if node.inputs[0] is not None else None
@@ -460,4 +460,6 @@ def correct_biases(model, plan: QuantPlan, channel_mean) -> int:
                 plan.set_use(node_name, bslot, QuantSpec(kind="bias", bits=32, symmetric=True, signed=True,
                                                          source="bias correction"))
         done += 1
+        if corrected is not None:
+            corrected.append(node_name)
     return done

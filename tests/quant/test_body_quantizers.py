@@ -59,8 +59,11 @@ def test_quantizers_inside_bodies_default_target(name):
     onnx.checker.check_model(q)
     found = {p: sum(1 for n in b.node if n.op_type == "QuantizeLinear") for p, b in bodies(q.graph)}
     taken = {p: n for p, n in found.items() if not (name == "if_never_taken" and p.endswith("else_branch"))}
-    # every body calibration reached holds quantizers (the outer If of nested_if holds only the inner If)
-    assert all(n > 0 for p, n in taken.items() if p != "outer/then_branch"), found
+    # every body calibration reached holds quantizers (the outer If of nested_if holds only the inner If), except
+    # a body where no op runs an integer kernel on ort_cpu (LSTM/GRU): --optimize balanced leaves it float
+    idle = {"rnn_branch/then_branch", "rnn_branch/else_branch"} if name == "if_lstm_gru" else set()
+    assert all(n > 0 for p, n in taken.items() if p != "outer/then_branch" and p not in idle), found
+    assert all(found[p] == 0 for p in idle), found
     check_sqnr(proto, q, evals)
     for b in res.plan.bodies:   # listed under left_float too when something inside stays float
         assert res.report["bodies"][b.key] == b.reason
@@ -81,21 +84,48 @@ def test_never_taken_branch_left_float_and_reported():
     check_sqnr(proto, q, evals)
 
 
+def test_body_without_integer_kernel_left_float_by_balanced_and_quantized_by_accuracy():
+    """If(LSTM | GRU) on ort_cpu: no op of either branch runs an integer kernel, so --optimize balanced (the
+    default) leaves their activations float and the report says why per body; --optimize accuracy keeps the
+    quantizers inside. Bodies that do hold an integer kernel (Conv, MatMul) keep theirs under balanced."""
+    proto, calib, evals = MODELS["if_lstm_gru"]()
+    res = quantize(proto, calib)
+    recs = [b for b in res.plan.bodies if b.owner == "rnn_branch"]
+    assert len(recs) == 2 and all(b.activations == 0 for b in recs)
+    for b in recs:
+        why = res.report["bodies"][b.key]
+        assert "no op inside runs an integer kernel on ort_cpu" in why and res.report["left_float"][b.key] == why
+    assert any("If 'rnn_branch' then_branch: no op inside runs an integer kernel" in r
+               for r in res.report["left_float"].values())
+    check_sqnr(proto, model_to_proto(res.model), evals)
+    acc = quantize(proto, calib, optimize="accuracy")
+    q = model_to_proto(acc.model)
+    found = {p: sum(1 for n in b.node if n.op_type == "QuantizeLinear") for p, b in bodies(q.graph)}
+    assert all(n > 0 for n in found.values()), found
+    check_sqnr(proto, q, evals)
+    for name in ("if_two_convs", "loop_lstm_cell", "scan_rnn"):
+        proto, calib, _ = MODELS[name]()
+        assert all(b.activations > 0 for b in quantize(proto, calib).plan.bodies), name
+
+
 def test_loop_carried_state_is_one_group_on_the_wide_grid():
     """h and c of the Loop cell: initial value, body input and body output share one encoding (the final
     output is the Loop's, float). h (a gated Tanh) fits 8 bits; c (the integrating cell state) does not, so
-    ort_cpu gives its group 16 bits (the report says why) and trt, without a wide grid, keeps it float."""
+    ort_cpu gives its group 16 bits (the report says why) and trt, without a wide grid, keeps it float. That is
+    --optimize accuracy; balanced (the default) leaves the 16-bit group float on both sides of the boundary (no
+    16-bit integer kernel reads or writes it, inside the body or out) and keeps h on one int8 grid on both."""
     proto, calib, _ = MODELS["loop_lstm_cell"]()
-    res = quantize(proto, calib)
-    plan = res.plan
+    plan = quantize(proto, calib, optimize="accuracy").plan
     for grp, bits in ((("h0", "h_in", "h_out"), 8), (("c0", "c_in", "c_out"), 16)):
         assert len({plan.find(v) for v in grp}) == 1
-        # the outer initial value may be left float by a later placement step (--optimize balanced: a 16-bit
-        # pair no integer kernel reads); the body's state input and output always share the encoding
-        specs = [plan.values[v] for v in grp if not plan.values[v].keep_float]
-        assert {grp[1], grp[2]} <= {v for v in grp if not plan.values[v].keep_float}
-        assert all(s.encoding is specs[0].encoding and s.bits == bits for s in specs)
+        specs = [plan.values[v] for v in grp]
+        assert all(not s.keep_float and s.encoding is specs[0].encoding and s.bits == bits for s in specs)
     assert all("carried by Loop 'cell_loop'" in plan.values[v].widened for v in ("c0", "c_in", "c_out"))
+    plan = quantize(proto, calib).plan
+    assert all(plan.values[v].keep_float for v in ("c0", "c_in", "c_out"))
+    assert all("no integer kernel on ort_cpu" in plan.values[v].reason for v in ("c0", "c_in", "c_out"))
+    specs = [plan.values[v] for v in ("h0", "h_in", "h_out")]
+    assert all(not s.keep_float and s.encoding is specs[0].encoding and s.bits == 8 for s in specs)
     trt = quantize(proto, calib, target="trt").plan
     assert trt.values["c_in"].keep_float and "no wide grid" in trt.values["c_in"].reason
 

@@ -20,6 +20,7 @@ rules, the ties across each body boundary, and one record per body for the repor
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -235,9 +236,24 @@ def _float_body_values(plan: QuantPlan, body) -> int:
     return sum(1 for v in vals if v.name not in plan.dtypes and v.dtype in floats)
 
 
+@dataclass
+class FloatBody(Body):
+    """A body record whose activations --optimize left float on purpose (body_float_regions.py), with why."""
+
+    why_float: str = ""
+
+    @property
+    def reason(self) -> str:
+        base = super().reason
+        if self.activations or not self.why_float:
+            return base
+        return base.split(": activations float")[0] + ": " + self.why_float
+
+
 def record_bodies(plan: QuantPlan, g) -> None:
     """A `Body` record per If/Loop/Scan body: weight uses and activations quantized inside it, and how many of
-    its float values calibration never reached (they stay float)."""
+    its float values calibration never reached (they stay float); a body --optimize left float says why."""
+    why = plan.__dict__.get("float_bodies", {})
     for owner in [g] + body_graphs(g):
         for n in owner.nodes:
             for i, body in enumerate(n.subgraphs()):
@@ -246,7 +262,8 @@ def record_bodies(plan: QuantPlan, g) -> None:
                         if node in names and spec.kind == "weight" and not spec.keep_float)
                 local = {v.name for v in body.local_values()}
                 acts = sum(1 for name in local if _quantized_name(plan, name))
-                plan.bodies.append(Body(n.name, n.op_type, i, len(body), w, acts, _float_body_values(plan, body)))
+                rec = (n.name, n.op_type, i, len(body), w, acts, _float_body_values(plan, body))
+                plan.bodies.append(FloatBody(*rec, why_float=why[(n.name, i)]) if (n.name, i) in why else Body(*rec))
 
 
 def _quantized_name(plan: QuantPlan, name: str) -> bool:

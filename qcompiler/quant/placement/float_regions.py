@@ -180,4 +180,7 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
             spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
                         f"integer grid would only cost accuracy (--optimize accuracy keeps it)")
             dropped += 1
+    if g.parent is None:   # the same rules inside If/Loop/Scan bodies, their boundaries agreeing (issue 14)
+        from .body_float_regions import drop_body_float_regions
+        dropped += drop_body_float_regions(plan, g, table, everywhere)
     return dropped
