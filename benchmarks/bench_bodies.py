@@ -34,6 +34,7 @@ import onnxruntime as ort
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+from qcompiler.sqnr import sqnr_db  # noqa: E402
 DEFAULT_CORPUS = os.environ.get("QC_CORPUS", next(
     (p for p in (os.path.join(HERE, *[".."] * k, "shared", "corpus") for k in (2, 3)) if os.path.isdir(p)),
     os.path.join(HERE, "..", "..", "shared", "corpus")))   # /work/main or a worktree /work/wt/NAME
@@ -75,12 +76,6 @@ def body_kernels(proto) -> int:
                     n += walk(a.g, 1)
         return n
     return walk(optimized_graph(proto).graph, 0)
-
-
-def sqnr_db(ref, got):
-    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
-    noise = np.sum((ref - got) ** 2)
-    return float("inf") if noise == 0 else float(10 * np.log10(np.sum(ref ** 2) / noise))
 
 
 def worst_sqnr(fs, qs, evals):
