@@ -502,6 +502,17 @@ def read_encodings(path: str, param_names: Optional[Iterable[str]] = None) -> tu
     raise ConfigError(f"{path}: encodings version {short(version)} is not supported (1.0.0, 2.0.0, legacy 0.6.1)")
 
 
+def needs_wide_opset(path: str) -> bool:
+    """Whether the file holds a grid that only opset 21 can carry: an integer weight or activation entry stored
+    in other than 8 bits (int4, int16; a narrowed 5-7 bit range is stored in int8) or a per-block entry.
+    32-bit entries (biases, re-derived on load) and FLOAT entries need nothing. The output opset is chosen from
+    this before the pipeline runs (quant/opset.py), so a file's int4/int16/per-block encodings need no
+    --weight-bits/--act-bits/--block-size. A malformed file is the same ConfigError line `read_encodings` gives."""
+    acts, params = read_encodings(path)
+    return any(e.dtype != "float" and e.bits not in BIAS_BITS and (storage_bits(e.bits) != 8 or e.block_size)
+               for d in (acts, params) for e in d.values())
+
+
 # --- checking against the model -----------------------------------------------------------------------------
 def _weight_or_activation_bits(path, name, enc, what):
     if enc.bits not in INT_BITS:
@@ -622,5 +633,5 @@ def fit_param_encoding(path: str, name: str, enc: Encoding, shape, axis_hint: Op
     return enc
 
 
-__all__ = ["write_encodings", "read_encodings", "fit_param_encoding", "check_activation_encoding", "aimet_axes",
+__all__ = ["write_encodings", "read_encodings", "needs_wide_opset", "fit_param_encoding", "check_activation_encoding", "aimet_axes",
            "aimet_block_layout", "grid_bits", "grid_limits", "storage_bits"]
