@@ -189,8 +189,8 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
             s.axis, s.bits, s.block_size = enc.axis, enc.bits, enc.block_size
             s.range_bits = enc.meta.get("range_bits")
     if plan.needs_opset() > model.opset:
-        # NOTE: the opset is chosen before the file is read (from the config, the arguments and the target);
-        # refusing here beats exporting Q/DQ types the model's opset does not have
+        # NOTE: the opset was chosen from this file too (opset.required_opset); this catches a file changed
+        # since, or a grid that became wide here: refusing beats exporting Q/DQ types the opset does not have
         raise ConfigError(f"{path}: int4/int16 or per-block encodings need opset {plan.needs_opset()}, but the "
                           f"model is at opset {model.opset} for this target and these settings")
     _report(kinds, aliased, covered, notes, warnings, warning)

@@ -4,8 +4,7 @@ Q/DQ need opset 13 (DequantizeLinear `axis`: per-channel weights) and opset 21 f
 weights (`block_size`; anchors B). The choice reads the settings (bits, blocks, the config's rules, the bit
 widths and blocks of a `--load-encodings` file) and the profile: a profile that may widen activations to 16
 bits (`wide_activation_bits`) asks for 21 as well, so widening never needs a second conversion in the middle
-of the pipeline. `--opset N` pins it; a pin the
-settings' grids cannot live in is one ArgumentError line.
+of the pipeline. `--opset N` pins it; a pin the settings' grids cannot live in is one ArgumentError line.
 """
 from __future__ import annotations
 
