@@ -138,6 +138,8 @@ PROFILES: dict = {
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": _FIXED,
         "fused_activations": _FUSED + [["Conv", "PRelu"], ["Gemm", "PRelu"]],
+        # AIMET gives a dynamic MatMul's second input the params' symmetry under every config (HTP's too)
+        "symmetric_dynamic_weight_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
     },
     "aimet": {
         "description": "AIMET-ONNX's QuantizationSimModel with its default_config_per_channel.json: u8 asymmetric "
