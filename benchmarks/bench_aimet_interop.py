@@ -12,12 +12,15 @@ Per model:
    QuantizationSimModel (default_config_per_channel.json, min_max), computes encodings on calib.npz and exports
    encodings 1.0.0 and 2.0.0 and its own QDQ model (to_onnx_qdq). Everything below uses that folded model, so
    AIMET's and qcompiler's tensor names are the same.
-2. AIMET -> qcompiler: `qcompiler quantize FOLDED --load-encodings F` per format; the metric (the model's
-   eval.py) must be within TOL of AIMET's own QDQ export.
-3. qcompiler -> AIMET: `qcompiler quantize FOLDED --encodings F` per format (8-bit weight range: AIMET's
-   to_onnx_qdq exports 4/8/16/32-bit grids only, and ort_cpu's weights use 7 bits), then AIMET's
-   load_encodings_to_sim(strict=True) into a fresh sim and to_onnx_qdq; no mismatch in the entries the file
-   has, and the metric within TOL of qcompiler's own QDQ model.
+2. AIMET -> qcompiler, as a new user tries it: `qcompiler quantize FOLDED --load-encodings F` per format, no
+   other flag (the file's int4/int16/per-block grids choose the opset); the metric (the model's eval.py) must be
+   within TOL of AIMET's own QDQ export.
+3. qcompiler -> AIMET: `qcompiler quantize FOLDED --target aimet --encodings F` per format (the `aimet` profile
+   is AIMET's default config: full 8-bit weight range, symmetric dynamic-MatMul inputs, no quantizer on
+   data-movement outputs), then AIMET's load_encodings_to_sim into a fresh sim and to_onnx_qdq: no setting
+   mismatch in the entries the file has, no entry for a quantizer AIMET's sim does not have beyond those
+   AIMET's own file of that format has (2.0.0's int32 biases), and the metric within TOL of qcompiler's own
+   QDQ model.
 4. The ort_cpu file (7-bit weights, bw 7) loaded into AIMET with strict=False: AIMET takes the 7-bit grids.
 5. With BatchNorm in the model: AIMET's encodings of the un-folded model given to qcompiler with the original
    model (which qcompiler BN-folds): refused with one line naming the cause (issue 16 item 3).
@@ -36,10 +39,9 @@ ROOT = os.path.dirname(HERE)
 DEFAULT_CORPUS = os.environ.get("QC_CORPUS", os.path.join(ROOT, "..", "..", "shared", "corpus"))
 AIMET_PYTHON = os.environ.get("QCOMPILER_AIMET_PYTHON", os.path.join(ROOT, ".venv-aimet", "bin", "python"))
 TOL = {"digits_cnn": 0.01, "minilm_l6": 0.01}      # metric difference allowed against the reference
-FULL_RANGE_TARGET = {"base": "ort_cpu", "weight": {"bits": 8, "symmetric": True, "range_bits": 8}}
-# per model: AIMET's sim settings and the matching qcompiler flags. minilm_l6 takes the issue's case: int4
-# per-block MatMul weights (1.0.0 writes their scales output channel first) and 16-bit activations (AIMET's own
-# W8A8 min_max export of it scores a cosine of 0.05)
+# per model: AIMET's sim settings and the matching qcompiler flags (qcompiler -> AIMET only: loading AIMET's file
+# needs none). minilm_l6 takes the issue's case: int4 per-block MatMul weights (1.0.0 writes their scales output
+# channel first) and 16-bit activations (AIMET's own W8A8 min_max export of it scores a cosine of 0.05)
 SETTINGS = {"minilm_l6": {"aimet": {"activation_type": "int16", "block": [["MatMul", "Gemm"], 4, 64]},
                           "qcompiler": ["--act-bits", "16", "--weight-bits", "4", "--block-size", "64"]}}
 
@@ -181,8 +183,7 @@ def run_model(corpus, model, out, rows):
     for v in ("1.0.0", "2.0.0"):
         enc = os.path.join(d, f"aimet_{v}.encodings")
         q = os.path.join(d, f"qc_from_aimet_{v}.onnx")
-        code, err = qcompiler(folded, "--calib", calib, "-o", q, "--load-encodings", enc, "--allow-low-sqnr",
-                              *q_flags)
+        code, err = qcompiler(folded, "--calib", calib, "-o", q, "--load-encodings", enc, "--allow-low-sqnr")
         got = metric(corpus, model, q, src) if code == 0 else None
         ok = got is not None and ref is not None and abs(got - ref) <= tol
         warn = [ln[len("qcompiler: warning: "):][:90] for ln in err.splitlines() if "warning" in ln and "SQNR" not in ln]
@@ -191,19 +192,16 @@ def run_model(corpus, model, out, rows):
     if r.get("unfolded"):       # AIMET's model was not BN-folded; qcompiler folds: refused, the cause named
         q = os.path.join(d, "qc_from_unfolded.onnx")
         code, err = qcompiler(src, "--calib", calib, "-o", q, "--load-encodings",
-                              os.path.join(d, "aimet_unfolded.encodings"), *q_flags)
+                              os.path.join(d, "aimet_unfolded.encodings"))
         ok = code == 2 and len(err.splitlines()) == 1 and "BN-folded" in err
         rows.append((model, "AIMET 1.0.0 un-folded -> qcompiler (folds BN)", f"exit {code}", "pass" if ok else "FAIL",
                      err.splitlines()[-1][:150] if err else "no message"))
     # qcompiler -> AIMET
-    target = os.path.join(d, "full8.json")
-    with open(target, "w") as f:
-        json.dump(FULL_RANGE_TARGET, f)
     for v in ("1.0.0", "2.0.0"):
         enc = os.path.join(d, f"qc_{v}.encodings")
         q = os.path.join(d, f"qc_{v}.onnx")
         code, err = qcompiler(folded, "--calib", calib, "-o", q, "--encodings", enc, "--encodings-version", v,
-                              "--target", target, "--allow-low-sqnr", *q_flags)
+                              "--target", "aimet", "--allow-low-sqnr", *q_flags)
         if code != 0:
             rows.append((model, f"qcompiler {v} -> AIMET", "-", "FAIL", err[:160]))
             continue
@@ -216,11 +214,13 @@ def run_model(corpus, model, out, rows):
         # AIMET does not, e.g. its own int32 biases in 2.0.0) is counted, and compared with AIMET's own file
         base = aimet("load", folded, os.path.join(d, f"aimet_{v}.encodings"), "-", "loose", a_set)
         bad = r.get("mismatch_in_file", [])
-        ok = (not r.get("error") and not bad and got is not None and own is not None and abs(got - own) <= tol)
+        extra = sorted(set(r.get("enabled_only", [])) - set(base.get("enabled_only", [])))
+        ok = (not r.get("error") and not bad and not extra and got is not None and own is not None
+              and abs(got - own) <= tol)
         detail = r.get("error") or (f"{len(bad)} setting mismatches {r.get('kinds', {})} {bad[:2]}; "
-                                    f"{len(r['enabled_only'])} entries "
-                                    f"for quantizers AIMET's config leaves off (AIMET's own file: "
-                                    f"{len(base.get('enabled_only', []))}) {r['enabled_only'][:2]}")
+                                    f"{len(r['enabled_only'])} entries for quantizers AIMET's sim leaves off "
+                                    f"(AIMET's own file: {len(base.get('enabled_only', []))}), "
+                                    f"{len(extra)} beyond those {extra[:2]}")
         rows.append((model, f"qcompiler {v} -> AIMET", f"{got} vs qcompiler QDQ {own}", "pass" if ok else "FAIL",
                      detail))
     # ort_cpu: 7-bit weights

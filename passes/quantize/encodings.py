@@ -1,5 +1,9 @@
-"""`load-encodings` (optional: `--load-encodings FILE`) freezes encodings read from an AIMET file onto the plan;
-`assign-encodings` computes every other encoding from the statistics (and per-block weight grids)."""
+"""`load-encodings` (optional: `--load-encodings FILE`) freezes encodings read from an AIMET file onto the plan
+(its FLOAT entries go to `ctx.float_encodings`, so the result's encodings keep them); `assign-encodings`
+computes every other encoding from the statistics (and per-block weight grids).
+
+The file is read once more before the pipeline (quant/opset.py): its int4/int16/per-block entries choose the
+output opset, so `--load-encodings FILE` alone is enough for such a file."""
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
@@ -22,7 +26,7 @@ class LoadEncodings(QuantPass):
         path = ctx.settings.load_encodings
         if path is None:
             raise ConfigError("pass 'load-encodings' needs an encodings file: pass --load-encodings FILE")
-        freeze_encodings(ctx.plan, ctx.model, path, ctx.notes, ctx.warnings)
+        ctx.float_encodings = freeze_encodings(ctx.plan, ctx.model, path, ctx.notes, ctx.warnings)
         frozen = sum(1 for s in list(ctx.plan.values.values()) + list(ctx.plan.uses.values()) if s.frozen)
         return PassResult(False, {"frozen": frozen})
 

@@ -280,7 +280,10 @@ def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
     for name, t in timing.rows:
         seconds[name] = seconds.get(name, 0.0) + t
     seconds["total"] = time.perf_counter() - t_start
-    return QuantizeResult(model=ctx.model, encodings={"activations": ctx.activations, "params": ctx.params},
+    # a loaded file's FLOAT entries have no quantizer; the encodings (and a file written from them) keep them
+    encodings = {k: {**getattr(ctx, k), **ctx.float_encodings[k]} if ctx.float_encodings.get(k) else getattr(ctx, k)
+                 for k in ("activations", "params")}
+    return QuantizeResult(model=ctx.model, encodings=encodings,
                           report=_report(ctx, seconds, [p.name for p, _ in results]),
                           stats=_stats(ctx), plan=ctx.plan, passes=results)
 

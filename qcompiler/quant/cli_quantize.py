@@ -30,7 +30,8 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               "axis 0; a sample may carry its own batch dim of 1), .npy (single-input model), or a folder of them")
 @click.option("-o", "--output", required=True, help="where to write the QDQ model")
 @click.option("--config", "config_path", type=click.Path(), help="AIMET quantsim JSON or qcompiler YAML/JSON config")
-@click.option("--target", default=None, help="backend profile: ort_cpu (default), trt, qnn_htp, or a profile YAML")
+@click.option("--target", default=None, help="backend profile: ort_cpu (default), trt, qnn_htp, aimet (encodings "
+              "for AIMET's default config), or a profile YAML")
 @click.option("--scheme", default=None, help="min_max (default; aliases post_training_tf, tf), tf_enhanced "
               "(post_training_tf_enhanced), percentile, entropy (kl), mse")
 @click.option("--per-channel/--per-tensor", default=True, help="weights per output channel (default) or per tensor")

@@ -51,6 +51,7 @@ class QuantContext:
     float16: list = field(default_factory=list)               # nodes placement chose for fp16 islands
     activations: Dict[str, Any] = field(default_factory=dict)  # value name -> Encoding, as written
     params: Dict[str, Any] = field(default_factory=dict)
+    float_encodings: Dict[str, dict] = field(default_factory=dict)   # load-encodings: FLOAT entries applied
     prefolded: Dict[str, str] = field(default_factory=dict)    # weights stored float on their int grid
     errors: Optional[dict] = None       # report.output_errors: per-output SQNR on the kept samples
     safety_net: Any = None              # safety_net.Outcome

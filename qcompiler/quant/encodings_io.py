@@ -21,11 +21,21 @@ Layouts (issue 16), as aimet_onnx writes and reads them:
   shape (Cout, Cin/bs, 1, 1) (ConvTranspose (Cin/bs, Cout/g, 1, 1)); onnxruntime's blocked DequantizeLinear
   wants the weight's shape with the blocked dim reduced, (Cout, Cin/bs, kh, kw), and refuses AIMET's for kernels
   larger than 1x1. Both are read (AIMET's is repeated over the kernel: the same values). The QDQ model always
-  holds the onnxruntime form. Files get AIMET's form whenever the scales are equal across the kernel window
-  (every encoding that came from AIMET, and 1x1 kernels); qcompiler's own per-block Conv scales differ per
-  kernel position, which AIMET's per-block Conv quantizer cannot hold: those are written in the onnxruntime form,
-  which qcompiler reads back exactly and AIMET's loader refuses (a count mismatch), so say --per-channel for a
-  Conv that must go to AIMET.
+  holds the onnxruntime form. Files get AIMET's form whenever the scales are equal across the kernel window:
+  every encoding that came from AIMET and every one qcompiler computes (qdq.block_encoding takes one grid per
+  output channel and block over the whole window). Only a file's scales that differ per kernel position (read
+  in the onnxruntime form) are written back in that form, which qcompiler reads exactly and AIMET refuses.
+
+To AIMET (issue 16): quantize with `--target aimet` (profiles.py: AIMET-ONNX's default_config_per_channel.json
+as its QuantizationSimModel applies it) and load the file with `aimet_onnx.quantsim.load_encodings_to_sim` into
+a sim built with that config: every entry then has a quantizer in AIMET's sim with the same bit width, symmetry
+and granularity (K/V feeding a dynamic MatMul symmetric; no data-movement outputs, which AIMET's sim does not
+quantize; weights on the full 8-bit range). Add the sim's settings as flags (`--act-bits 16`, `--weight-bits 4
+--block-size 64` for set_blockwise_quantization_for_weights). AIMET's strict load still reports the quantizers
+the file has no entry for (values qcompiler keeps float: LayerNorm and GELU interiors, constants); it disables
+them with `disable_missing_quantizers`, which gives qcompiler's own numbers. Other targets write what their
+model does (ort_cpu: 7-bit weights, asymmetric K/V, quantized data-movement outputs), which AIMET loads only
+with strict=False. From AIMET: `--load-encodings FILE` alone; its bit widths and blocks choose the opset.
 
 Biases: 2.0.0 lists the int32 bias grids (scale s_in * s_w), as aimet_onnx's 2.0.0 export does; 1.0.0 leaves
 them out, as aimet_onnx's 1.0.0 export does (its loader counts an int32 entry for a bias quantizer its config
@@ -502,6 +512,17 @@ def read_encodings(path: str, param_names: Optional[Iterable[str]] = None) -> tu
     raise ConfigError(f"{path}: encodings version {short(version)} is not supported (1.0.0, 2.0.0, legacy 0.6.1)")
 
 
+def needs_wide_opset(path: str) -> bool:
+    """Whether the file holds a grid that only opset 21 can carry: an integer weight or activation entry stored
+    in other than 8 bits (int4, int16; a narrowed 5-7 bit range is stored in int8) or a per-block entry.
+    32-bit entries (biases, re-derived on load) and FLOAT entries need nothing. The output opset is chosen from
+    this before the pipeline runs (quant/opset.py), so a file's int4/int16/per-block encodings need no
+    --weight-bits/--act-bits/--block-size. A malformed file is the same ConfigError line `read_encodings` gives."""
+    acts, params = read_encodings(path)
+    return any(e.dtype != "float" and e.bits not in BIAS_BITS and (storage_bits(e.bits) != 8 or e.block_size)
+               for d in (acts, params) for e in d.values())
+
+
 # --- checking against the model -----------------------------------------------------------------------------
 def _weight_or_activation_bits(path, name, enc, what):
     if enc.bits not in INT_BITS:
@@ -622,5 +643,5 @@ def fit_param_encoding(path: str, name: str, enc: Encoding, shape, axis_hint: Op
     return enc
 
 
-__all__ = ["write_encodings", "read_encodings", "fit_param_encoding", "check_activation_encoding", "aimet_axes",
-           "aimet_block_layout", "grid_bits", "grid_limits", "storage_bits"]
+__all__ = ["write_encodings", "read_encodings", "needs_wide_opset", "fit_param_encoding", "check_activation_encoding",
+           "aimet_axes", "aimet_block_layout", "grid_bits", "grid_limits", "storage_bits"]

@@ -87,7 +87,7 @@ def _names(names: list, limit: int = 80) -> str:
     return out + (", ..." if len(names) > SHOW_NAMES and len(out) <= limit - 5 else "")
 
 
-def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = None) -> None:
+def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = None) -> dict:
     """Freeze encodings from an AIMET file: those values keep them; everything else is calibrated.
 
     Each entry used is first checked against the model (encodings_io.fit_param_encoding /
@@ -96,6 +96,10 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
     entries (float16/float32) leave their tensor unquantized. Entries that are not applied are listed in
     `notes` and, one per kind, in `warnings` (see the module docstring); a weight encoding that does not cover
     its weights is a warning or a ConfigError.
+
+    Returns the FLOAT entries applied, `{"activations": {name: Encoding}, "params": {...}}`: they have no
+    quantizer, so the QDQ model does not hold them; the result's encodings (and a file written from them) do,
+    so a second round trip keeps them (issue 16).
     """
     from .encodings_io import aimet_axes, check_activation_encoding, fit_param_encoding, read_encodings
     from .profiles import weight_axis
@@ -119,6 +123,7 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
             bias_uses.add(v.name)
     kinds = {"missing": [], "activation": [], "param": [], "bias": []}
     aliased = []
+    floats = {"activations": {}, "params": {}}
 
     def resolve(name):
         if name in names:
@@ -139,6 +144,7 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
         if enc.dtype == "float":
             spec.encoding, spec.frozen = None, True
             spec.float_(f"float{enc.bits} in the encodings file")
+            floats["activations"][name] = enc
             return
         spec.encoding, spec.frozen, spec.keep_float, spec.reason = enc, True, False, ""
         spec.bits, spec.symmetric = enc.bits, enc.symmetric
@@ -170,7 +176,9 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
         channel, block = aimet_axes(node, slot, rank) if shape is not None else (None, None)
         enc = fit_param_encoding(path, fname, enc, shape, hint, channel_axis=channel, block_axis=block)
         enc.frozen = True
-        if enc.dtype != "float":
+        if enc.dtype == "float":
+            floats["params"][name] = enc
+        else:
             _check_coverage(path, fname, node, v, enc, channel, covered)
         for _, _, s in weight_uses[name]:
             if enc.dtype == "float":
@@ -181,11 +189,12 @@ def freeze_encodings(plan, model, path, notes: list, warnings: Optional[list] = 
             s.axis, s.bits, s.block_size = enc.axis, enc.bits, enc.block_size
             s.range_bits = enc.meta.get("range_bits")
     if plan.needs_opset() > model.opset:
-        # NOTE: the opset is chosen before the file is read (from the config, the arguments and the target);
-        # refusing here beats exporting Q/DQ types the model's opset does not have
+        # NOTE: the opset was chosen from this file too (opset.required_opset); this catches a file changed
+        # since, or a grid that became wide here: refusing beats exporting Q/DQ types the opset does not have
         raise ConfigError(f"{path}: int4/int16 or per-block encodings need opset {plan.needs_opset()}, but the "
                           f"model is at opset {model.opset} for this target and these settings")
     _report(kinds, aliased, covered, notes, warnings, warning)
+    return floats
 
 
 def _check_coverage(path, fname, node, v, enc, out_axis, covered) -> None:

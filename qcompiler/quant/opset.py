@@ -1,10 +1,10 @@
 """The output opset, decided once before the pipeline, and the one conversion to it (the `convert-opset` pass).
 
 Q/DQ need opset 13 (DequantizeLinear `axis`: per-channel weights) and opset 21 for int16/int4 grids and per-block
-weights (`block_size`; anchors B). The choice reads the settings (bits, blocks, the config's rules) and the
-profile: a profile that may widen activations to 16 bits (`wide_activation_bits`) asks for 21 as well, so
-widening never needs a second conversion in the middle of the pipeline. `--opset N` pins it; a pin the
-settings' grids cannot live in is one ArgumentError line.
+weights (`block_size`; anchors B). The choice reads the settings (bits, blocks, the config's rules, the bit
+widths and blocks of a `--load-encodings` file) and the profile: a profile that may widen activations to 16
+bits (`wide_activation_bits`) asks for 21 as well, so widening never needs a second conversion in the middle
+of the pipeline. `--opset N` pins it; a pin the settings' grids cannot live in is one ArgumentError line.
 """
 from __future__ import annotations
 
@@ -24,12 +24,20 @@ def _config_updates(cfg) -> list:
 
 
 def required_opset(settings) -> int:
-    """The lowest opset the requested grids can be written in."""
+    """The lowest opset the requested grids can be written in: the arguments', the config's and those of the
+    `--load-encodings` file (read here, bounded, before the model is converted: its int4/int16 or per-block
+    entries decide, so they need no --weight-bits/--block-size)."""
     cfg = settings.config
     bits = {int(u[k]) for u in _config_updates(cfg) for k in ("act_bits", "weight_bits") if k in u}
     bits |= {settings.weight_bits, settings.act_bits}
     blocked = bool(settings.weight_block) or any(u.get("weight_block") for u in _config_updates(cfg))
-    return WIDE_INT_OPSET if blocked or any(b != 8 for b in bits) else PER_CHANNEL_OPSET
+    if blocked or any(b != 8 for b in bits):
+        return WIDE_INT_OPSET
+    if getattr(settings, "load_encodings", None) is not None:
+        from .encodings_io import needs_wide_opset
+        if needs_wide_opset(settings.load_encodings):
+            return WIDE_INT_OPSET
+    return PER_CHANNEL_OPSET
 
 
 def choose_opset(settings, profile, model_opset: int) -> tuple:
@@ -39,8 +47,9 @@ def choose_opset(settings, profile, model_opset: int) -> tuple:
     need = required_opset(settings)
     if settings.opset is not None:
         if settings.opset < need:
-            raise ArgumentError(f"--opset {settings.opset} cannot carry these settings' Q/DQ: int4/int16 grids "
-                                f"and per-block weights need opset {need}")
+            src = " (the --load-encodings file's)" if getattr(settings, "load_encodings", None) else ""
+            raise ArgumentError(f"--opset {settings.opset} cannot carry these settings'{src} Q/DQ: int4/int16 "
+                                f"grids and per-block weights need opset {need}")
         return settings.opset, None
     want = max(need, WIDE_INT_OPSET if profile.wide_activation_bits else need)
     fallback = max(need, model_opset) if want > need else None

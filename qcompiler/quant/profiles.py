@@ -36,6 +36,9 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
 - `fusions`: the runtime's QDQ fusion table (qcompiler/quant/fusions.py; a built-in name such as `ort_cpu` or a
   YAML path): placement keeps an activation quantizer only next to an op that runs an integer kernel under it
   (quant/placement/float_regions.py; `--optimize accuracy` keeps every quantizer). None: every quantizer stays.
+- `symmetric_dynamic_weight_ops`: ops whose weight input 1, when it is an activation and not a constant (a
+  dynamic MatMul's K or V), is quantized with the weights' symmetry: the quantizer that feeds it, through data
+  movement, and its tie group (AIMET's `_apply_param_symmetry_to_inputs`; quant/placement/dynamic_weights.py).
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -135,6 +138,36 @@ PROFILES: dict = {
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": _FIXED,
         "fused_activations": _FUSED + [["Conv", "PRelu"], ["Gemm", "PRelu"]],
+        # AIMET gives a dynamic MatMul's second input the params' symmetry under every config (HTP's too)
+        "symmetric_dynamic_weight_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+    },
+    "aimet": {
+        "description": "AIMET-ONNX's QuantizationSimModel with its default_config_per_channel.json: u8 asymmetric "
+                       "activations, s8 symmetric per-channel weights on the full 8-bit range, a symmetric grid on "
+                       "a dynamic MatMul's second input, no quantizer on grid-preserving (data-movement) outputs; "
+                       "pick it when the encodings file goes to AIMET (load_encodings_to_sim)",
+        "activation": {"bits": 8, "symmetric": False},
+        "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
+        # AIMET keeps its activations on the grid asked for: no 16-bit widening (a value 8 bits cannot carry
+        # stays float and the file leaves it out; AIMET disables the quantizers a loaded file has no entry for)
+        "wide_activation_bits": None,
+        "weights": _WEIGHTS, "bias": _BIAS,
+        "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+        "float_output_ops": NOT_QUANTIZABLE,
+        "float_outputs": {"LSTM": [2]},
+        # aimet_onnx common/onnx/_utils.py `_is_grid_preserving_op`: is_output_quantized False unless configured
+        "shares_input_encoding": ["Reshape", "Transpose", "Slice", "Gather", "Split", "Squeeze", "Unsqueeze",
+                                  "Flatten", "MaxPool", "Expand", "Tile", "Identity", "Pad", "DepthToSpace",
+                                  "SpaceToDepth", "ReduceMax", "ReduceMin", "GatherElements", "GatherND",
+                                  "Dropout", "Compress", "Col2Im", "MaxRoiPool"],
+        "quantize_data_movement_outputs": False,
+        "tie_inputs_and_output": [],
+        "fixed_output_range": {},
+        # the config's supergroups and its MatmulAdd pass
+        "fused_activations": [["Conv", "Relu"], ["Conv", "Clip"], ["ConvTranspose", "Relu"], ["Add", "Relu"],
+                              ["Gemm", "Relu"]],
+        "bias_add_ops": ["MatMul"],
+        "symmetric_dynamic_weight_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
     },
 }
 
@@ -183,6 +216,7 @@ class Profile:
     output_q_through: Tuple[str, ...] = ()
     float_kernel_ops: Tuple[str, ...] = ()
     requantizes_float_weights: Tuple[str, ...] = ()
+    symmetric_dynamic_weight_ops: Tuple[str, ...] = ()
     fusions: Optional[str] = None       # the runtime's QDQ fusion table (quant/fusions.py): a name or a YAML path
 
     def to_dict(self) -> dict:
@@ -294,7 +328,8 @@ class _Check:
 
 
 _NAME_LISTS = ("per_channel_ops", "float_output_ops", "shares_input_encoding", "tie_inputs_and_output",
-               "bias_add_ops", "output_q_through", "float_kernel_ops", "requantizes_float_weights")
+               "bias_add_ops", "output_q_through", "float_kernel_ops", "requantizes_float_weights",
+               "symmetric_dynamic_weight_ops")
 _BOOLS = ("quantize_data_movement_outputs", "prefold_unfused_weight_dq")
 
 

@@ -69,7 +69,10 @@ def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetr
 
     The scale has the weight's shape with dim `axis` = ceil(K / block_size), which is what opset-21
     DequantizeLinear's `block_size` attribute expects (MatMul B [K, N]: axis 0, blocks along K). A partial last
-    block is padded with zeros for the range search (ranges include 0 anyway).
+    block is padded with zeros for the range search (ranges include 0 anyway). A Conv/ConvTranspose weight
+    (rank > 2, blocked along axis 1 or 0) gets one grid per (output channel, block) for the whole kernel window,
+    as AIMET quantizes it (issue 16): its scales are equal across the kernel dims, so the encodings file holds
+    AIMET's (Cout, Cin/bs, 1, 1) while the DQ keeps the (Cout, Cin/bs, kh, kw) onnxruntime asks for.
     """
     from .encoding import compute_encoding
     from .observers import weight_range
@@ -82,11 +85,13 @@ def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetr
         pad = np.zeros((nb * block_size - k,) + moved.shape[1:])
         moved = np.concatenate([moved, pad], axis=0)
     rest = moved.shape[1:]
-    groups = np.moveaxis(moved.reshape((nb, block_size) + rest), 1, -1).reshape(-1, block_size)
+    keep = rest[:1] if w.ndim > 2 and axis in (0, 1) else rest      # the kernel window shares one grid
+    window = int(np.prod(rest[len(keep):], dtype=np.int64))
+    groups = np.moveaxis(moved.reshape((nb, block_size) + rest), 1, 1 + len(keep)).reshape(-1, block_size * window)
     rb = range_bits or bits
     lo, hi = weight_range(groups, 0, scheme, rb, symmetric)
-    lo = np.moveaxis(np.asarray(lo).reshape((nb,) + rest), 0, axis)
-    hi = np.moveaxis(np.asarray(hi).reshape((nb,) + rest), 0, axis)
+    lo, hi = (np.moveaxis(np.broadcast_to(np.asarray(x).reshape((nb,) + keep + (1,) * (len(rest) - len(keep))),
+                                          (nb,) + rest), 0, axis) for x in (lo, hi))
     enc = compute_encoding(lo, hi, bits=rb, symmetric=symmetric, signed=True, axis=axis)
     enc.bits, enc.block_size = bits, int(block_size)
     enc.meta["range_bits"] = rb

@@ -361,3 +361,136 @@ def test_refusals_are_one_line(tmp_path):
         assert_one_line(quantize_cli(mp, cp, tmp_path / "q.onnx", "--load-encodings", enc, *extra), f"bad{i}.json",
                         needle)
         assert not (tmp_path / "q.onnx").exists()
+
+
+# --- issue 16 follow-up: what a file for AIMET needs, and what a file from AIMET needs no flag for -------------
+def _attention(rng, d=8, heads=2, seq=4):
+    """A self-attention block as torch exports it: q/k/v = x @ W + b; K and V go through Reshape/Transpose into
+    the second input of a MatMul (a "dynamic weight")."""
+    hd = d // heads
+    nodes, inits = [], []
+    for p in ("q", "k", "v"):
+        nodes += [helper.make_node("MatMul", ["x", f"W{p}"], [f"{p}_mm"], name=f"/{p}/MatMul"),
+                  helper.make_node("Add", [f"{p}_mm", f"b{p}"], [f"{p}_add"], name=f"/{p}/Add"),
+                  helper.make_node("Reshape", [f"{p}_add", "heads"], [f"{p}_r"], name=f"/{p}/Reshape")]
+        inits += [_init(f"W{p}", rng.normal(0, 0.4, (d, d))), _init(f"b{p}", rng.normal(0, 0.1, (d,)))]
+    nodes += [helper.make_node("Transpose", ["q_r"], ["q_t"], perm=[0, 2, 1, 3], name="/q/Transpose"),
+              helper.make_node("Transpose", ["k_r"], ["k_t"], perm=[0, 2, 3, 1], name="/k/Transpose"),
+              helper.make_node("Transpose", ["v_r"], ["v_t"], perm=[0, 2, 1, 3], name="/v/Transpose"),
+              helper.make_node("MatMul", ["q_t", "k_t"], ["att"], name="/att/MatMul"),
+              helper.make_node("Softmax", ["att"], ["p"], axis=-1, name="/att/Softmax"),
+              helper.make_node("MatMul", ["p", "v_t"], ["ctx"], name="/ctx/MatMul"),
+              helper.make_node("Transpose", ["ctx"], ["ctx_t"], perm=[0, 2, 1, 3], name="/ctx/Transpose"),
+              helper.make_node("Reshape", ["ctx_t", "flat"], ["y"], name="/ctx/Reshape")]
+    inits += [numpy_helper.from_array(np.array([1, seq, heads, hd], np.int64), "heads"),
+              numpy_helper.from_array(np.array([1, seq, d], np.int64), "flat")]
+    proto = make_model(nodes, [tinfo("x", [1, seq, d])], [tinfo("y", [1, seq, d])], inits)
+    feeds = {"x": [rng.normal(size=(1, seq, d)).astype(np.float32) for _ in range(6)]}
+    return proto, feeds
+
+
+@pytest.mark.parametrize("act_bits", [8, 16])
+def test_aimet_target_quantizes_dynamic_matmul_inputs_symmetric_as_aimet(tmp_path, act_bits):
+    """`--target aimet` (AIMET's default_config_per_channel.json): the quantizer feeding a MatMul's second input
+    through Reshape/Transpose (K, V) is symmetric, as AIMET's `_apply_param_symmetry_to_inputs` makes it; other
+    activations stay asymmetric; data-movement outputs get no quantizer and no entry (AIMET's sim has none);
+    weights use the full 8-bit range. ort_cpu keeps its asymmetric K/V."""
+    rng = np.random.default_rng(10)
+    proto, feeds = _attention(rng)
+    mp, cp = _save(tmp_path, proto, feeds)
+    res = quantize(mp, cp, target="aimet", act_bits=act_bits)
+    acts = res.encodings["activations"]
+    for name in ("k_add", "v_add"):
+        e = acts[name]
+        assert e.symmetric and e.signed and int(e.zero_point) == 0 and e.bits == act_bits, name
+    assert not acts["q_add"].symmetric and not acts["x"].symmetric
+    assert not {"q_r", "k_r", "v_r", "q_t", "k_t", "v_t", "ctx_t"} & set(acts)
+    doc = res.write_encodings(None, "1.0.0")
+    v1 = {e["name"]: e for e in doc["activation_encodings"]}
+    assert v1["k_add"]["is_sym"] and v1["v_add"]["is_sym"] and not v1["q_add"]["is_sym"]
+    assert v1["k_add"]["offset"] == [-(2 ** (act_bits - 1))]
+    assert {e["bw"] for e in doc["param_encodings"]} == {8}                  # no 7-bit range on this target
+    assert np.all(np.isfinite(run(model_to_proto(res.model), {"x": feeds["x"][0]})[0]))
+    assert _qdq_sqnr(res, proto, {"x": feeds["x"][0]}) > 15
+    ort = quantize(mp, cp, act_bits=act_bits).encodings["activations"]
+    assert not ort["k_add"].symmetric
+
+
+def test_file_bit_widths_and_blocks_choose_the_opset(tmp_path):
+    """An int4 per-block file loads with `--load-encodings` alone (the opset is chosen after reading it, item 3);
+    an int16 activation on trt (no 16-bit widening, so opset 13 otherwise) raises the opset to 21; a pinned
+    opset the file's grids cannot live in is one line naming the file's role."""
+    rng = np.random.default_rng(11)
+    w = rng.normal(size=(32, 6)).astype(np.float32)
+    s = _block_scales_kn(w, 16)
+    proto, feeds = _matmul(w, rng)
+    mp, cp = _save(tmp_path, proto, feeds)
+    blocks = _write(tmp_path, _v1([{"name": "W", "enc_type": "PER_BLOCK", "dtype": "INT", "bw": 4, "is_sym": True,
+                                    "block_size": 16, "scale": s.T.reshape(-1).tolist(), "offset": [-8] * s.size}]))
+    code, lines = quantize_cli(mp, cp, tmp_path / "q.onnx", "--load-encodings", blocks)
+    assert code == 0, lines
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    assert [o.version for o in q.opset_import if o.domain in ("", "ai.onnx")] == [21]
+    dq = [n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0].startswith("W")]
+    assert [a.i for a in dq[0].attribute if a.name == "block_size"] == [16]
+    wide = _write(tmp_path, _v1(acts=[{"name": "x", "enc_type": "PER_TENSOR", "dtype": "INT", "bw": 16,
+                                       "is_sym": False, "scale": [1e-4], "offset": [-32768]}]), "wide.json")
+    res = quantize(mp, cp, target="trt", load_encodings=wide)
+    assert res.model.opset == 21 and res.encodings["activations"]["x"].bits == 16
+    assert_one_line(quantize_cli(mp, cp, tmp_path / "q2.onnx", "--load-encodings", blocks, "--opset", "13"),
+                    "--opset 13", "--load-encodings", "21")
+
+
+@pytest.mark.parametrize("version", ["1.0.0", "2.0.0"])
+def test_float_entries_survive_a_second_round_trip(tmp_path, version):
+    """A FLOAT entry (an activation and a weight AIMET keeps in float16) leaves its tensor float and is written
+    back, so file -> qcompiler -> file -> qcompiler -> file keeps it (item 4)."""
+    rng = np.random.default_rng(12)
+    proto, feeds = _cnn(rng)
+    mp, cp = _save(tmp_path, proto, feeds)
+    doc = quantize(mp, cp).write_encodings(None, version)
+    if version == "1.0.0":
+        doc["activation_encodings"] = [e for e in doc["activation_encodings"] if e["name"] != "r"] + \
+            [{"name": "r", "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": 16}]
+        doc["param_encodings"] = [e for e in doc["param_encodings"] if e["name"] != "W2"] + \
+            [{"name": "W2", "enc_type": "PER_TENSOR", "dtype": "FLOAT", "bw": 16}]
+    else:
+        doc["encodings"] = [e for e in doc["encodings"] if e["name"] not in ("r", "W2")] + \
+            [{"name": "r", "output_dtype": "float16"}, {"name": "W2", "output_dtype": "float16"}]
+    path = _write(tmp_path, doc, "first.json")
+    docs = []
+    for i in range(2):
+        res = quantize(mp, cp, load_encodings=path)
+        assert res.encodings["activations"]["r"].dtype == "float"
+        assert res.encodings["params"]["W2"].dtype == "float"
+        assert not any(n.op_type == "DequantizeLinear" and n.inputs[0].name.startswith("W2")
+                       for n in res.model.graph.nodes)
+        path = str(tmp_path / f"round{i}.json")
+        docs.append(res.write_encodings(path, version))
+    assert docs[0] == docs[1]
+    entries = docs[1]["encodings"] if version == "2.0.0" else \
+        docs[1]["activation_encodings"] + docs[1]["param_encodings"]
+    floats = {e["name"] for e in entries if e.get("dtype") == "FLOAT" or e.get("output_dtype") == "float16"}
+    assert floats == {"r", "W2"}
+
+
+def test_own_conv_per_block_scales_cover_the_kernel_window(tmp_path):
+    """qcompiler's own per-block Conv grids: one scale per (output channel, block) over the whole kernel window
+    (item 5), so the file holds AIMET's (Cout, Cin/bs, 1, 1) while the DQ keeps onnxruntime's (Cout, Cin/bs,
+    kh, kw); the model runs in onnxruntime and the file round-trips."""
+    rng = np.random.default_rng(13)
+    w = rng.normal(size=(4, 32, 3, 3)).astype(np.float32)
+    proto, feeds = _conv(w, rng)
+    mp, cp = _save(tmp_path, proto, feeds)
+    res = quantize(mp, cp, weight_bits=4, weight_block=16, target="aimet")
+    e = res.encodings["params"]["W"]
+    want = np.abs(w.reshape(4, 2, 16, 3, 3)).max(axis=(2, 3, 4)) / 7
+    assert e.scale.shape == (4, 2, 3, 3) and np.allclose(e.scale, want[:, :, None, None], rtol=1e-6)
+    v1 = {x["name"]: x for x in res.write_encodings(None, "1.0.0")["param_encodings"]}["W"]
+    assert len(v1["scale"]) == 8 and v1["block_size"] == 16
+    path = str(tmp_path / "e.json")
+    v2 = {x["name"]: x for x in res.write_encodings(path, "2.0.0")["encodings"]}["W"]
+    assert np.shape(v2["y_scale"]) == (4, 2, 1, 1)
+    assert _qdq_sqnr(res, proto, {"x": feeds["x"][0]}) > 12
+    again = quantize(mp, cp, load_encodings=path, target="aimet")
+    assert _tensors(again) == _tensors(res)

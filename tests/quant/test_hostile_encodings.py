@@ -80,7 +80,10 @@ def test_float16_entry_leaves_the_tensor_float(base, tmp_path):
     path = tmp_path / "f16.encodings"
     path.write_text(json.dumps(doc))
     res = quantize(base["model"], base["calib"], limit=2, load_encodings=str(path))
-    assert "r1" not in res.encodings["activations"]
+    # no quantizer on r1; its FLOAT encoding is kept, so a file written from the result says float16 again
+    assert res.encodings["activations"]["r1"].dtype == "float"
+    assert not any(n.op_type == "QuantizeLinear" and n.inputs[0].name == "r1" for n in res.model.graph.nodes)
+    assert {"name": "r1", "output_dtype": "float16"} in res.write_encodings(None, "2.0.0")["encodings"]
 
 
 @pytest.mark.parametrize("bw", [33, 64, 2, 0, True, "8"])

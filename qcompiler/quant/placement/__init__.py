@@ -32,6 +32,7 @@ from ..profiles import Profile
 from .activations import CELL_STATE, drop_needless_quantizers, place_activations
 from .bodies import observed_body_names, place_bodies, tie_bodies
 from .bodies import record_bodies
+from .dynamic_weights import symmetric_dynamic_weights
 from .float_regions import drop_float_region_quantizers
 from .kernels import full_range_for_float_kernels, integer_kernel
 from .lookup import nodes_by_name, weight_nodes
@@ -68,6 +69,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     widen_or_float(plan, stats, profile)
     tie_values(plan, g, profile)
     check_tie_spread(plan, stats, g)
+    symmetric_dynamic_weights(plan, g, profile, opts)     # AIMET: K/V feeding a MatMul take the weights' symmetry
     if opts.optimize != "accuracy" and profile.fusions:
         from ..fusions import load_fusions
         drop_float_region_quantizers(plan, g, load_fusions(profile.fusions), everywhere=opts.optimize == "latency")
