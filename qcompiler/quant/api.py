@@ -80,7 +80,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
-             optimize: str = "balanced",
+             optimize: str = "balanced", smoothquant_alpha: Optional[float] = None,
              instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
@@ -108,7 +108,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
     every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
     may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency`
-    pass (report['latency'] and report['kernels']);
+    pass (report['latency'] and report['kernels']); `smoothquant_alpha`: SmoothQuant's alpha (0 < alpha < 1) for
+    every layer, and adds the `smoothquant` pass (without it, `recipe=["smoothquant"]` searches alpha per layer);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -129,8 +130,15 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         from ..arguments import got
         raise ArgumentError(f"optimize must be one of {', '.join(OPTIMIZE)}, got {got(optimize)}")
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
+    if smoothquant_alpha is not None:
+        from ..arguments import got
+        if isinstance(smoothquant_alpha, bool) or not isinstance(smoothquant_alpha, (int, float)) or \
+                not 0.0 < float(smoothquant_alpha) < 1.0:
+            raise ArgumentError(f"smoothquant_alpha must be a number between 0 and 1 (exclusive), "
+                                f"got {got(smoothquant_alpha)}")
     pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
-                                           load_encodings=load_encodings, measure_latency=measure_latency),
+                                           load_encodings=load_encodings, measure_latency=measure_latency,
+                                           smoothquant_alpha=smoothquant_alpha),
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
@@ -145,7 +153,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                          QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
                                        act_bits=act_bits, config=config, load_encodings=load_encodings,
                                        progress=progress, limit=limit, weight_block=weight_block,
-                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize))
+                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
+                                       smoothquant_alpha=None if smoothquant_alpha is None
+                                       else float(smoothquant_alpha)))
 
 
 

@@ -32,6 +32,7 @@ class QuantSettings:
     selection: Any = None               # quant.selection.Selection
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
     optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
+    smoothquant_alpha: Optional[float] = None   # smoothquant's alpha for every layer; None: searched per layer
 
 
 @dataclass

@@ -74,7 +74,7 @@ def run_quantization(ctx, pm) -> list:
 
 
 SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction",
-            "measure_latency": "measure-latency"}   # argument -> its pass
+            "measure_latency": "measure-latency", "smoothquant_alpha": "smoothquant"}   # argument -> its pass
 
 
 def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
