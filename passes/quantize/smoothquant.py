@@ -10,7 +10,8 @@ weights.
 alpha: `--smoothquant-alpha A` (API `smoothquant_alpha=A`, 0 < A < 1) for every layer; by default ("auto")
 it is searched per layer on the calibration rows of X over 0.3..0.8 (and "no smoothing"), scored by the layer
 output's MSE with X/s and s*W fake-quantized at the run's activation and weight bits (all alphas in one
-batched matmul). A layer whose best score is "no smoothing" is left alone, with that reason in the stats.
+batched matmul). A layer whose best score is "no smoothing", or that would need an explicit Mul for less than
+1 dB of layer MSE, is left alone, with that reason in the stats.
 
 Where 1/s goes, in this order (the stats' `folds` say which, per layer):
 - `fold`: into X's producer, when it can absorb a per-channel scale: a LayerNormalization's gamma/beta, the
@@ -46,6 +47,9 @@ from ..scale_folding import apply_plan, is_protected, plan_producer_fold, write_
 
 SMOOTHQUANT_ALPHA = DEFAULT_ALPHA
 SHAPE_ONLY = ("Shape", "Size")
+# an explicit Mul costs a float op per inference: a searched alpha inserts one only for at least this much lower
+# layer MSE (1 dB); a fold costs nothing and is taken for any gain
+MUL_MIN_GAIN = 10 ** 0.1
 DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")   # readers that see only X's shape, which the scale does not change
 # recognised structures whose nodes and constants never absorb a scale (their outputs get an explicit Mul)
 STRUCTURES = ("gelu", "silu", "hardswish", "hardsigmoid_gate", "layernorm", "rmsnorm")
@@ -253,12 +257,18 @@ def _collect(ctx, names) -> dict:
     """{name: RowReservoir} from one pass over ctx.samples."""
     from qcompiler.errors import DataError
     from qcompiler.quant.calibrate import extra_output_names, make_session
-    sess = make_session(ctx.model, extra_outputs=extra_output_names(ctx.model, names))
+    inputs = {v.name for v in ctx.model.graph.inputs}
+    fetch = [name for name in names if name not in inputs]   # a graph input is read from the feed itself
+    sess = make_session(ctx.model, extra_outputs=extra_output_names(ctx.model, fetch)) if fetch else None
     out = {name: RowReservoir() for name in names}
     n = 0
     for i, feed in enumerate(ctx.samples):
-        arrays = sess.run(names, feed, where=f"smoothquant sample {i}")
-        for name, a in zip(names, arrays):
+        arrays = sess.run(fetch, feed, where=f"smoothquant sample {i}") if fetch else []
+        got = dict(zip(fetch, arrays))
+        for name in names:
+            a = got[name] if name in got else feed.get(name)
+            if a is None:
+                continue
             a = np.asarray(a)
             if a.dtype in _FLOATS:
                 out[name].add(a)
@@ -338,11 +348,14 @@ class SmoothQuant(QuantPass):
                 if fixed is None:
                     alpha, scores = search_alpha(res.rows, w, res.absmax, wmax, ALPHA_GRID + (NO_SMOOTHING,),
                                                  **quant)
-                    if alpha is NO_SMOOTHING:
+                    gain = scores[NO_SMOOTHING] / max(scores[alpha], 1e-30) if alpha is not NO_SMOOTHING else 1.0
+                    if alpha is NO_SMOOTHING or (gr["target"] is None and gain < MUL_MIN_GAIN):
+                        best = min((a for a in scores if a is not None), key=scores.get)
                         for r, _, _ in readers:
-                            skipped[r.name] = f"smoothing does not lower the layer's quantization MSE " \
-                                              f"({scores[NO_SMOOTHING]:.3g} unsmoothed, best alpha " \
-                                              f"{min((a for a in scores if a is not None), key=scores.get)})"
+                            skipped[r.name] = f"smoothing lowers the layer's quantization MSE by " \
+                                              f"{10 * np.log10(scores[NO_SMOOTHING] / scores[best]):.2f} dB " \
+                                              f"(alpha {best})" + (", not worth an inserted Mul"
+                                                                   if alpha is not NO_SMOOTHING else "")
                         continue
                 else:
                     alpha = float(fixed)
