@@ -13,7 +13,7 @@ output's MSE with X/s and s*W fake-quantized at the run's activation and weight 
 batched matmul). A layer whose best score is "no smoothing", or that would need an explicit Mul for less than
 1 dB of layer MSE, is left alone, with that reason in the stats.
 
-Where 1/s goes, in this order (the stats' `folds` say which, per layer):
+Where 1/s goes, in this order (the stats' `folds` and the report's `smoothquant.layers` say which, per layer):
 - `fold`: into X's producer, when it can absorb a per-channel scale: a LayerNormalization's gamma/beta, the
   final Mul(gamma)/Add(beta) of a decomposed LayerNorm/RMSNorm, a previous MatMul/Gemm/Conv (its weights and
   bias, `scale_folding.plan_producer_fold`) or a Mul by a per-channel constant. Never into a node of a recognised
@@ -46,11 +46,12 @@ from qcompiler.quant.smoothquant import (ALPHA_GRID, DEFAULT_ALPHA, NO_SMOOTHING
 from ..scale_folding import apply_plan, is_protected, plan_producer_fold, write_constant_input
 
 SMOOTHQUANT_ALPHA = DEFAULT_ALPHA
-SHAPE_ONLY = ("Shape", "Size")
+SHAPE_ONLY = ("Shape", "Size")   # readers that see only X's shape, which the scale does not change
 # an explicit Mul costs a float op per inference: a searched alpha inserts one only for at least this much lower
 # layer MSE (1 dB); a fold costs nothing and is taken for any gain
 MUL_MIN_GAIN = 10 ** 0.1
-DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")   # readers that see only X's shape, which the scale does not change
+# walked back from an explicit Mul's input to the op computing it (all left unquantized)
+DATA_MOVEMENT = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten")
 # recognised structures whose nodes and constants never absorb a scale (their outputs get an explicit Mul)
 STRUCTURES = ("gelu", "silu", "hardswish", "hardsigmoid_gate", "layernorm", "rmsnorm")
 _FLOATS = (np.float16, np.float32, np.float64)
@@ -371,6 +372,10 @@ class SmoothQuant(QuantPass):
                     folds[r.name] = how
                     alphas[r.name] = alpha
         counts = {m: sum(1 for v in folds.values() if v == m) for m in ("fold", "fold+restore", "mul")}
+        ctx.smoothquant = {"alpha": "searched per layer" if fixed is None else fixed,
+                           "layers": {n: {"placed": folds[n], "alpha": alphas[n]} for n in smoothed},
+                           "counts": counts, "inserted_muls": inserted, "left_unquantized": unquantized,
+                           "skipped": skipped}
         if smoothed or skipped:
             al = f"alpha {fixed:g}" if fixed is not None else "alpha searched per layer"
             ctx.notes.append(f"smoothquant ({al}): {len(smoothed)} MatMul/Gemm smoothed (1/s folded: "

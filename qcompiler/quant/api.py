@@ -332,6 +332,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize
+    if ctx.smoothquant is not None:
+        report["smoothquant"] = ctx.smoothquant
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}

@@ -59,6 +59,7 @@ class QuantContext:
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     notes: List[str] = field(default_factory=list)
+    smoothquant: Optional[dict] = None  # smoothquant: per layer how 1/s was placed and alpha (report 'smoothquant')
     passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
 
     @property

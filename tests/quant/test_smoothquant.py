@@ -78,6 +78,8 @@ def test_float_outputs_unchanged_and_qkv_share_one_scale():
     assert st["smoothed"] == 3 and sorted(st["smoothed_nodes"]) == ["mm_k", "mm_q", "mm_v"]
     assert set(st["folds"].values()) == {"fold"} and not st["inserted_muls"]
     assert len(set(st["alphas"].values())) == 1 and st["alphas"]["mm_q"] in ALPHA_GRID
+    rep = r.report["smoothquant"]
+    assert rep["layers"]["mm_k"] == {"placed": "fold", "alpha": st["alphas"]["mm_k"]} and rep["counts"]["fold"] == 3
     assert any(n.startswith("smoothquant (alpha searched per layer): 3 MatMul/Gemm smoothed (1/s folded: 3")
                for n in r.report["notes"])
     ev = _data(rng, p, 1)[0]
@@ -178,7 +180,8 @@ def _two_gelus(rng, k=K, n=N):
     inits = [numpy_helper.from_array(w1, "w1"),
              numpy_helper.from_array((rng.normal(size=(k, n)) / np.sqrt(k)).astype(F), "w2"),
              numpy_helper.from_array((rng.normal(size=(K, k)) / np.sqrt(K)).astype(F), "w3"),
-             numpy_helper.from_array(np.array(0.5, F), "half"), numpy_helper.from_array(np.array(np.sqrt(2.0), F), "sqrt2"),
+             numpy_helper.from_array(np.array(0.5, F), "half"),
+             numpy_helper.from_array(np.array(np.sqrt(2.0), F), "sqrt2"),
              numpy_helper.from_array(np.array(1.0, F), "one")]
     nodes = []
     for tag, w in (("a", "w1"), ("b", "w3")):
