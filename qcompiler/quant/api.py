@@ -81,6 +81,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
              optimize: str = "balanced", untaken_branches: str = "float",
+             smoothquant_alpha: Optional[float] = None,
              instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
@@ -111,6 +112,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     pass (report['latency'] and report['kernels']); `untaken_branches`: an If branch calibration never took keeps
     float activations ("float", default) or, "mirror", is calibrated from the other branch where the values are
     the same tensors (passes/quantize/untaken_branches.py; the notes say what each idle branch got);
+    `smoothquant_alpha`: SmoothQuant's alpha (0 < alpha < 1) for every layer, and adds the `smoothquant` pass
+    (without it, `recipe=["smoothquant"]` searches alpha per layer);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -136,9 +139,16 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         raise ArgumentError(f"untaken_branches must be one of {', '.join(UNTAKEN_BRANCHES)}, "
                             f"got {got(untaken_branches)}")
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
+    if smoothquant_alpha is not None:
+        from ..arguments import got
+        if isinstance(smoothquant_alpha, bool) or not isinstance(smoothquant_alpha, (int, float)) or \
+                not 0.0 < float(smoothquant_alpha) < 1.0:
+            raise ArgumentError(f"smoothquant_alpha must be a number between 0 and 1 (exclusive), "
+                                f"got {got(smoothquant_alpha)}")
     pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
                                            load_encodings=load_encodings, measure_latency=measure_latency,
-                                           untaken_branches=untaken_branches == "mirror"),
+                                           untaken_branches=untaken_branches == "mirror",
+                                           smoothquant_alpha=smoothquant_alpha),
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
@@ -153,8 +163,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                          QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
                                        act_bits=act_bits, config=config, load_encodings=load_encodings,
                                        progress=progress, limit=limit, weight_block=weight_block,
-                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize))
-
+                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
+                                       smoothquant_alpha=None if smoothquant_alpha is None
+                                       else float(smoothquant_alpha)))
 
 
 def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -333,6 +344,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize
+    if ctx.smoothquant is not None:
+        report["smoothquant"] = ctx.smoothquant
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}

@@ -61,6 +61,9 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("--untaken-branches", type=click.Choice(["float", "mirror"]), default="float", show_default=True,
               help="an If branch the calibration data never takes: float activations, or mirror: calibrated from "
               "the other branch where the values are the same tensors (the report's notes say which)")
+@click.option("--smoothquant-alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=None,
+              metavar="ALPHA", help="SmoothQuant's alpha for every layer (adds --recipe smoothquant; without it the "
+              "recipe searches alpha per layer on the calibration data)")
 @click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
               "(default session options, interleaved) and list which nodes run on integer kernels and why not")
 @click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
@@ -84,7 +87,7 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
                  block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize, measure_latency,
-                 opset, untaken_branches,
+                 opset, untaken_branches, smoothquant_alpha,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
@@ -100,7 +103,8 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
     names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
-                         measure_latency=measure_latency, untaken_branches=untaken_branches == "mirror")
+                         measure_latency=measure_latency, untaken_branches=untaken_branches == "mirror",
+                         smoothquant_alpha=smoothquant_alpha)
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     outputs = [("-o", output), ("--encodings", encodings_path),
                ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])
@@ -113,7 +117,8 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                    progress=False if quiet else progress, limit=limit, weight_block=block_size,
                    exclude=list(exclude) or None, op_types=ops,
                    act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
-                   pipeline=names, opset=opset, optimize=optimize, instrumentations=instruments.list)
+                   pipeline=names, opset=opset, optimize=optimize, smoothquant_alpha=smoothquant_alpha,
+                   instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)

@@ -32,6 +32,7 @@ class QuantSettings:
     selection: Any = None               # quant.selection.Selection
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
     optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
+    smoothquant_alpha: Optional[float] = None   # smoothquant's alpha for every layer; None: searched per layer
 
 
 @dataclass
@@ -59,6 +60,7 @@ class QuantContext:
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     notes: List[str] = field(default_factory=list)
+    smoothquant: Optional[dict] = None  # smoothquant: per layer how 1/s was placed and alpha (report 'smoothquant')
     passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
 
     @property

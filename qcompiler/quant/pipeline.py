@@ -74,7 +74,7 @@ def run_quantization(ctx, pm) -> list:
 
 
 SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction",
-            "measure_latency": "measure-latency",
+            "measure_latency": "measure-latency", "smoothquant_alpha": "smoothquant",
             "untaken_branches": "mirror-untaken-branches"}   # argument -> its pass
 
 
