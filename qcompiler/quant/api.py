@@ -80,8 +80,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
-             optimize: str = "balanced",
-             instrumentations: Iterable = ()) -> QuantizeResult:
+             optimize: str = "balanced", max_drop=None, metric=None, ray: Optional[str] = None,
+             executor=None, instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
@@ -108,7 +108,11 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
     every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
     may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency`
-    pass (report['latency'] and report['kernels']);
+    pass (report['latency'] and report['kernels']); `max_drop`: a budget (0.01 or "1%") switches on the
+    `mixed-precision` pass: the cheapest per-layer precision whose drop on the calibration samples stays within
+    it (qcompiler.quant.mixed_precision; report['mixed_precision']); `metric`: its `metric(outputs) -> score`
+    (default: relative output error); `ray`: run its evaluations on Ray ("auto" or an address), `executor`: or
+    on an object with `map(fn, items)` (qcompiler.quant.executor; default: local processes);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -129,8 +133,11 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
         from ..arguments import got
         raise ArgumentError(f"optimize must be one of {', '.join(OPTIMIZE)}, got {got(optimize)}")
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
+    from .mixed_precision.budget import check_budget
+    max_drop, metric, ray = check_budget(max_drop, metric, ray, executor)
     pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
-                                           load_encodings=load_encodings, measure_latency=measure_latency),
+                                           load_encodings=load_encodings, measure_latency=measure_latency,
+                                           max_drop=max_drop),
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
@@ -145,7 +152,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                          QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
                                        act_bits=act_bits, config=config, load_encodings=load_encodings,
                                        progress=progress, limit=limit, weight_block=weight_block,
-                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize))
+                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
+                                       max_drop=max_drop, metric=metric, ray=ray, executor=executor))
 
 
 
@@ -249,6 +257,8 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))
     opset, fallback = choose_opset(s, profile, model.opset)
+    if s.max_drop is not None and s.opset is None and opset < 21:   # int4/int16 candidates (mixed_precision)
+        opset, fallback = 21, opset
     ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback,
                        source=model_or_path)
     ctx.samples = load_samples(calib, input_specs(model.graph), limit=s.limit)
@@ -322,6 +332,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize
+    if ctx.mixed_precision is not None:
+        report["mixed_precision"] = ctx.mixed_precision
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}

@@ -32,6 +32,10 @@ class QuantSettings:
     selection: Any = None               # quant.selection.Selection
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
     optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
+    max_drop: Optional[float] = None    # mixed-precision budget (a fraction: 0.01 = 1 %)
+    metric: Any = None                  # mixed-precision: metric(outputs) -> score, None: relative error
+    ray: Optional[str] = None           # mixed-precision: run the evaluations on Ray ("auto" or an address)
+    executor: Any = None                # mixed-precision: an executor object (tests; overrides `ray`)
 
 
 @dataclass
@@ -58,6 +62,7 @@ class QuantContext:
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     notes: List[str] = field(default_factory=list)
+    mixed_precision: Optional[dict] = None   # the mixed-precision pass's result (report 'mixed_precision')
     passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
 
     @property

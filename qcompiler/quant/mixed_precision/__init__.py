@@ -1,0 +1,523 @@
+"""Mixed precision under an accuracy budget (issue 15 item 6): `quantize(..., max_drop=0.01)`,
+`qcompiler quantize ... --max-drop 1%`.
+
+What it does, in the `mixed-precision` pass (after `place`, before `assign-encodings`: it rewrites which bits
+each layer gets, then the plan is built again and the rest of the pipeline runs as usual):
+
+1. **Layers.** Every node with a constant weight the target profile quantizes (Conv, ConvTranspose, Gemm,
+   MatMul, LSTM/GRU/RNN; `Profile.weights`), together with the plan's supergroup it belongs to (Conv+Relu, ...)
+   and the Add of an exported Linear's bias (`Profile.bias_add_ops`), is one layer. Layers the user's config or
+   selection keeps float are not searched.
+2. **Candidates** (cheapest first): W4A8, W8A8, W8A16, W16A16, float16, float. `WxAy` = the layer's weights on
+   an x-bit grid and its output activation (what the next layer reads) on a y-bit grid; float16 = the layer runs
+   in fp16 between Casts (the float16-islands pass); float = no quantizer. A candidate the target profile cannot
+   carry is skipped: activation bits other than the profile's `activation.bits` / `wide_activation_bits`,
+   weight bits other than `weight.bits`, 4 (`per_block_weight_bits` lists it: the profile knows int4 weights)
+   or its 16-bit widening. The search needs opset 21 (int4/int16 Q/DQ): `quantize` asks for it.
+3. **The drop.** `metric=None` (default): the drop is the relative RMS error of the outputs against float on
+   the kept calibration samples, sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
+   (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs) -> score` (higher is better), where `outputs` is
+   a list with one dict {graph output name: array} per kept calibration sample; the float model's score F and
+   a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a 1 % drop). The callable runs in
+   this process only, never in the workers.
+4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float) on the calibration
+   samples kept for the report: the drop is its sensitivity. One executor (qcompiler/quant/executor.py) runs
+   the candidate models in onnxruntime: local processes by default, a Ray cluster with `--ray auto|ADDRESS`.
+   The table is bounded by MAX_SENSITIVITY_SECONDS: what is not measured by then is not chosen.
+5. **Assignment.** Every layer starts float; greedily, the move that saves the most weight bytes per unit of
+   estimated drop (the layer drops add up, plus the drop of everything outside the layers at the user's
+   settings) is taken while the estimate stays within the budget. The whole assigned model is then built and
+   measured; while its drop exceeds the budget, the most sensitive layers (1, 2, 4, ... of them) go one
+   candidate up, and it is measured again. All layers float is the last step, and if even the nodes outside
+   the layers break the budget, the whole model stays float (with a note). So the model `quantize` returns
+   never exceeds the budget on the data the search measured (its calibration samples); on other data it is
+   an estimate (benchmarks/bench_mixed_precision.py measures each corpus model's eval set).
+6. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
+   assignments tried (weight bytes, measured drop), the seconds. The CLI prints the table and writes a
+   Pareto plot (weight bytes against drop of every assignment tried) beside the report as
+   `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
+
+Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
+the other weights at the user's settings; ties are broken on activation bits.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
+MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
+EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    weight_bits: Optional[int]     # None: float weights
+    act_bits: Optional[int]
+    precision: str = "int"         # int | float16 | float32
+
+    @property
+    def weight_bytes_per_element(self) -> float:
+        if self.precision == "float16":
+            return 2.0
+        if self.precision == "float32":
+            return 4.0
+        return self.weight_bits / 8.0
+
+    @property
+    def cost(self) -> float:
+        """Weight bytes per element, activation bits as the tie-break (fp16 above W16A16: Casts)."""
+        act = self.act_bits or (16 if self.precision == "float16" else 32)
+        return self.weight_bytes_per_element + act / 1000.0 + (0.0005 if self.precision == "float16" else 0.0)
+
+    def updates(self) -> dict:
+        if self.precision != "int":
+            return {"precision": self.precision}
+        return {"precision": "int", "weight_bits": self.weight_bits, "act_bits": self.act_bits,
+                "weight_quantized": True, "output_quantized": True}
+
+
+CANDIDATES = (Candidate("W4A8", 4, 8), Candidate("W8A8", 8, 8), Candidate("W8A16", 8, 16),
+              Candidate("W16A16", 16, 16), Candidate("float16", None, None, "float16"),
+              Candidate("float", None, None, "float32"))
+BY_NAME = {c.name: c for c in CANDIDATES}
+
+
+def legal_candidates(profile) -> Tuple[List[Candidate], Dict[str, str]]:
+    """The candidates `profile` can carry (cheapest first) and {skipped name: why}."""
+    acts = {profile.activation.bits} | ({profile.wide_activation_bits} if profile.wide_activation_bits else set())
+    weights = {profile.weight.bits} | ({4} if 4 in profile.per_block_weight_bits else set()) | \
+        ({16} if profile.wide_activation_bits == 16 else set())
+    out, skipped = [], {}
+    for c in CANDIDATES:
+        if c.precision == "int":
+            if c.act_bits not in acts:
+                skipped[c.name] = f"{profile.name} has no {c.act_bits}-bit activations"
+                continue
+            if c.weight_bits not in weights:
+                skipped[c.name] = f"{profile.name} has no {c.weight_bits}-bit weights"
+                continue
+        out.append(c)
+    return sorted(out, key=lambda c: c.cost), skipped
+
+
+@dataclass
+class Layer:
+    name: str                 # the weighted node
+    op_type: str
+    nodes: Tuple[str, ...]    # every node of the unit (supergroup, bias Add)
+    weight_elements: int
+
+
+def find_layers(model, plan, profile, options) -> List[Layer]:
+    """The searchable units: weighted nodes with their supergroup and bias Add (see the module docstring)."""
+    from ..placement.options import node_settings
+    in_group: Dict[str, List[str]] = {}
+    for sg in plan.supergroups:
+        for n in sg.nodes:
+            in_group[n] = list(sg.nodes)
+    layers = []
+    taken = set()
+    for node in model.graph.nodes:
+        slots = profile.weights.get(node.op_type)
+        if not slots or node.name in taken:
+            continue
+        elems = 0
+        for slot in slots:
+            v = node.inputs[slot] if slot < len(node.inputs) else None
+            if v is not None and v.tensor is not None:
+                elems += int(np.prod(v.tensor.dims)) if len(v.tensor.dims) else 1
+        if not elems:
+            continue
+        if node_settings(options, profile, node).get("precision", "int") != "int":
+            continue
+        nodes = list(in_group.get(node.name, [node.name]))
+        if node.op_type in profile.bias_add_ops and len(node.outputs) == 1 and node.outputs[0] is not None:
+            uses = node.outputs[0].uses()
+            if len(uses) == 1 and not uses[0].is_graph_output and uses[0].user.op_type == "Add" and \
+                    any(i is not None and i.const_value() is not None for i in uses[0].user.inputs):
+                nodes.append(uses[0].user.name)
+        nodes = [n for n in dict.fromkeys(nodes) if n not in taken]
+        taken.update(nodes)
+        layers.append(Layer(node.name, node.op_type, tuple(nodes), elems))
+    return layers
+
+
+# --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
+def run_candidate(item) -> Optional[list]:
+    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
+    sample, [{output name: array}], or None when onnxruntime refuses the model."""
+    model_bytes, samples_path, n_inputs = item
+    from ...ort_session import create_session
+    import onnxruntime as ort
+    with np.load(samples_path, allow_pickle=False) as z:
+        feeds = []
+        names = [str(x) for x in z["__names__"]]
+        i = 0
+        while f"s{i}_0" in z.files:
+            feeds.append({names[j]: z[f"s{i}_{j}"] for j in range(n_inputs)})
+            i += 1
+    for level in (None, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
+        try:
+            sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
+            outs = [o.name for o in sess.get_outputs()]
+            return [dict(zip(outs, sess.run(outs, f))) for f in feeds]
+        except Exception:   # noqa: BLE001 - a candidate onnxruntime cannot run is not chosen
+            continue
+    return None
+
+
+def relative_error(float_outs: list, q_outs: list) -> float:
+    """The default drop: worst output's sqrt(sum (q - f)^2 / sum f^2) over the samples."""
+    worst = 0.0
+    for name in float_outs[0]:
+        num = den = 0.0
+        for f, q in zip(float_outs, q_outs):
+            fa = np.asarray(f[name], dtype=np.float64)
+            if not np.issubdtype(np.asarray(f[name]).dtype, np.floating):
+                continue
+            d = np.asarray(q[name], dtype=np.float64) - fa
+            num += float(np.sum(d * d))
+            den += float(np.sum(fa * fa))
+        if den > 0:
+            worst = max(worst, math.sqrt(num / den))
+        elif num > 0:
+            worst = math.inf
+    return worst
+
+
+@dataclass
+class Trial:
+    what: str                     # "all float", "greedy", "back-off 1", "all W8A8", ...
+    assignment: Dict[str, str]
+    weight_bytes: int
+    drop: float
+
+
+@dataclass
+class Result:
+    budget: float
+    metric: str
+    layers: List[Layer]
+    candidates: List[str]
+    skipped: Dict[str, str]
+    table: Dict[str, Dict[str, float]]          # layer -> candidate -> drop (sensitivity)
+    assignment: Dict[str, str]                  # layer -> chosen candidate
+    drop: float                                 # measured on the kept samples
+    weight_bytes: int
+    trials: List[Trial] = field(default_factory=list)
+    seconds: Dict[str, float] = field(default_factory=dict)
+    evaluations: int = 0
+    executor: str = "serial"
+    whole_model_float: bool = False
+    notes: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        def num(x):
+            return round(float(x), 6) if math.isfinite(x) else ("inf" if x > 0 else "nan")
+        return {"budget": self.budget, "metric": self.metric, "candidates": self.candidates,
+                "skipped_candidates": self.skipped, "drop": num(self.drop), "weight_bytes": self.weight_bytes,
+                "executor": self.executor, "evaluations": self.evaluations,
+                "whole_model_float": self.whole_model_float,
+                "layers": {l.name: {"op": l.op_type, "nodes": list(l.nodes), "weights": l.weight_elements,
+                                    "chosen": self.assignment.get(l.name, "float"),
+                                    "sensitivity": {c: num(v) for c, v in self.table.get(l.name, {}).items()}}
+                           for l in self.layers},
+                "trials": [{"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)}
+                           for t in self.trials],
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": list(self.notes)}
+
+
+class Search:
+    """One search on a QuantContext after `place` (statistics and the user's plan are there)."""
+
+    def __init__(self, ctx, budget: float, metric: Optional[Callable] = None, executor=None):
+        from ...onnx_io import model_to_proto
+        self.ctx, self.budget, self.metric = ctx, float(budget), metric
+        self.executor = executor
+        self.profile = ctx.profile
+        self.base_bytes = model_to_proto(ctx.model).SerializeToString()
+        self.stats = ctx.calibration.stats()
+        kept = ctx.calibration.kept
+        self.float_outs = [dict(o) for _, o in kept]
+        self.input_names = list(kept[0][0]) if kept else []
+        self.float_score = float(metric(self.float_outs)) if metric is not None and kept else None
+        self.evaluations = 0
+        self.all_nodes = [n.name for n in ctx.model.graph.nodes]
+        self.other_weight_bytes = 0
+        self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
+        self.samples_path = os.path.join(self._dir.name, "samples.npz")
+        arrays = {"__names__": np.array(self.input_names)}
+        for i, (feed, _) in enumerate(kept):
+            for j, name in enumerate(self.input_names):
+                arrays[f"s{i}_{j}"] = np.asarray(feed[name])
+        np.savez(self.samples_path, **arrays)
+
+    def close(self):
+        self._dir.cleanup()
+
+    # --- building one candidate model ----------------------------------------------------------------------
+    def config_for(self, assignment: Dict[str, str], layers: List[Layer], rest_float: bool):
+        """The user's config with rules appended: the rest float (sensitivity runs), then one rule per layer."""
+        from ..config import Rule
+        from ..selection import config_with_rules
+        opts = self.ctx.options
+        base = opts.config
+        first = len(base.rules) if base is not None else 0
+        rules = []
+        if rest_float:
+            mine = {n for l in layers if l.name in assignment for n in l.nodes}
+            rules.append(Rule(index=first, names=frozenset(n for n in self.all_nodes if n not in mine),
+                              updates={"precision": "float32"}))
+        by_cand: Dict[str, set] = {}
+        for l in layers:
+            c = assignment.get(l.name)
+            if c is not None:
+                by_cand.setdefault(c, set()).update(l.nodes)
+        for c, names in by_cand.items():
+            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates()))
+        defaults = {"act_bits": opts.act_bits, "weight_bits": opts.weight_bits, "weight_per_channel": opts.per_channel,
+                    "weight_block": opts.weight_block,
+                    "act_symmetric": bool(self.profile.activation.symmetric) if opts.act_symmetric is None
+                    else opts.act_symmetric,
+                    "weight_symmetric": bool(self.profile.weight.symmetric) if opts.weight_symmetric is None
+                    else opts.weight_symmetric}
+        return config_with_rules(base, rules, defaults)
+
+    def options_for(self, config):
+        import copy
+        o = copy.copy(self.ctx.options)
+        o.config = config
+        return o
+
+    def lower(self, config) -> Optional[bytes]:
+        """The QDQ model for `config` (serialized), built from the calibrated model as the pipeline would."""
+        import onnx
+        from ...onnx_io import model_from_proto, model_to_proto
+        from ..calibrate import assign_encodings
+        from ..float16 import apply_float16, float16_nodes
+        from ..placement import build_plan, decide_storage
+        from ..qdq import apply_plan, assign_block_encodings
+        m = model_from_proto(onnx.load_from_string(self.base_bytes))
+        cal = self.ctx.calibration
+        plan = build_plan(m, self.profile, cal.dtypes, self.stats, self.options_for(config))
+        if plan.needs_opset() > m.opset:
+            return None
+        scheme = self.ctx.settings.scheme
+        assign_encodings(plan, m, cal, scheme)
+        assign_block_encodings(plan, m, scheme)
+        f16 = float16_nodes(m, config, plan.dtypes)
+        decide_storage(plan, m)
+        apply_plan(m, plan)
+        if f16:
+            apply_float16(m, f16, probe_ort=self.profile.name.startswith("ort"))
+        return model_to_proto(m).SerializeToString()
+
+    def drop_of(self, outs: Optional[list]) -> float:
+        if outs is None:
+            return math.inf
+        if self.metric is None:
+            return relative_error(self.float_outs, outs)
+        q = float(self.metric(outs))
+        f = self.float_score
+        if not math.isfinite(q):
+            return math.inf
+        return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
+
+    def measure(self, configs: list) -> List[float]:
+        """Drops of the models for `configs`, the onnxruntime runs through the executor."""
+        items, index = [], []
+        for i, cfg in enumerate(configs):
+            b = self.lower(cfg)
+            if b is not None:
+                items.append((b, self.samples_path, len(self.input_names)))
+                index.append(i)
+        outs = self.executor.map(run_candidate, items) if items else []
+        self.evaluations += len(items)
+        drops = [math.inf] * len(configs)
+        for i, o in zip(index, outs):
+            drops[i] = self.drop_of(o)
+        return drops
+
+    # --- the search -----------------------------------------------------------------------------------------
+    def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer]) -> int:
+        base = self.ctx.options.weight_bits / 8.0
+        total = self.other_weight_bytes * 1.0
+        for l in layers:
+            c = assignment.get(l.name)
+            total += l.weight_elements * (BY_NAME[c].weight_bytes_per_element if c else base)
+        return int(round(total))
+
+    def run(self) -> Result:
+        t0 = time.perf_counter()
+        ctx = self.ctx
+        cands, skipped = legal_candidates(self.profile)
+        layers = find_layers(ctx.model, ctx.plan, self.profile, ctx.options)
+        self.other_weight_bytes = self._other_weight_bytes(layers)
+        names = [c.name for c in cands]
+        res = Result(budget=self.budget, metric="relative output error" if self.metric is None else
+                     getattr(self.metric, "__name__", "metric"), layers=layers, candidates=names,
+                     skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
+                     executor=getattr(self.executor, "name", "serial"))
+        # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
+        table: Dict[str, Dict[str, float]] = {l.name: {} for l in layers}
+        timed_out = False
+        for c in names:
+            if c == "float":
+                for l in layers:
+                    table[l.name][c] = 0.0
+                continue
+            todo = [l for l in layers]
+            if time.perf_counter() - t0 > MAX_SENSITIVITY_SECONDS:
+                timed_out = True
+                break
+            drops = self.measure([self.config_for({l.name: c}, layers, rest_float=True) for l in todo])
+            for l, d in zip(todo, drops):
+                table[l.name][c] = d
+        if timed_out:
+            res.notes.append(f"sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} s: candidates not "
+                             f"measured are not chosen")
+        res.table = table
+        t1 = time.perf_counter()
+        res.seconds["sensitivity"] = t1 - t0
+        # 2. what the nodes outside the layers cost at the user's settings (layers float)
+        all_float = {l.name: "float" for l in layers}
+        rest = self.measure([self.config_for(all_float, layers, rest_float=False)])[0]
+        res.trials.append(Trial("layers float", dict(all_float), self.weight_bytes(all_float, layers), rest))
+        # 3. greedy from the table, then measure and back off
+        assignment = self.greedy(layers, names, table, rest)
+        step, k = 0, 1
+        while True:
+            d = self.measure([self.config_for(assignment, layers, rest_float=False)])[0]
+            step += 1
+            res.trials.append(Trial("greedy" if step == 1 else f"back-off {step - 1}", dict(assignment),
+                                    self.weight_bytes(assignment, layers), d))
+            if d <= self.budget:
+                res.assignment, res.drop = dict(assignment), d
+                break
+            raised = self.back_off(assignment, layers, names, table, k)
+            k *= 2
+            if not raised or step >= MAX_VERIFICATIONS:
+                if rest <= self.budget:
+                    res.assignment, res.drop = dict(all_float), rest
+                    res.notes.append("back-off reached every layer float" if raised else
+                                     "back-off stopped: every searched layer float")
+                else:
+                    res.assignment, res.drop = dict(all_float), 0.0
+                    res.whole_model_float = True
+                    res.notes.append(f"even with every layer float the other quantizers drop "
+                                     f"{100 * rest:.3g} % > {100 * self.budget:.3g} %: the whole model stays float")
+                break
+        res.weight_bytes = self.weight_bytes(res.assignment, layers) if not res.whole_model_float else \
+            int(self.other_weight_bytes_float(layers))
+        res.seconds["assignment"] = time.perf_counter() - t1
+        res.seconds["total"] = time.perf_counter() - t0
+        res.evaluations = self.evaluations
+        return res
+
+    def reference(self, res: Result, name: str) -> None:
+        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
+        a = {l.name: name for l in res.layers}
+        d = self.measure([self.config_for(a, res.layers, rest_float=False)])[0]
+        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers), d))
+
+    def greedy(self, layers, names, table, rest) -> Dict[str, str]:
+        """From every layer float: take the move with the most cost saved per estimated drop while
+        rest + sum of the layers' drops stays within the budget."""
+        cur = {l.name: "float" for l in layers}
+        est = rest
+        rank = {c: i for i, c in enumerate(names)}
+        while True:
+            best, best_eff = None, -1.0
+            for l in layers:
+                now = cur[l.name]
+                d_now = max(0.0, table[l.name].get(now, 0.0))
+                for c in names[:rank[now]]:
+                    d = table[l.name].get(c, math.inf)
+                    if not math.isfinite(d):
+                        continue
+                    delta = max(0.0, d) - d_now
+                    if est + delta > self.budget:
+                        continue
+                    saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
+                    eff = saved / (max(delta, 0.0) + EPS)
+                    if saved > 0 and eff > best_eff:
+                        best, best_eff = (l.name, c, delta), eff
+            if best is None:
+                return cur
+            name, c, delta = best
+            cur[name] = c
+            est += delta
+
+    @staticmethod
+    def back_off(assignment, layers, names, table, k) -> int:
+        """Raise the k layers whose current candidate is the most sensitive one step up; returns how many."""
+        rank = {c: i for i, c in enumerate(names)}
+        movable = [l for l in layers if rank[assignment[l.name]] < len(names) - 1]
+        movable.sort(key=lambda l: -table[l.name].get(assignment[l.name], math.inf))
+        for l in movable[:k]:
+            assignment[l.name] = names[rank[assignment[l.name]] + 1]
+        return len(movable[:k])
+
+    def _other_weight_bytes(self, layers) -> int:
+        """Weight bytes outside the layers at the user's weight bits (quantized weights) or float."""
+        mine = {n for l in layers for n in l.nodes}
+        total = 0
+        wb = self.ctx.options.weight_bits / 8.0
+        for node in self.ctx.model.graph.nodes:
+            if node.name in mine:
+                continue
+            for slot in (self.profile.weights.get(node.op_type) or {}):
+                v = node.inputs[slot] if slot < len(node.inputs) else None
+                if v is not None and v.tensor is not None:
+                    total += int(np.prod(v.tensor.dims)) * wb
+        return int(total)
+
+    def other_weight_bytes_float(self, layers) -> float:
+        return self.other_weight_bytes / (self.ctx.options.weight_bits / 8.0) * 4 + \
+            sum(l.weight_elements * 4 for l in layers)
+
+
+def apply_result(ctx, search: Search, res: Result) -> None:
+    """Make the chosen assignment the run's config and rebuild the plan (and the fp16 island list)."""
+    from ..config import Rule
+    from ..float16 import float16_nodes
+    from ..placement import build_plan
+    if res.whole_model_float:
+        cfg = search.config_for({}, res.layers, rest_float=False)
+        cfg.rules.append(Rule(index=len(cfg.rules), names=frozenset(search.all_nodes),
+                              updates={"precision": "float32"}))
+    else:
+        cfg = search.config_for(res.assignment, res.layers, rest_float=False)
+    ctx.options = search.options_for(cfg)
+    cal = ctx.calibration
+    ctx.plan = build_plan(ctx.model, ctx.profile, cal.dtypes, search.stats, ctx.options)
+    ctx.float16 = float16_nodes(ctx.model, cfg, ctx.plan.dtypes)
+
+
+def format_table(mp: dict) -> str:
+    """The report's mixed_precision section as a text table: layer, chosen candidate, its sensitivity."""
+    rows = [("layer", "op", "chosen", "drop alone %", "weights")]
+    for name, l in mp["layers"].items():
+        s = l["sensitivity"].get(l["chosen"])
+        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else str(s)
+        rows.append((name[:60], l["op"], l["chosen"], s, str(l["weights"])))
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    d = mp["drop"]
+    lines.append(f"  mixed precision: drop {100 * d:.4g} % (budget {100 * mp['budget']:.4g} %, "
+                 f"{mp['metric']}), weights {mp['weight_bytes']} bytes, {mp['evaluations']} evaluations on "
+                 f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
+                 f"  mixed precision: drop {d}")
+    return "\n".join(lines)
+
+
+__all__ = ["CANDIDATES", "Candidate", "legal_candidates", "find_layers", "Search", "Result", "apply_result",
+           "format_table", "relative_error", "run_candidate"]
