@@ -53,6 +53,10 @@ import numpy as np
 
 MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
 MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
+REST_LEVELS = {"base": {}, "A16": {"act_bits": 16}, "float": {"precision": "float32"}}
+REST_SHARE = 0.5                  # the nodes outside the layers take the cheapest level within this share
+REFINE_ROUNDS = 2                 # re-greedy rounds from a measured assignment well within the budget
+REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
 
 
@@ -217,6 +221,8 @@ class Result:
     evaluations: int = 0
     executor: str = "serial"
     whole_model_float: bool = False
+    rest: str = "base"                          # the nodes outside the layers: base | A16 | float
+    rest_drops: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -225,7 +231,8 @@ class Result:
         return {"budget": self.budget, "metric": self.metric, "candidates": self.candidates,
                 "skipped_candidates": self.skipped, "drop": num(self.drop), "weight_bytes": self.weight_bytes,
                 "executor": self.executor, "evaluations": self.evaluations,
-                "whole_model_float": self.whole_model_float,
+                "whole_model_float": self.whole_model_float, "rest": self.rest,
+                "rest_drops": {k: num(v) for k, v in self.rest_drops.items()},
                 "layers": {l.name: {"op": l.op_type, "nodes": list(l.nodes), "weights": l.weight_elements,
                                     "chosen": self.assignment.get(l.name, "float"),
                                     "sensitivity": {c: num(v) for c, v in self.table.get(l.name, {}).items()}}
@@ -250,6 +257,7 @@ class Search:
         self.input_names = list(kept[0][0]) if kept else []
         self.float_score = float(metric(self.float_outs)) if metric is not None and kept else None
         self.evaluations = 0
+        self.power = 2 if metric is None else 1
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
@@ -264,18 +272,19 @@ class Search:
         self._dir.cleanup()
 
     # --- building one candidate model ----------------------------------------------------------------------
-    def config_for(self, assignment: Dict[str, str], layers: List[Layer], rest_float: bool):
-        """The user's config with rules appended: the rest float (sensitivity runs), then one rule per layer."""
+    def config_for(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base"):
+        """The user's config with rules appended: every node outside the assigned layers at `rest` (base: the
+        user's settings, A16: 16-bit activations, float), then one rule per chosen candidate."""
         from ..config import Rule
         from ..selection import config_with_rules
         opts = self.ctx.options
         base = opts.config
         first = len(base.rules) if base is not None else 0
         rules = []
-        if rest_float:
+        if rest != "base":
             mine = {n for l in layers if l.name in assignment for n in l.nodes}
             rules.append(Rule(index=first, names=frozenset(n for n in self.all_nodes if n not in mine),
-                              updates={"precision": "float32"}))
+                              updates=REST_LEVELS[rest]))
         by_cand: Dict[str, set] = {}
         for l in layers:
             c = assignment.get(l.name)
@@ -347,9 +356,9 @@ class Search:
         return drops
 
     # --- the search -----------------------------------------------------------------------------------------
-    def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer]) -> int:
+    def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base") -> int:
         base = self.ctx.options.weight_bits / 8.0
-        total = self.other_weight_bytes * 1.0
+        total = self.other_weight_bytes * (4.0 / base if rest == "float" else 1.0)
         for l in layers:
             c = assignment.get(l.name)
             total += l.weight_elements * (BY_NAME[c].weight_bytes_per_element if c else base)
@@ -378,7 +387,7 @@ class Search:
             if time.perf_counter() - t0 > MAX_SENSITIVITY_SECONDS:
                 timed_out = True
                 break
-            drops = self.measure([self.config_for({l.name: c}, layers, rest_float=True) for l in todo])
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo])
             for l, d in zip(todo, drops):
                 table[l.name][c] = d
         if timed_out:
@@ -387,36 +396,62 @@ class Search:
         res.table = table
         t1 = time.perf_counter()
         res.seconds["sensitivity"] = t1 - t0
-        # 2. what the nodes outside the layers cost at the user's settings (layers float)
+        # 2. the nodes outside the layers (layers float): the user's settings, 16-bit activations or float;
+        # the cheapest level within REST_SHARE of the budget (powers), else within the budget, else float
         all_float = {l.name: "float" for l in layers}
-        rest = self.measure([self.config_for(all_float, layers, rest_float=False)])[0]
-        res.trials.append(Trial("layers float", dict(all_float), self.weight_bytes(all_float, layers), rest))
-        # 3. greedy from the table, then measure and back off
+        levels = ["base"] + (["A16"] if self.profile.wide_activation_bits == 16 and
+                             self.ctx.options.act_bits != 16 else [])
+        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels])
+        rest_drops = dict(zip(levels, drops))
+        rest_drops["float"] = 0.0
+        for lv, d in rest_drops.items():
+            if lv != "float":
+                res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+                                        self.weight_bytes(all_float, layers, lv), d))
+        p = self.power
+        level = next((lv for lv, d in rest_drops.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
+            next(lv for lv, d in rest_drops.items() if d <= self.budget)
+        rest = rest_drops[level]
+        res.rest, res.rest_drops = level, rest_drops
+        # 3. greedy from the table, then measure: back off while above the budget; when well within it, go on
+        # from the measured assignment with the estimate rescaled to what was measured (REFINE_ROUNDS)
         assignment = self.greedy(layers, names, table, rest)
-        step, k = 0, 1
-        while True:
-            d = self.measure([self.config_for(assignment, layers, rest_float=False)])[0]
+        best: Optional[Tuple[Dict[str, str], float]] = None
+        step, k, refined = 0, 1, 0
+        while step < MAX_VERIFICATIONS:
+            d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             step += 1
-            res.trials.append(Trial("greedy" if step == 1 else f"back-off {step - 1}", dict(assignment),
-                                    self.weight_bytes(assignment, layers), d))
+            what = "greedy" if step == 1 else ("refine" if refined and k == 1 else f"back-off {step - 1}")
+            res.trials.append(Trial(what, dict(assignment), self.weight_bytes(assignment, layers, level), d))
             if d <= self.budget:
-                res.assignment, res.drop = dict(assignment), d
+                if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
+                    best = (dict(assignment), d)
+                if refined >= REFINE_ROUNDS or d > REFINE_BELOW * self.budget:
+                    break
+                est = self.estimate(assignment, layers, table, rest)
+                scale = (max(d, EPS) ** self.power - max(rest, 0.0) ** self.power) / max(est, EPS ** self.power)
+                nxt = self.greedy(layers, names, table, rest, start=assignment, scale=max(scale, 0.05))
+                refined += 1
+                if nxt == assignment:
+                    break
+                assignment, k = nxt, 1
+                continue
+            if best is not None:        # a refinement overshot: keep the assignment measured within
                 break
             raised = self.back_off(assignment, layers, names, table, k)
             k *= 2
-            if not raised or step >= MAX_VERIFICATIONS:
-                if rest <= self.budget:
-                    res.assignment, res.drop = dict(all_float), rest
-                    res.notes.append("back-off reached every layer float" if raised else
-                                     "back-off stopped: every searched layer float")
-                else:
-                    res.assignment, res.drop = dict(all_float), 0.0
-                    res.whole_model_float = True
-                    res.notes.append(f"even with every layer float the other quantizers drop "
-                                     f"{100 * rest:.3g} % > {100 * self.budget:.3g} %: the whole model stays float")
+            if not raised:
                 break
-        res.weight_bytes = self.weight_bytes(res.assignment, layers) if not res.whole_model_float else \
-            int(self.other_weight_bytes_float(layers))
+        if best is not None:
+            res.assignment, res.drop = best
+        else:   # every layer float at this rest level was measured within the budget
+            res.assignment, res.drop = dict(all_float), rest
+            res.notes.append("mixed precision: back-off reached every searched layer float")
+        if level != "base":
+            res.notes.append(f"mixed precision: the nodes outside the searched layers drop "
+                             f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
+        res.whole_model_float = level == "float" and all(c == "float" for c in res.assignment.values())
+        res.weight_bytes = self.weight_bytes(res.assignment, layers, level)
         res.seconds["assignment"] = time.perf_counter() - t1
         res.seconds["total"] = time.perf_counter() - t0
         res.evaluations = self.evaluations
@@ -425,29 +460,33 @@ class Search:
     def reference(self, res: Result, name: str) -> None:
         """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
         a = {l.name: name for l in res.layers}
-        d = self.measure([self.config_for(a, res.layers, rest_float=False)])[0]
-        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers), d))
+        d = self.measure([self.config_for(a, res.layers, rest=res.rest)])[0]
+        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d))
 
-    def greedy(self, layers, names, table, rest) -> Dict[str, str]:
-        """From every layer float: take the move with the most cost saved per estimated drop while
-        rest + sum of the layers' drops stays within the budget."""
-        cur = {l.name: "float" for l in layers}
-        est = rest
+    def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
+        """From `start` (every layer float): take the move with the most cost saved per estimated drop while
+        the estimate stays within the budget. The estimate adds the layers' drops to the rest's (`scale` x
+        each); with the default metric (an RMS error) their squares add, as independent noise powers do."""
+        p = self.power
+        cur = dict(start) if start else {l.name: "float" for l in layers}
         rank = {c: i for i, c in enumerate(names)}
+        est = max(0.0, rest) ** p + sum(scale * max(0.0, table[l.name].get(cur[l.name], 0.0)) ** p
+                                        for l in layers)
+        budget = self.budget ** p
         while True:
             best, best_eff = None, -1.0
             for l in layers:
                 now = cur[l.name]
-                d_now = max(0.0, table[l.name].get(now, 0.0))
+                d_now = scale * max(0.0, table[l.name].get(now, 0.0)) ** p
                 for c in names[:rank[now]]:
                     d = table[l.name].get(c, math.inf)
                     if not math.isfinite(d):
                         continue
-                    delta = max(0.0, d) - d_now
-                    if est + delta > self.budget:
+                    delta = scale * max(0.0, d) ** p - d_now
+                    if est + delta > budget:
                         continue
                     saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
-                    eff = saved / (max(delta, 0.0) + EPS)
+                    eff = saved / (max(delta, 0.0) + EPS ** p)
                     if saved > 0 and eff > best_eff:
                         best, best_eff = (l.name, c, delta), eff
             if best is None:
@@ -455,6 +494,10 @@ class Search:
             name, c, delta = best
             cur[name] = c
             est += delta
+
+    def estimate(self, assignment, layers, table, rest) -> float:
+        """Sum of the layers' drops (powers) at `assignment`, without the rest's."""
+        return sum(max(0.0, table[l.name].get(assignment[l.name], 0.0)) ** self.power for l in layers)
 
     @staticmethod
     def back_off(assignment, layers, names, table, k) -> int:
@@ -480,22 +523,12 @@ class Search:
                     total += int(np.prod(v.tensor.dims)) * wb
         return int(total)
 
-    def other_weight_bytes_float(self, layers) -> float:
-        return self.other_weight_bytes / (self.ctx.options.weight_bits / 8.0) * 4 + \
-            sum(l.weight_elements * 4 for l in layers)
-
 
 def apply_result(ctx, search: Search, res: Result) -> None:
     """Make the chosen assignment the run's config and rebuild the plan (and the fp16 island list)."""
-    from ..config import Rule
     from ..float16 import float16_nodes
     from ..placement import build_plan
-    if res.whole_model_float:
-        cfg = search.config_for({}, res.layers, rest_float=False)
-        cfg.rules.append(Rule(index=len(cfg.rules), names=frozenset(search.all_nodes),
-                              updates={"precision": "float32"}))
-    else:
-        cfg = search.config_for(res.assignment, res.layers, rest_float=False)
+    cfg = search.config_for(res.assignment, res.layers, rest=res.rest)
     ctx.options = search.options_for(cfg)
     cal = ctx.calibration
     ctx.plan = build_plan(ctx.model, ctx.profile, cal.dtypes, search.stats, ctx.options)
