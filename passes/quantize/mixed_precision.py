@@ -5,12 +5,19 @@ per-layer precision (W4A8, W8A8, W8A16, W16A16, float16, float) whose measured d
 It runs after `place` (the statistics and the user's plan are there) and before `assign-encodings`: it measures
 each layer's sensitivity, chooses the assignment, then rebuilds the plan with one config rule per chosen
 candidate, so every later pass (encodings, Q/DQ, fp16 islands, SQNR, safety net) works on the mixed plan.
+The evaluations run through qcompiler/quant/executor.py: on Ray with `--ray`, else local processes, except for
+a model under SMALL_MODEL_BYTES of weights (in this process).
 """
 from __future__ import annotations
 
 from qcompiler.errors import ConfigError
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.context import QuantPass
+from qcompiler.quant.memory import weight_bytes
+
+# below this many weight bytes the evaluations run in this process: a worker's start-up (importing onnxruntime,
+# ~1-2 s) costs more than such a model's runs (digits_cnn: 48 evaluations in 4 s)
+SMALL_MODEL_BYTES = 4 << 20
 
 
 @register_pass
@@ -29,7 +36,8 @@ class MixedPrecision(QuantPass):
             raise ConfigError("pass 'mixed-precision' needs a budget: pass --max-drop X% (API: max_drop=0.01)")
         if not ctx.calibration.kept:
             raise ConfigError("mixed-precision needs calibration samples kept for the report (none were kept)")
-        executor = s.executor if s.executor is not None else get_executor(s.ray)
+        executor = s.executor if s.executor is not None else \
+            get_executor(s.ray, workers=1 if s.ray is None and weight_bytes(ctx.model) < SMALL_MODEL_BYTES else None)
         search = Search(ctx, s.max_drop, s.metric, executor)
         try:
             res = search.run()

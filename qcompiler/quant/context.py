@@ -33,7 +33,7 @@ class QuantSettings:
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
     optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
     max_drop: Optional[float] = None    # mixed-precision budget (a fraction: 0.01 = 1 %)
-    metric: Any = None                  # mixed-precision: metric(outputs) -> score, None: relative error
+    metric: Any = None                  # mixed-precision: metric(outputs, reference) -> score; None: relative error
     ray: Optional[str] = None           # mixed-precision: run the evaluations on Ray ("auto" or an address)
     executor: Any = None                # mixed-precision: an executor object (tests; overrides `ray`)
 

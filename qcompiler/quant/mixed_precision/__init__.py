@@ -16,10 +16,12 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    or its 16-bit widening. The search needs opset 21 (int4/int16 Q/DQ): `quantize` asks for it.
 3. **The drop.** `metric=None` (default): the drop is the relative RMS error of the outputs against float on
    the kept calibration samples, sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
-   (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs) -> score` (higher is better), where `outputs` is
-   a list with one dict {graph output name: array} per kept calibration sample; the float model's score F and
-   a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a 1 % drop). The callable runs in
-   this process only, never in the workers.
+   (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs, reference) -> score` (higher is better), where
+   `outputs` is a list with one dict {graph output name: array} per kept calibration sample (the first ones of
+   the calibration data, in order) and `reference` the float model's list: the float score F =
+   metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
+   1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
+   never in the workers.
 4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float) on the calibration
    samples kept for the report: the drop is its sensitivity. One executor (qcompiler/quant/executor.py) runs
    the candidate models in onnxruntime: local processes by default, a Ray cluster with `--ray auto|ADDRESS`.
@@ -255,7 +257,7 @@ class Search:
         kept = ctx.calibration.kept
         self.float_outs = [dict(o) for _, o in kept]
         self.input_names = list(kept[0][0]) if kept else []
-        self.float_score = float(metric(self.float_outs)) if metric is not None and kept else None
+        self.float_score = float(metric(self.float_outs, self.float_outs)) if metric is not None and kept else None
         self.evaluations = 0
         self.power = 2 if metric is None else 1
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
@@ -334,7 +336,7 @@ class Search:
             return math.inf
         if self.metric is None:
             return relative_error(self.float_outs, outs)
-        q = float(self.metric(outs))
+        q = float(self.metric(outs, self.float_outs))
         f = self.float_score
         if not math.isfinite(q):
             return math.inf

@@ -31,7 +31,7 @@ def check_budget(max_drop, metric, ray, executor):
     from ..executor import check_ray
     max_drop = parse_max_drop(max_drop)
     if metric is not None and not callable(metric):
-        raise ArgumentError(f"metric must be a callable metric(outputs) -> score, got {got(metric)}")
+        raise ArgumentError(f"metric must be a callable metric(outputs, reference) -> score, got {got(metric)}")
     ray = check_ray(ray)
     if executor is not None and not callable(getattr(executor, "map", None)):
         raise ArgumentError(f"executor must have map(fn, items), got {got(executor)}")

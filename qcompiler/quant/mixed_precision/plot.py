@@ -35,7 +35,7 @@ def pareto_png(mp: dict) -> Optional[bytes]:
     if pts:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=18, color="tab:blue", label="assignments tried")
         for t, (b, d) in zip(trials, pts):
-            if t["what"].startswith("all") or t["what"] == "layers float":
+            if t["what"].startswith("all") or t["what"].startswith("layers float"):
                 ax.annotate(t["what"], (b, d), fontsize=7, xytext=(3, 3), textcoords="offset points")
         front = pareto_front(pts)
         ax.plot([p[0] for p in front], [p[1] for p in front], color="tab:blue", lw=1, alpha=0.6,

@@ -1,0 +1,127 @@
+"""Mixed precision under a budget (issue 15 item 6) on the shared corpus: `--max-drop 1%` per model.
+
+For each model: `quantize(model, calib, max_drop=0.01, metric=TASK)` where TASK mirrors the model's eval.py
+metric on the calibration samples (calib.npz has no labels): top-1 agreement with the float model's argmax
+(digits_cnn, char_rnn, ppocr_cls) or the mean cosine to the float embedding (minilm_l6). Then the chosen model
+and the default all-W8A8 model are measured with the model's own eval.py on its eval set, and their weight
+bytes compared (initializer bytes of the saved models, and the search's nominal bits x elements / 8).
+
+    python benchmarks/bench_mixed_precision.py [--models digits_cnn,ppocr_cls] [--budget 0.01] [--json out.json]
+
+Prints one table: model, the plan (how many layers at each candidate), the drop on calibration (what the search
+measured) and on the eval set (eval.py: (float - value) / float), weight bytes against all-W8A8, the search's
+seconds and evaluations.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+CORPUS = os.environ.get("QCOMPILER_CORPUS", "/work/shared/corpus")
+MODELS = ("digits_cnn", "ppocr_cls", "char_rnn", "minilm_l6")
+OUTPUT = {"digits_cnn": "logits", "char_rnn": "logits", "ppocr_cls": "save_infer_model/scale_0.tmp_1",
+          "minilm_l6": "sentence_embedding"}
+
+
+def agreement(name):
+    def top1_agreement(outputs, reference):
+        same = [np.mean(np.argmax(o[name], -1) == np.argmax(r[name], -1)) for o, r in zip(outputs, reference)]
+        return float(np.mean(same))
+    return top1_agreement
+
+
+def cosine(name):
+    def mean_cosine(outputs, reference):
+        vals = []
+        for o, r in zip(outputs, reference):
+            a = np.asarray(o[name], np.float64).reshape(-1)
+            b = np.asarray(r[name], np.float64).reshape(-1)
+            vals.append(float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-30)))
+        return float(np.mean(vals))
+    return mean_cosine
+
+
+def task_metric(model):
+    return cosine(OUTPUT[model]) if model == "minilm_l6" else agreement(OUTPUT[model])
+
+
+def run_eval(model, candidate) -> dict:
+    out = subprocess.run([sys.executable, os.path.join(CORPUS, model, "eval.py"), candidate],
+                         capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def initializer_bytes(path) -> int:
+    from qcompiler.onnx_io import load_model
+    from qcompiler.quant.memory import weight_bytes
+    return weight_bytes(load_model(path))
+
+
+def bench(model, budget, tmp) -> dict:
+    from qcompiler.quant.api import quantize
+    src = os.path.join(CORPUS, model, "model.onnx")
+    calib = os.path.join(CORPUS, model, "calib.npz")
+    t0 = time.perf_counter()
+    mixed = quantize(src, calib, max_drop=budget, metric=task_metric(model), progress=False)
+    seconds = time.perf_counter() - t0
+    mp = mixed.report["mixed_precision"]
+    p_mixed = os.path.join(tmp, f"{model}.mixed.onnx")
+    mixed.save(p_mixed)
+    w8 = quantize(src, calib, progress=False)
+    p_w8 = os.path.join(tmp, f"{model}.w8a8.onnx")
+    w8.save(p_w8)
+    e_mixed, e_w8 = run_eval(model, p_mixed), run_eval(model, p_w8)
+
+    def drop(e):
+        f = e["float_value"]
+        return (f - e["value"]) / abs(f) if f else float("nan")
+    plan = collections.Counter(v["chosen"] for v in mp["layers"].values())
+    w8_nominal = next((t["weight_bytes"] for t in mp["trials"] if t["what"] == "all W8A8"), None)
+    return {"model": model, "budget": budget, "plan": dict(plan), "rest": mp["rest"],
+            "calib_drop": mp["drop"], "eval_metric": e_mixed["metric"], "eval_value": e_mixed["value"],
+            "eval_float": e_mixed["float_value"], "eval_drop": drop(e_mixed),
+            "w8a8_eval_value": e_w8["value"], "w8a8_eval_drop": drop(e_w8),
+            "weight_bytes_nominal": mp["weight_bytes"], "w8a8_weight_bytes_nominal": w8_nominal,
+            "initializer_bytes": initializer_bytes(p_mixed), "w8a8_initializer_bytes": initializer_bytes(p_w8),
+            "search_seconds": mp["seconds"].get("total"), "quantize_seconds": round(seconds, 1),
+            "evaluations": mp["evaluations"], "executor": mp["executor"], "notes": mp["notes"]}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--budget", type=float, default=0.01)
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for m in a.models.split(","):
+            r = bench(m, a.budget, tmp)
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    print()
+    print("| model | plan (layers) | rest | drop calib | drop eval (eval.py) | W8A8 drop eval | weight bytes "
+          "mixed / W8A8 (nominal) | initializer bytes mixed / W8A8 | search s | evaluations |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        plan = ", ".join(f"{n} {c}" for c, n in sorted(r["plan"].items(), key=lambda t: -t[1]))
+        print(f"| {r['model']} | {plan} | {r['rest']} | {100 * r['calib_drop']:.2f} % | "
+              f"{100 * r['eval_drop']:.2f} % ({r['eval_metric']} {r['eval_value']}) | "
+              f"{100 * r['w8a8_eval_drop']:.2f} % | {r['weight_bytes_nominal']} / {r['w8a8_weight_bytes_nominal']} | "
+              f"{r['initializer_bytes']} / {r['w8a8_initializer_bytes']} | {r['search_seconds']:.1f} | "
+              f"{r['evaluations']} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
