@@ -22,19 +22,29 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
    1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
    never in the workers.
-4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float) on the calibration
+4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too) on the calibration
    samples kept for the report: the drop is its sensitivity. One executor (qcompiler/quant/executor.py) runs
    the candidate models in onnxruntime: local processes by default, a Ray cluster with `--ray auto|ADDRESS`.
    The table is bounded by MAX_SENSITIVITY_SECONDS: what is not measured by then is not chosen.
-5. **Assignment.** Every layer starts float; greedily, the move that saves the most weight bytes per unit of
-   estimated drop (the layer drops add up, plus the drop of everything outside the layers at the user's
-   settings) is taken while the estimate stays within the budget. The whole assigned model is then built and
-   measured; while its drop exceeds the budget, the most sensitive layers (1, 2, 4, ... of them) go one
-   candidate up, and it is measured again. All layers float is the last step, and if even the nodes outside
-   the layers break the budget, the whole model stays float (with a note). So the model `quantize` returns
-   never exceeds the budget on the data the search measured (its calibration samples); on other data it is
-   an estimate (benchmarks/bench_mixed_precision.py measures each corpus model's eval set).
-6. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
+5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
+   is measured with every layer float at the given settings and, where the profile has them, at 16-bit
+   activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
+   (else within the budget, else float), so a budget those nodes alone break still quantizes the layers.
+6. **Assignment.** Every layer starts float; greedily, the move that saves the most weight bytes per unit of
+   estimated drop is taken while the estimate stays within the budget. The estimate adds the layers' drops to
+   the other nodes' (with the default metric, an RMS error, their squares add, as independent noise powers
+   do). Under a user metric, moves of equal drop (an agreement on 64 samples is 0 for most single layers) are
+   ordered by their relative output error. The whole assigned model is then built and measured:
+   - above the budget: the most sensitive layers (1, 2, 4, ... of them; ties broken by relative output
+     error) go one candidate up, and it is measured again; every layer float (at the other nodes' level) was
+     measured within the budget, so the back-off always ends within it;
+   - well within it (below REFINE_BELOW of the budget): the greedy goes on from there with the estimate
+     rescaled to what was measured, up to REFINE_ROUNDS times; an overshoot keeps the last assignment
+     measured within the budget.
+   At most MAX_VERIFICATIONS whole-model measurements. So the model `quantize` returns never exceeds the
+   budget on the data the search measured (its kept calibration samples); on other data it is an estimate
+   (benchmarks/bench_mixed_precision.py measures each corpus model's eval set with its eval.py).
+7. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
    assignments tried (weight bytes, measured drop), the seconds. The CLI prints the table and writes a
    Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
@@ -57,7 +67,9 @@ MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is le
 MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
 REST_LEVELS = {"base": {}, "A16": {"act_bits": 16}, "float": {"precision": "float32"}}
 REST_SHARE = 0.5                  # the nodes outside the layers take the cheapest level within this share
+TIE_WEIGHT = 1e-3                 # a user metric's moves of equal drop are ordered by relative output error
 REFINE_ROUNDS = 2                 # re-greedy rounds from a measured assignment well within the budget
+REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
 REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
 
@@ -260,6 +272,10 @@ class Search:
         self.float_score = float(metric(self.float_outs, self.float_outs)) if metric is not None and kept else None
         self.evaluations = 0
         self.power = 2 if metric is None else 1
+        # the relative output error of every sensitivity run, also under a user metric: it orders the moves
+        # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
+        self.errors: Dict[str, Dict[str, float]] = {}
+        self.last_errors: List[float] = []
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
@@ -300,7 +316,10 @@ class Search:
                     else opts.act_symmetric,
                     "weight_symmetric": bool(self.profile.weight.symmetric) if opts.weight_symmetric is None
                     else opts.weight_symmetric}
-        return config_with_rules(base, rules, defaults)
+        cfg = config_with_rules(base, rules, defaults)
+        if rest == "float":   # a layer alone: the model inputs' quantizers are nobody's layer either
+            cfg.model_input_quantized = False
+        return cfg
 
     def options_for(self, config):
         import copy
@@ -353,8 +372,11 @@ class Search:
         outs = self.executor.map(run_candidate, items) if items else []
         self.evaluations += len(items)
         drops = [math.inf] * len(configs)
+        self.last_errors = [math.inf] * len(configs)
         for i, o in zip(index, outs):
             drops[i] = self.drop_of(o)
+            self.last_errors[i] = drops[i] if self.metric is None else \
+                (relative_error(self.float_outs, o) if o is not None else math.inf)
         return drops
 
     # --- the search -----------------------------------------------------------------------------------------
@@ -384,14 +406,16 @@ class Search:
             if c == "float":
                 for l in layers:
                     table[l.name][c] = 0.0
+                    self.errors.setdefault(l.name, {})[c] = 0.0
                 continue
             todo = [l for l in layers]
             if time.perf_counter() - t0 > MAX_SENSITIVITY_SECONDS:
                 timed_out = True
                 break
             drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo])
-            for l, d in zip(todo, drops):
+            for l, d, e in zip(todo, drops, self.last_errors):
                 table[l.name][c] = d
+                self.errors.setdefault(l.name, {})[c] = e
         if timed_out:
             res.notes.append(f"sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} s: candidates not "
                              f"measured are not chosen")
@@ -432,7 +456,7 @@ class Search:
                     break
                 est = self.estimate(assignment, layers, table, rest)
                 scale = (max(d, EPS) ** self.power - max(rest, 0.0) ** self.power) / max(est, EPS ** self.power)
-                nxt = self.greedy(layers, names, table, rest, start=assignment, scale=max(scale, 0.05))
+                nxt = self.greedy(layers, names, table, rest, start=assignment, scale=max(scale, REFINE_MIN_SCALE))
                 refined += 1
                 if nxt == assignment:
                     break
@@ -488,7 +512,10 @@ class Search:
                     if est + delta > budget:
                         continue
                     saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
-                    eff = saved / (max(delta, 0.0) + EPS ** p)
+                    err = self.errors.get(l.name, {})
+                    tie = 0.0 if self.metric is None else \
+                        TIE_WEIGHT * max(0.0, err.get(c, math.inf) - err.get(now, 0.0))
+                    eff = saved / (max(delta, 0.0) + tie + EPS ** p)
                     if saved > 0 and eff > best_eff:
                         best, best_eff = (l.name, c, delta), eff
             if best is None:
@@ -501,12 +528,13 @@ class Search:
         """Sum of the layers' drops (powers) at `assignment`, without the rest's."""
         return sum(max(0.0, table[l.name].get(assignment[l.name], 0.0)) ** self.power for l in layers)
 
-    @staticmethod
-    def back_off(assignment, layers, names, table, k) -> int:
-        """Raise the k layers whose current candidate is the most sensitive one step up; returns how many."""
+    def back_off(self, assignment, layers, names, table, k) -> int:
+        """Raise the k layers whose current candidate is the most sensitive one step up (ties: the larger
+        relative output error); returns how many."""
         rank = {c: i for i, c in enumerate(names)}
         movable = [l for l in layers if rank[assignment[l.name]] < len(names) - 1]
-        movable.sort(key=lambda l: -table[l.name].get(assignment[l.name], math.inf))
+        movable.sort(key=lambda l: (-table[l.name].get(assignment[l.name], math.inf),
+                                    -self.errors.get(l.name, {}).get(assignment[l.name], math.inf)))
         for l in movable[:k]:
             assignment[l.name] = names[rank[assignment[l.name]] + 1]
         return len(movable[:k])
