@@ -63,6 +63,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ...errors import ArgumentError
+
 MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
 MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
 REST_LEVELS = {"base": {}, "A16": {"act_bits": 16}, "float": {"precision": "float32"}}
@@ -269,7 +271,10 @@ class Search:
         kept = ctx.calibration.kept
         self.float_outs = [dict(o) for _, o in kept]
         self.input_names = list(kept[0][0]) if kept else []
-        self.float_score = float(metric(self.float_outs, self.float_outs)) if metric is not None and kept else None
+        self.float_score = self._score(self.float_outs) if metric is not None and kept else None
+        if self.float_score is not None and not math.isfinite(self.float_score):
+            raise ArgumentError(f"metric returned {self.float_score} on the float model's own outputs: the drop "
+                                f"(F - Q) / |F| needs a finite score")
         self.evaluations = 0
         self.power = 2 if metric is None else 1
         # the relative output error of every sensitivity run, also under a user metric: it orders the moves
@@ -355,11 +360,20 @@ class Search:
             return math.inf
         if self.metric is None:
             return relative_error(self.float_outs, outs)
-        q = float(self.metric(outs, self.float_outs))
+        q = self._score(outs)
         f = self.float_score
         if not math.isfinite(q):
             return math.inf
         return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
+
+    def _score(self, outs) -> float:
+        """The user's metric on `outs` as a float (one line when it is not a number)."""
+        v = self.metric(outs, self.float_outs)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            from ...arguments import got
+            raise ArgumentError(f"metric must return a number (a score, higher is better), got {got(v)}") from None
 
     def measure(self, configs: list) -> List[float]:
         """Drops of the models for `configs`, the onnxruntime runs through the executor."""
