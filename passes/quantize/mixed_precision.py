@@ -18,6 +18,9 @@ from qcompiler.quant.memory import weight_bytes
 # below this many weight bytes the evaluations run in this process: a worker's start-up (importing onnxruntime,
 # ~1-2 s) costs more than such a model's runs (digits_cnn: 48 evaluations in 4 s)
 SMALL_MODEL_BYTES = 4 << 20
+# a larger model's sensitivity table runs on this many of the kept calibration samples (the whole-model
+# measurements on all of them): the table only ranks the layers, and minilm's has 180 entries
+SENSITIVITY_SAMPLES = 16
 
 
 @register_pass
@@ -36,9 +39,11 @@ class MixedPrecision(QuantPass):
             raise ConfigError("pass 'mixed-precision' needs a budget: pass --max-drop X% (API: max_drop=0.01)")
         if not ctx.calibration.kept:
             raise ConfigError("mixed-precision needs calibration samples kept for the report (none were kept)")
+        small = weight_bytes(ctx.model) < SMALL_MODEL_BYTES
         executor = s.executor if s.executor is not None else \
-            get_executor(s.ray, workers=1 if s.ray is None and weight_bytes(ctx.model) < SMALL_MODEL_BYTES else None)
-        search = Search(ctx, s.max_drop, s.metric, executor)
+            get_executor(s.ray, workers=1 if s.ray is None and small else None)
+        search = Search(ctx, s.max_drop, s.metric, executor,
+                        sensitivity_samples=None if small else SENSITIVITY_SAMPLES)
         try:
             res = search.run()
             search.reference(res, "W8A8") if "W8A8" in res.candidates else None

@@ -25,7 +25,9 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
 4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too) on the calibration
    samples kept for the report: the drop is its sensitivity. One executor (qcompiler/quant/executor.py) runs
    the candidate models in onnxruntime: local processes by default, a Ray cluster with `--ray auto|ADDRESS`.
-   The table is bounded by MAX_SENSITIVITY_SECONDS: what is not measured by then is not chosen.
+   The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
+   not chosen); a model above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
+   samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
    activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
@@ -34,13 +36,14 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    estimated drop is taken while the estimate stays within the budget. The estimate adds the layers' drops to
    the other nodes' (with the default metric, an RMS error, their squares add, as independent noise powers
    do). Under a user metric, moves of equal drop (an agreement on 64 samples is 0 for most single layers) are
-   ordered by their relative output error. The whole assigned model is then built and measured:
-   - above the budget: the most sensitive layers (1, 2, 4, ... of them; ties broken by relative output
-     error) go one candidate up, and it is measured again; every layer float (at the other nodes' level) was
-     measured within the budget, so the back-off always ends within it;
-   - well within it (below REFINE_BELOW of the budget): the greedy goes on from there with the estimate
-     rescaled to what was measured, up to REFINE_ROUNDS times; an overshoot keeps the last assignment
-     measured within the budget.
+   ordered by their relative output error. The whole assigned model is then built and measured, and the
+   layers' part of the estimate is rescaled to fit what was measured (the layers' drops together are rarely
+   their sum: alone, a layer reads float inputs): above the budget the scale grows (at least x1.25), well
+   within it (below REFINE_BELOW of the budget) it shrinks (at most to REFINE_MIN_SCALE of itself), and the
+   greedy runs again from every layer float, RESCALE_STEPS times at most; the cheapest assignment measured
+   within the budget wins. If none was, the most sensitive layers of the last one (1, 2, 4, ... of them; ties
+   broken by relative output error) go one candidate up until it is; every layer float (at the other nodes'
+   level) was measured within the budget, so this always ends within it.
    At most MAX_VERIFICATIONS whole-model measurements. So the model `quantize` returns never exceeds the
    budget on the data the search measured (its kept calibration samples); on other data it is an estimate
    (benchmarks/bench_mixed_precision.py measures each corpus model's eval set with its eval.py).
@@ -67,10 +70,13 @@ from ...errors import ArgumentError
 
 MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
 MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
+# the sensitivity rounds, most useful first: when MAX_SENSITIVITY_SECONDS cuts the table, 8-bit and 4-bit
+# grids are measured and the back-off can still go up the ladder (an unmeasured candidate is never chosen)
+MEASURE_ORDER = ("W8A8", "W4A8", "W8A16", "W16A16", "float16", "float")
 REST_LEVELS = {"base": {}, "A16": {"act_bits": 16}, "float": {"precision": "float32"}}
 REST_SHARE = 0.5                  # the nodes outside the layers take the cheapest level within this share
 TIE_WEIGHT = 1e-3                 # a user metric's moves of equal drop are ordered by relative output error
-REFINE_ROUNDS = 2                 # re-greedy rounds from a measured assignment well within the budget
+RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to the last measurement
 REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
 REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
@@ -174,6 +180,8 @@ def find_layers(model, plan, profile, options) -> List[Layer]:
 def run_candidate(item) -> Optional[list]:
     """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
     sample, [{output name: array}], or None when onnxruntime refuses the model."""
+    if item is None:     # a candidate the plan cannot carry at this opset
+        return None
     model_bytes, samples_path, n_inputs = item
     from ...ort_session import create_session
     import onnxruntime as ort
@@ -261,7 +269,8 @@ class Result:
 class Search:
     """One search on a QuantContext after `place` (statistics and the user's plan are there)."""
 
-    def __init__(self, ctx, budget: float, metric: Optional[Callable] = None, executor=None):
+    def __init__(self, ctx, budget: float, metric: Optional[Callable] = None, executor=None,
+                 sensitivity_samples: Optional[int] = None):
         from ...onnx_io import model_to_proto
         self.ctx, self.budget, self.metric = ctx, float(budget), metric
         self.executor = executor
@@ -271,11 +280,12 @@ class Search:
         kept = ctx.calibration.kept
         self.float_outs = [dict(o) for _, o in kept]
         self.input_names = list(kept[0][0]) if kept else []
-        self.float_score = self._score(self.float_outs) if metric is not None and kept else None
-        if self.float_score is not None and not math.isfinite(self.float_score):
-            raise ArgumentError(f"metric returned {self.float_score} on the float model's own outputs: the drop "
-                                f"(F - Q) / |F| needs a finite score")
+        self._float_scores: Dict[int, float] = {}
+        if metric is not None and kept:
+            self._float_score(len(kept))
         self.evaluations = 0
+        self.deadline = math.inf
+        self.timed_out = False
         self.power = 2 if metric is None else 1
         # the relative output error of every sensitivity run, also under a user metric: it orders the moves
         # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
@@ -290,6 +300,12 @@ class Search:
             for j, name in enumerate(self.input_names):
                 arrays[f"s{i}_{j}"] = np.asarray(feed[name])
         np.savez(self.samples_path, **arrays)
+        self.sensitivity_samples = min(len(kept), sensitivity_samples or len(kept))
+        self.sens_path = self.samples_path
+        if self.sensitivity_samples < len(kept):
+            self.sens_path = os.path.join(self._dir.name, "sensitivity.npz")
+            np.savez(self.sens_path, **{k: v for k, v in arrays.items()
+                                        if k == "__names__" or int(k[1:].split("_")[0]) < self.sensitivity_samples})
 
     def close(self):
         self._dir.cleanup()
@@ -356,41 +372,58 @@ class Search:
         return model_to_proto(m).SerializeToString()
 
     def drop_of(self, outs: Optional[list]) -> float:
+        """The drop of `outs` (the first len(outs) kept samples) against the float outputs of those samples."""
         if outs is None:
             return math.inf
+        ref = self.float_outs[:len(outs)]
         if self.metric is None:
-            return relative_error(self.float_outs, outs)
-        q = self._score(outs)
-        f = self.float_score
+            return relative_error(ref, outs)
+        q, f = self._score(outs, ref), self._float_score(len(outs))
         if not math.isfinite(q):
             return math.inf
         return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
 
-    def _score(self, outs) -> float:
+    def _float_score(self, n: int) -> float:
+        if n not in self._float_scores:
+            ref = self.float_outs[:n]
+            f = self._float_scores[n] = self._score(ref, ref)
+            if not math.isfinite(f):
+                raise ArgumentError(f"metric returned {f} on the float model's own outputs: the drop "
+                                    f"(F - Q) / |F| needs a finite score")
+        return self._float_scores[n]
+
+    def _score(self, outs, ref) -> float:
         """The user's metric on `outs` as a float (one line when it is not a number)."""
-        v = self.metric(outs, self.float_outs)
+        v = self.metric(outs, ref)
         try:
             return float(v)
         except (TypeError, ValueError):
             from ...arguments import got
             raise ArgumentError(f"metric must return a number (a score, higher is better), got {got(v)}") from None
 
-    def measure(self, configs: list) -> List[float]:
-        """Drops of the models for `configs`, the onnxruntime runs through the executor."""
-        items, index = [], []
-        for i, cfg in enumerate(configs):
-            b = self.lower(cfg)
-            if b is not None:
-                items.append((b, self.samples_path, len(self.input_names)))
-                index.append(i)
-        outs = self.executor.map(run_candidate, items) if items else []
-        self.evaluations += len(items)
-        drops = [math.inf] * len(configs)
-        self.last_errors = [math.inf] * len(configs)
-        for i, o in zip(index, outs):
-            drops[i] = self.drop_of(o)
-            self.last_errors[i] = drops[i] if self.metric is None else \
-                (relative_error(self.float_outs, o) if o is not None else math.inf)
+    def measure(self, configs: list, sensitivity: bool = False) -> List[float]:
+        """Drops of the models for `configs`. Each is lowered when the executor asks for it (a window of them
+        in flight, never all: minilm's are 90 MB each) and run in onnxruntime through the executor, on the
+        first `sensitivity_samples` kept samples for the sensitivity table, on all of them otherwise."""
+        path = self.sens_path if sensitivity else self.samples_path
+
+        def items():
+            for cfg in configs:
+                if sensitivity and time.perf_counter() > self.deadline:
+                    self.timed_out = True
+                    yield None      # past MAX_SENSITIVITY_SECONDS: not measured, never chosen
+                    continue
+                b = self.lower(cfg)
+                yield None if b is None else (b, path, len(self.input_names))
+        before = self.timed_out
+        outs = self.executor.map(run_candidate, items()) if configs else []
+        self.evaluations += len(configs) if not self.timed_out or before else \
+            sum(o is not None for o in outs)
+        drops, self.last_errors = [], []
+        for o in outs:
+            drops.append(self.drop_of(o))
+            self.last_errors.append(drops[-1] if self.metric is None or o is None else
+                                    relative_error(self.float_outs[:len(o)], o))
         return drops
 
     # --- the search -----------------------------------------------------------------------------------------
@@ -414,25 +447,20 @@ class Search:
                      skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
                      executor=getattr(self.executor, "name", "serial"))
         # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
-        table: Dict[str, Dict[str, float]] = {l.name: {} for l in layers}
-        timed_out = False
-        for c in names:
+        table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
+        self.errors = {l.name: {"float": 0.0} for l in layers}
+        self.deadline = t0 + MAX_SENSITIVITY_SECONDS
+        for c in sorted(names, key=lambda c: MEASURE_ORDER.index(c)):
             if c == "float":
-                for l in layers:
-                    table[l.name][c] = 0.0
-                    self.errors.setdefault(l.name, {})[c] = 0.0
                 continue
-            todo = [l for l in layers]
-            if time.perf_counter() - t0 > MAX_SENSITIVITY_SECONDS:
-                timed_out = True
-                break
-            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo])
-            for l, d, e in zip(todo, drops, self.last_errors):
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in layers],
+                                 sensitivity=True)
+            for l, d, e in zip(layers, drops, self.last_errors):
                 table[l.name][c] = d
-                self.errors.setdefault(l.name, {})[c] = e
-        if timed_out:
-            res.notes.append(f"sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} s: candidates not "
-                             f"measured are not chosen")
+                self.errors[l.name][c] = e
+        if self.timed_out:
+            res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
+                             f"s: candidates not measured are not chosen")
         res.table = table
         t1 = time.perf_counter()
         res.seconds["sensitivity"] = t1 - t0
@@ -453,35 +481,48 @@ class Search:
             next(lv for lv, d in rest_drops.items() if d <= self.budget)
         rest = rest_drops[level]
         res.rest, res.rest_drops = level, rest_drops
-        # 3. greedy from the table, then measure: back off while above the budget; when well within it, go on
-        # from the measured assignment with the estimate rescaled to what was measured (REFINE_ROUNDS)
-        assignment = self.greedy(layers, names, table, rest)
+        # 3. greedy from the table, measured on the whole model; the estimate is then rescaled to what was
+        # measured (the layers' drops together are rarely their sum) and the greedy runs again, RESCALE_STEPS
+        # times at most; then, if nothing was within the budget, back off from the last assignment
+        p = self.power
         best: Optional[Tuple[Dict[str, str], float]] = None
-        step, k, refined = 0, 1, 0
-        while step < MAX_VERIFICATIONS:
+        tried: List[Dict[str, str]] = []
+        scale, low = 1.0, 0.0       # low: the largest scale whose assignment was measured above the budget
+        assignment = dict(all_float)
+        for step in range(RESCALE_STEPS):
+            assignment = self.greedy(layers, names, table, rest, scale=scale)
+            if assignment in tried:
+                if best is not None:
+                    break
+                low, scale = scale, scale * 2
+                continue
+            tried.append(dict(assignment))
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
-            step += 1
-            what = "greedy" if step == 1 else ("refine" if refined and k == 1 else f"back-off {step - 1}")
-            res.trials.append(Trial(what, dict(assignment), self.weight_bytes(assignment, layers, level), d))
+            res.trials.append(Trial("greedy" if step == 0 else f"rescaled x{scale:.3g}", dict(assignment),
+                                    self.weight_bytes(assignment, layers, level), d))
+            est = self.estimate(assignment, layers, table, rest)
+            fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
+                else 2 * scale
             if d <= self.budget:
                 if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
                     best = (dict(assignment), d)
-                if refined >= REFINE_ROUNDS or d > REFINE_BELOW * self.budget:
+                if d > REFINE_BELOW * self.budget:
                     break
-                est = self.estimate(assignment, layers, table, rest)
-                scale = (max(d, EPS) ** self.power - max(rest, 0.0) ** self.power) / max(est, EPS ** self.power)
-                nxt = self.greedy(layers, names, table, rest, start=assignment, scale=max(scale, REFINE_MIN_SCALE))
-                refined += 1
-                if nxt == assignment:
-                    break
-                assignment, k = nxt, 1
-                continue
-            if best is not None:        # a refinement overshot: keep the assignment measured within
+                scale = max(fit, scale * REFINE_MIN_SCALE, low * 1.05 if low else 0.0)
+            else:
+                low = scale
+                scale = max(fit, scale * 1.25)
+        step, k = len(res.trials), 1
+        while best is None and len(tried) < MAX_VERIFICATIONS:
+            if not self.back_off(assignment, layers, names, table, k):
                 break
-            raised = self.back_off(assignment, layers, names, table, k)
             k *= 2
-            if not raised:
-                break
+            tried.append(dict(assignment))
+            d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
+            res.trials.append(Trial(f"back-off {k // 2}", dict(assignment),
+                                    self.weight_bytes(assignment, layers, level), d))
+            if d <= self.budget:
+                best = (dict(assignment), d)
         if best is not None:
             res.assignment, res.drop = best
         else:   # every layer float at this rest level was measured within the budget
