@@ -134,8 +134,8 @@ def main(argv=None):
             rows.append(r)
             print(json.dumps(r), flush=True)
     print()
-    print("| model | search metric | plan (layers) | rest | drop calib | drop eval (eval.py) | W8A8 drop eval | weight bytes "
-          "mixed / W8A8 (nominal) | initializer bytes mixed / W8A8 | search s | evaluations |")
+    print("| model | search metric | plan (layers) | rest | drop calib | drop eval (eval.py) | W8A8 drop eval | "
+          "weight bytes mixed / W8A8 (nominal) | initializer bytes mixed / W8A8 | search s | evaluations |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         plan = ", ".join(f"{n} {c}" for c, n in sorted(r["plan"].items(), key=lambda t: -t[1]))

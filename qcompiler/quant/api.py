@@ -111,8 +111,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     pass (report['latency'] and report['kernels']); `max_drop`: a budget (0.01 or "1%") switches on the
     `mixed-precision` pass: the cheapest per-layer precision whose drop on the calibration samples stays within
     it (qcompiler.quant.mixed_precision; report['mixed_precision']); `metric`: its
-    `metric(outputs, reference) -> score` (default: relative output error); `ray`: run its evaluations on Ray ("auto" or an address), `executor`: or
-    on an object with `map(fn, items)` (qcompiler.quant.executor; default: local processes);
+    `metric(outputs, reference) -> score` (default: relative output error); `ray`: run its evaluations on Ray
+    ("auto" or an address), `executor`: or on an object with `map(fn, items)` (qcompiler.quant.executor;
+    default: local processes);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 

@@ -107,7 +107,8 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     pareto = f"{report_path}.pareto.png" if max_drop is not None and report_path and not report_stdout else None
     outputs = [("-o", output), ("--encodings", encodings_path),
-               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto)] + Instruments.dump_outputs(passes, flags["dump_dir"])
+               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto)] + \
+        Instruments.dump_outputs(passes, flags["dump_dir"])
     check_output_paths(outputs, inputs, models=(model_path,),
                        new_folders={"--dump-dir": flags["dump_dir"]})
     instruments = Instruments(passes, inputs, feeds_name=calib, feeds_factory=first_sample(calib, "calibration data"),

@@ -14,7 +14,8 @@
 `--recipe a,b` adds optional passes, each right after the pass named by its `after` (load-encodings after place;
 bias-correction after assign-encodings; measure-latency after safety-net; fold-conv-bias-add after convert-opset;
 cle and smoothquant after fuse-hardswish; mixed-precision, switched on by `--max-drop`, after place); `--pipeline`
-replaces the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
+replaces the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point
+(passmanager/registry.py) and work the same way.
 """
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 executor (local processes, Ray), and a mixed plan (4-bit Conv -> fp16 BatchNorm -> 8-bit Conv) that runs in
 onnxruntime."""
 import json
-import os
 
 import numpy as np
 import onnx

@@ -22,9 +22,10 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
    1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
    never in the workers.
-4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too) on the calibration
-   samples kept for the report: the drop is its sensitivity. One executor (qcompiler/quant/executor.py) runs
-   the candidate models in onnxruntime: local processes by default, a Ray cluster with `--ray auto|ADDRESS`.
+4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too)
+   on the calibration samples kept for the report: the drop is its sensitivity. One executor
+   (qcompiler/quant/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
+   cluster with `--ray auto|ADDRESS`.
    The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
    not chosen); a model above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
    samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
