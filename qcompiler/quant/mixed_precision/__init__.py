@@ -81,6 +81,7 @@ RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to th
 REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
 REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
+COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
 
 
 @dataclass(frozen=True)
@@ -370,7 +371,12 @@ class Search:
         apply_plan(m, plan)
         if f16:
             apply_float16(m, f16, probe_ort=self.profile.name.startswith("ort"))
-        return model_to_proto(m).SerializeToString()
+        out = model_to_proto(m).SerializeToString()
+        del m, plan, f16
+        if len(self.base_bytes) > COLLECT_OVER_BYTES:
+            from ..memory import release
+            release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
+        return out
 
     def drop_of(self, outs: Optional[list]) -> float:
         """The drop of `outs` (the first len(outs) kept samples) against the float outputs of those samples."""
