@@ -13,6 +13,19 @@ bytes compared (initializer bytes of the saved models, and the search's nominal 
 Prints one table: model, the plan (how many layers at each candidate), the drop on calibration (what the search
 measured) and on the eval set (eval.py: (float - value) / float), weight bytes against all-W8A8, the search's
 seconds and evaluations.
+
+Measured 2026-11-24 (2 cores at load ~16; `--max-drop 1%`; weight bytes = the search's bits x elements / 8):
+
+| model | search metric | plan (layers) | drop calib | drop eval (eval.py) | weight bytes vs W8A8 | search |
+|---|---|---|---|---|---|---|
+| digits_cnn | agreement or confidence | 9 W4A8 | 0 / 0.16 % | 0.84 % (top-1 0.9889) | 33,560 vs 67,120 | 4-5 s |
+| char_rnn | confidence | 3 W8A8, 1 W4A8 | 0.64 % | 0.30 % | 264,960 vs 330,496 | 6 s |
+| char_rnn | agreement | 2 W8A8, W8A16, W16A16 (rest A16) | 0.93 % | 0.06 % | 341,504 vs 330,496 | 20 s |
+| ppocr_cls | agreement | 24 W8A8, 13 W4A8, 6 W8A16, 11 W16A16 | 0 | 2.75 % (over) | 148,932 vs 124,072 | 232 s |
+| ppocr_cls | confidence | 21 W4A8, 15 W8A8, 12 W8A16, 6 W16A16 | 0.91 % | 5.25 % (over) | 105,856 vs 124,072 | 113 s |
+| minilm_l6 | mean cosine | 19 W4A8, 17 W8A8 | 0.97 % | 0.94 % (cosine 0.9906) | 9,216,000 vs 10,616,832 | 661 s (table cut at 600 s) |
+
+ppocr_cls: within the budget on its 64 calibration samples, over it on the 400 eval images with either proxy.
 """
 from __future__ import annotations
 
