@@ -81,8 +81,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
              optimize: str = "balanced", untaken_branches: str = "float",
-             smoothquant_alpha: Optional[float] = None,
-             instrumentations: Iterable = ()) -> QuantizeResult:
+             smoothquant_alpha: Optional[float] = None, max_drop=None, metric=None, ray: Optional[str] = None,
+             executor=None, instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
@@ -114,6 +114,12 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     the same tensors (passes/quantize/untaken_branches.py; the notes say what each idle branch got);
     `smoothquant_alpha`: SmoothQuant's alpha (0 < alpha < 1) for every layer, and adds the `smoothquant` pass
     (without it, `recipe=["smoothquant"]` searches alpha per layer);
+    `max_drop`: a budget (0.01 or "1%") switches on the
+    `mixed-precision` pass: the cheapest per-layer precision whose drop on the calibration samples stays within
+    it (qcompiler.quant.mixed_precision; report['mixed_precision']); `metric`: its
+    `metric(outputs, reference) -> score` (default: relative output error); `ray`: run its evaluations on Ray
+    ("auto" or an address), `executor`: or on an object with `map(fn, items)` (qcompiler.quant.executor;
+    default: local processes);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -145,10 +151,12 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                 not 0.0 < float(smoothquant_alpha) < 1.0:
             raise ArgumentError(f"smoothquant_alpha must be a number between 0 and 1 (exclusive), "
                                 f"got {got(smoothquant_alpha)}")
+    from .mixed_precision.budget import check_budget
+    max_drop, metric, ray = check_budget(max_drop, metric, ray, executor)
     pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
                                            load_encodings=load_encodings, measure_latency=measure_latency,
                                            untaken_branches=untaken_branches == "mirror",
-                                           smoothquant_alpha=smoothquant_alpha),
+                                           smoothquant_alpha=smoothquant_alpha, max_drop=max_drop),
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
@@ -165,7 +173,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                                        progress=progress, limit=limit, weight_block=weight_block,
                                        min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
                                        smoothquant_alpha=None if smoothquant_alpha is None
-                                       else float(smoothquant_alpha)))
+                                       else float(smoothquant_alpha),
+                                       max_drop=max_drop, metric=metric, ray=ray, executor=executor))
 
 
 def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -268,6 +277,8 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))
     opset, fallback = choose_opset(s, profile, model.opset)
+    if s.max_drop is not None and s.opset is None and opset < 21:   # int4/int16 candidates (mixed_precision)
+        opset, fallback = 21, opset
     ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback,
                        source=model_or_path)
     ctx.samples = load_samples(calib, input_specs(model.graph), limit=s.limit)
@@ -346,6 +357,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     report["optimize"] = s.optimize
     if ctx.smoothquant is not None:
         report["smoothquant"] = ctx.smoothquant
+    if ctx.mixed_precision is not None:
+        report["mixed_precision"] = ctx.mixed_precision
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}

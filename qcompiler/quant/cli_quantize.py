@@ -66,6 +66,11 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               "recipe searches alpha per layer on the calibration data)")
 @click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
               "(default session options, interleaved) and list which nodes run on integer kernels and why not")
+@click.option("--max-drop", "max_drop", default=None, metavar="X%", help="mixed precision: the cheapest per-layer "
+              "precision (W4A8 .. float) whose drop on the calibration samples stays within X%% (relative output "
+              "error; see qcompiler.quant.mixed_precision); a table is printed, a Pareto PNG written beside --report")
+@click.option("--ray", default=None, metavar="auto|ADDRESS", help="run the --max-drop evaluations on a Ray cluster "
+              "(pip install 'qcompiler[ray]'); default: local processes")
 @click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
               "grids, per-block weights or the target's 16-bit widening need it)")
 # --- outputs ---
@@ -87,7 +92,7 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
                  block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize, measure_latency,
-                 opset, untaken_branches, smoothquant_alpha,
+                 opset, untaken_branches, smoothquant_alpha, max_drop, ray,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
@@ -102,12 +107,16 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
         raise click.UsageError("--json and --report - both write to stdout; give --report a file")
     ops = _op_types(op_types)
     inputs = (model_path, calib, config_path, load_encodings, target)
+    from .mixed_precision.budget import parse_max_drop
+    max_drop = parse_max_drop(max_drop)
     names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
                          measure_latency=measure_latency, untaken_branches=untaken_branches == "mirror",
-                         smoothquant_alpha=smoothquant_alpha)
+                         smoothquant_alpha=smoothquant_alpha, max_drop=max_drop)
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
+    pareto = f"{report_path}.pareto.png" if max_drop is not None and report_path and not report_stdout else None
     outputs = [("-o", output), ("--encodings", encodings_path),
-               ("--report", None if report_stdout else report_path)] + Instruments.dump_outputs(passes, flags["dump_dir"])
+               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto)] + \
+        Instruments.dump_outputs(passes, flags["dump_dir"])
     check_output_paths(outputs, inputs, models=(model_path,),
                        new_folders={"--dump-dir": flags["dump_dir"]})
     instruments = Instruments(passes, inputs, feeds_name=calib, feeds_factory=first_sample(calib, "calibration data"),
@@ -118,11 +127,13 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                    exclude=list(exclude) or None, op_types=ops,
                    act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
                    pipeline=names, opset=opset, optimize=optimize, smoothquant_alpha=smoothquant_alpha,
+                   max_drop=max_drop, ray=ray,
                    instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
     _write_report(res.report, report_path, inputs)
+    mp_note = _mixed_precision_plot(res.report, pareto, inputs)
     instruments.report()
     for w in res.report.get("warnings", []):
         click.echo(f"qcompiler: warning: {warning_line(w)}", err=True)
@@ -133,8 +144,24 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
         to_stderr = as_json or report_stdout
         click.echo(format_summary(res.report), err=to_stderr)
         _safety_net_line(res.report, to_stderr)
+        if res.report.get("mixed_precision"):
+            from .mixed_precision import format_table
+            click.echo(format_table(res.report["mixed_precision"]), err=to_stderr)
+            if mp_note:
+                click.echo(f"  {mp_note}", err=to_stderr)
         click.echo(f"wrote {output}", err=to_stderr)
     _quality_gate(res.report, allow_low_sqnr)
+
+
+def _mixed_precision_plot(report: dict, path, inputs):
+    """The Pareto PNG beside the report (`<report>.pareto.png`); a note when it is not written."""
+    mp = report.get("mixed_precision")
+    if not mp:
+        return None
+    if not path:
+        return "mixed precision: no Pareto plot without --report FILE (it goes beside the report)"
+    from .mixed_precision.plot import write_pareto_png
+    return write_pareto_png(mp, path, protect=inputs)
 
 
 def _op_types(text):
@@ -178,6 +205,10 @@ def summary_object(report: dict, output: str, encodings_path=None, report_path=N
            "below_floor": report.get("below_floor"), "safety_net": report.get("safety_net"),
            "warnings": [warning_line(w) for w in report.get("warnings", [])],
            "notes": report.get("notes"), "seconds": report.get("seconds")}
+    if report.get("mixed_precision"):
+        mp = report["mixed_precision"]
+        out["mixed_precision"] = {"budget": mp["budget"], "drop": mp["drop"], "weight_bytes": mp["weight_bytes"],
+                                  "layers": {k: v["chosen"] for k, v in mp["layers"].items()}}
     return _finite(out)
 
 

@@ -33,6 +33,10 @@ class QuantSettings:
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
     optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
     smoothquant_alpha: Optional[float] = None   # smoothquant's alpha for every layer; None: searched per layer
+    max_drop: Optional[float] = None    # mixed-precision budget (a fraction: 0.01 = 1 %)
+    metric: Any = None                  # mixed-precision: metric(outputs, reference) -> score; None: relative error
+    ray: Optional[str] = None           # mixed-precision: run the evaluations on Ray ("auto" or an address)
+    executor: Any = None                # mixed-precision: an executor object (tests; overrides `ray`)
 
 
 @dataclass
@@ -61,6 +65,7 @@ class QuantContext:
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     notes: List[str] = field(default_factory=list)
     smoothquant: Optional[dict] = None  # smoothquant: per layer how 1/s was placed and alpha (report 'smoothquant')
+    mixed_precision: Optional[dict] = None   # the mixed-precision pass's result (report 'mixed_precision')
     passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
 
     @property

@@ -13,8 +13,9 @@
 
 `--recipe a,b` adds optional passes, each right after the pass named by its `after` (load-encodings after place;
 bias-correction after assign-encodings; measure-latency after safety-net; fold-conv-bias-add after convert-opset;
-cle and smoothquant after fuse-hardswish); `--pipeline` replaces the whole list for experts. Third-party passes
-join through the `qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
+cle and smoothquant after fuse-hardswish; mixed-precision, switched on by `--max-drop`, after place); `--pipeline`
+replaces the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point
+(passmanager/registry.py) and work the same way.
 """
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def run_quantization(ctx, pm) -> list:
 
 SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction",
             "measure_latency": "measure-latency", "smoothquant_alpha": "smoothquant",
-            "untaken_branches": "mirror-untaken-branches"}   # argument -> its pass
+            "untaken_branches": "mirror-untaken-branches", "max_drop": "mixed-precision"}   # argument -> its pass
 
 
 def pipeline_for(recipe=None, pipeline=None, **switches) -> list:

@@ -1,0 +1,648 @@
+"""Mixed precision under an accuracy budget (issue 15 item 6): `quantize(..., max_drop=0.01)`,
+`qcompiler quantize ... --max-drop 1%`.
+
+What it does, in the `mixed-precision` pass (after `place`, before `assign-encodings`: it rewrites which bits
+each layer gets, then the plan is built again and the rest of the pipeline runs as usual):
+
+1. **Layers.** Every node with a constant weight the target profile quantizes (Conv, ConvTranspose, Gemm,
+   MatMul, LSTM/GRU/RNN; `Profile.weights`), together with the plan's supergroup it belongs to (Conv+Relu, ...)
+   and the Add of an exported Linear's bias (`Profile.bias_add_ops`), is one layer. Layers the user's config or
+   selection keeps float are not searched.
+2. **Candidates** (cheapest first): W4A8, W8A8, W8A16, W16A16, float16, float. `WxAy` = the layer's weights on
+   an x-bit grid and its output activation (what the next layer reads) on a y-bit grid; float16 = the layer runs
+   in fp16 between Casts (the float16-islands pass); float = no quantizer. A candidate the target profile cannot
+   carry is skipped: activation bits other than the profile's `activation.bits` / `wide_activation_bits`,
+   weight bits other than `weight.bits`, 4 (`per_block_weight_bits` lists it: the profile knows int4 weights)
+   or its 16-bit widening. The search needs opset 21 (int4/int16 Q/DQ): `quantize` asks for it.
+3. **The drop.** `metric=None` (default): the drop is the relative RMS error of the outputs against float on
+   the kept calibration samples, sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
+   (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs, reference) -> score` (higher is better), where
+   `outputs` is a list with one dict {graph output name: array} per kept calibration sample (the first ones of
+   the calibration data, in order) and `reference` the float model's list: the float score F =
+   metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
+   1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
+   never in the workers.
+4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too)
+   on the calibration samples kept for the report: the drop is its sensitivity. One executor
+   (qcompiler/quant/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
+   cluster with `--ray auto|ADDRESS`.
+   The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
+   not chosen); a model above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
+   samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
+5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
+   is measured with every layer float at the given settings and, where the profile has them, at 16-bit
+   activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
+   (else within the budget, else float), so a budget those nodes alone break still quantizes the layers.
+6. **Assignment.** Every layer starts float; greedily, the move that saves the most weight bytes per unit of
+   estimated drop is taken while the estimate stays within the budget. The estimate adds the layers' drops to
+   the other nodes' (with the default metric, an RMS error, their squares add, as independent noise powers
+   do). Under a user metric, moves of equal drop (an agreement on 64 samples is 0 for most single layers) are
+   ordered by their relative output error. The whole assigned model is then built and measured, and the
+   layers' part of the estimate is rescaled to fit what was measured (the layers' drops together are rarely
+   their sum: alone, a layer reads float inputs): above the budget the scale grows (at least x1.25), well
+   within it (below REFINE_BELOW of the budget) it shrinks (at most to REFINE_MIN_SCALE of itself), and the
+   greedy runs again from every layer float, RESCALE_STEPS times at most; the cheapest assignment measured
+   within the budget wins. If none was, the most sensitive layers of the last one (1, 2, 4, ... of them; ties
+   broken by relative output error) go one candidate up until it is; every layer float (at the other nodes'
+   level) was measured within the budget, so this always ends within it.
+   At most MAX_VERIFICATIONS whole-model measurements. So the model `quantize` returns never exceeds the
+   budget on the data the search measured (its kept calibration samples); on other data it is an estimate
+   (benchmarks/bench_mixed_precision.py measures each corpus model's eval set with its eval.py).
+7. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
+   assignments tried (weight bytes, measured drop), the seconds. The CLI prints the table and writes a
+   Pareto plot (weight bytes against drop of every assignment tried) beside the report as
+   `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
+
+Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
+the other weights at the user's settings; ties are broken on activation bits.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from ...errors import ArgumentError
+
+MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
+MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
+# the sensitivity rounds, most useful first: when MAX_SENSITIVITY_SECONDS cuts the table, 8-bit and 4-bit
+# grids are measured and the back-off can still go up the ladder (an unmeasured candidate is never chosen)
+MEASURE_ORDER = ("W8A8", "W4A8", "W8A16", "W16A16", "float16", "float")
+REST_LEVELS = {"base": {}, "A16": {"act_bits": 16}, "float": {"precision": "float32"}}
+REST_SHARE = 0.5                  # the nodes outside the layers take the cheapest level within this share
+TIE_WEIGHT = 1e-3                 # a user metric's moves of equal drop are ordered by relative output error
+RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to the last measurement
+REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
+REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
+EPS = 1e-9
+COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    weight_bits: Optional[int]     # None: float weights
+    act_bits: Optional[int]
+    precision: str = "int"         # int | float16 | float32
+
+    @property
+    def weight_bytes_per_element(self) -> float:
+        if self.precision == "float16":
+            return 2.0
+        if self.precision == "float32":
+            return 4.0
+        return self.weight_bits / 8.0
+
+    @property
+    def cost(self) -> float:
+        """Weight bytes per element, activation bits as the tie-break (fp16 above W16A16: Casts)."""
+        act = self.act_bits or (16 if self.precision == "float16" else 32)
+        return self.weight_bytes_per_element + act / 1000.0 + (0.0005 if self.precision == "float16" else 0.0)
+
+    def updates(self) -> dict:
+        if self.precision != "int":
+            return {"precision": self.precision}
+        return {"precision": "int", "weight_bits": self.weight_bits, "act_bits": self.act_bits,
+                "weight_quantized": True, "output_quantized": True}
+
+
+CANDIDATES = (Candidate("W4A8", 4, 8), Candidate("W8A8", 8, 8), Candidate("W8A16", 8, 16),
+              Candidate("W16A16", 16, 16), Candidate("float16", None, None, "float16"),
+              Candidate("float", None, None, "float32"))
+BY_NAME = {c.name: c for c in CANDIDATES}
+
+
+def legal_candidates(profile) -> Tuple[List[Candidate], Dict[str, str]]:
+    """The candidates `profile` can carry (cheapest first) and {skipped name: why}."""
+    acts = {profile.activation.bits} | ({profile.wide_activation_bits} if profile.wide_activation_bits else set())
+    weights = {profile.weight.bits} | ({4} if 4 in profile.per_block_weight_bits else set()) | \
+        ({16} if profile.wide_activation_bits == 16 else set())
+    out, skipped = [], {}
+    for c in CANDIDATES:
+        if c.precision == "int":
+            if c.act_bits not in acts:
+                skipped[c.name] = f"{profile.name} has no {c.act_bits}-bit activations"
+                continue
+            if c.weight_bits not in weights:
+                skipped[c.name] = f"{profile.name} has no {c.weight_bits}-bit weights"
+                continue
+        out.append(c)
+    return sorted(out, key=lambda c: c.cost), skipped
+
+
+@dataclass
+class Layer:
+    name: str                 # the weighted node
+    op_type: str
+    nodes: Tuple[str, ...]    # every node of the unit (supergroup, bias Add)
+    weight_elements: int
+
+
+def find_layers(model, plan, profile, options) -> List[Layer]:
+    """The searchable units: weighted nodes with their supergroup and bias Add (see the module docstring)."""
+    from ..placement.options import node_settings
+    in_group: Dict[str, List[str]] = {}
+    for sg in plan.supergroups:
+        for n in sg.nodes:
+            in_group[n] = list(sg.nodes)
+    layers = []
+    taken = set()
+    for node in model.graph.nodes:
+        slots = profile.weights.get(node.op_type)
+        if not slots or node.name in taken:
+            continue
+        elems = 0
+        for slot in slots:
+            v = node.inputs[slot] if slot < len(node.inputs) else None
+            if v is not None and v.tensor is not None:
+                elems += int(np.prod(v.tensor.dims)) if len(v.tensor.dims) else 1
+        if not elems:
+            continue
+        if node_settings(options, profile, node).get("precision", "int") != "int":
+            continue
+        nodes = list(in_group.get(node.name, [node.name]))
+        if node.op_type in profile.bias_add_ops and len(node.outputs) == 1 and node.outputs[0] is not None:
+            uses = node.outputs[0].uses()
+            if len(uses) == 1 and not uses[0].is_graph_output and uses[0].user.op_type == "Add" and \
+                    any(i is not None and i.const_value() is not None for i in uses[0].user.inputs):
+                nodes.append(uses[0].user.name)
+        nodes = [n for n in dict.fromkeys(nodes) if n not in taken]
+        taken.update(nodes)
+        layers.append(Layer(node.name, node.op_type, tuple(nodes), elems))
+    return layers
+
+
+# --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
+def run_candidate(item) -> Optional[list]:
+    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
+    sample, [{output name: array}], or None when onnxruntime refuses the model."""
+    if item is None:     # a candidate the plan cannot carry at this opset
+        return None
+    model_bytes, samples_path, n_inputs = item
+    from ...ort_session import create_session
+    import onnxruntime as ort
+    with np.load(samples_path, allow_pickle=False) as z:
+        feeds = []
+        names = [str(x) for x in z["__names__"]]
+        i = 0
+        while f"s{i}_0" in z.files:
+            feeds.append({names[j]: z[f"s{i}_{j}"] for j in range(n_inputs)})
+            i += 1
+    for level in (None, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
+        try:
+            sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
+            outs = [o.name for o in sess.get_outputs()]
+            return [dict(zip(outs, sess.run(outs, f))) for f in feeds]
+        except Exception:   # noqa: BLE001 - a candidate onnxruntime cannot run is not chosen
+            continue
+    return None
+
+
+def relative_error(float_outs: list, q_outs: list) -> float:
+    """The default drop: worst output's sqrt(sum (q - f)^2 / sum f^2) over the samples."""
+    worst = 0.0
+    for name in float_outs[0]:
+        num = den = 0.0
+        for f, q in zip(float_outs, q_outs):
+            fa = np.asarray(f[name], dtype=np.float64)
+            if not np.issubdtype(np.asarray(f[name]).dtype, np.floating):
+                continue
+            d = np.asarray(q[name], dtype=np.float64) - fa
+            num += float(np.sum(d * d))
+            den += float(np.sum(fa * fa))
+        if den > 0:
+            worst = max(worst, math.sqrt(num / den))
+        elif num > 0:
+            worst = math.inf
+    return worst
+
+
+@dataclass
+class Trial:
+    what: str                     # "all float", "greedy", "back-off 1", "all W8A8", ...
+    assignment: Dict[str, str]
+    weight_bytes: int
+    drop: float
+
+
+@dataclass
+class Result:
+    budget: float
+    metric: str
+    layers: List[Layer]
+    candidates: List[str]
+    skipped: Dict[str, str]
+    table: Dict[str, Dict[str, float]]          # layer -> candidate -> drop (sensitivity)
+    assignment: Dict[str, str]                  # layer -> chosen candidate
+    drop: float                                 # measured on the kept samples
+    weight_bytes: int
+    trials: List[Trial] = field(default_factory=list)
+    seconds: Dict[str, float] = field(default_factory=dict)
+    evaluations: int = 0
+    executor: str = "serial"
+    whole_model_float: bool = False
+    rest: str = "base"                          # the nodes outside the layers: base | A16 | float
+    rest_drops: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        def num(x):
+            return round(float(x), 6) if math.isfinite(x) else ("inf" if x > 0 else "nan")
+        return {"budget": self.budget, "metric": self.metric, "candidates": self.candidates,
+                "skipped_candidates": self.skipped, "drop": num(self.drop), "weight_bytes": self.weight_bytes,
+                "executor": self.executor, "evaluations": self.evaluations,
+                "whole_model_float": self.whole_model_float, "rest": self.rest,
+                "rest_drops": {k: num(v) for k, v in self.rest_drops.items()},
+                "layers": {l.name: {"op": l.op_type, "nodes": list(l.nodes), "weights": l.weight_elements,
+                                    "chosen": self.assignment.get(l.name, "float"),
+                                    "sensitivity": {c: num(v) for c, v in self.table.get(l.name, {}).items()}}
+                           for l in self.layers},
+                "trials": [{"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)}
+                           for t in self.trials],
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": list(self.notes)}
+
+
+class Search:
+    """One search on a QuantContext after `place` (statistics and the user's plan are there)."""
+
+    def __init__(self, ctx, budget: float, metric: Optional[Callable] = None, executor=None,
+                 sensitivity_samples: Optional[int] = None):
+        from ...onnx_io import model_to_proto
+        self.ctx, self.budget, self.metric = ctx, float(budget), metric
+        self.executor = executor
+        self.profile = ctx.profile
+        self.base_bytes = model_to_proto(ctx.model).SerializeToString()
+        self.stats = ctx.calibration.stats()
+        kept = ctx.calibration.kept
+        self.float_outs = [dict(o) for _, o in kept]
+        self.input_names = list(kept[0][0]) if kept else []
+        self._float_scores: Dict[int, float] = {}
+        if metric is not None and kept:
+            self._float_score(len(kept))
+        self.evaluations = 0
+        self.deadline = math.inf
+        self.timed_out = False
+        self.power = 2 if metric is None else 1
+        # the relative output error of every sensitivity run, also under a user metric: it orders the moves
+        # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
+        self.errors: Dict[str, Dict[str, float]] = {}
+        self.last_errors: List[float] = []
+        self.all_nodes = [n.name for n in ctx.model.graph.nodes]
+        self.other_weight_bytes = 0
+        self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
+        self.samples_path = os.path.join(self._dir.name, "samples.npz")
+        arrays = {"__names__": np.array(self.input_names)}
+        for i, (feed, _) in enumerate(kept):
+            for j, name in enumerate(self.input_names):
+                arrays[f"s{i}_{j}"] = np.asarray(feed[name])
+        np.savez(self.samples_path, **arrays)
+        self.sensitivity_samples = min(len(kept), sensitivity_samples or len(kept))
+        self.sens_path = self.samples_path
+        if self.sensitivity_samples < len(kept):
+            self.sens_path = os.path.join(self._dir.name, "sensitivity.npz")
+            np.savez(self.sens_path, **{k: v for k, v in arrays.items()
+                                        if k == "__names__" or int(k[1:].split("_")[0]) < self.sensitivity_samples})
+
+    def close(self):
+        self._dir.cleanup()
+
+    # --- building one candidate model ----------------------------------------------------------------------
+    def config_for(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base"):
+        """The user's config with rules appended: every node outside the assigned layers at `rest` (base: the
+        user's settings, A16: 16-bit activations, float), then one rule per chosen candidate."""
+        from ..config import Rule
+        from ..selection import config_with_rules
+        opts = self.ctx.options
+        base = opts.config
+        first = len(base.rules) if base is not None else 0
+        rules = []
+        if rest != "base":
+            mine = {n for l in layers if l.name in assignment for n in l.nodes}
+            rules.append(Rule(index=first, names=frozenset(n for n in self.all_nodes if n not in mine),
+                              updates=REST_LEVELS[rest]))
+        by_cand: Dict[str, set] = {}
+        for l in layers:
+            c = assignment.get(l.name)
+            if c is not None:
+                by_cand.setdefault(c, set()).update(l.nodes)
+        for c, names in by_cand.items():
+            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates()))
+        defaults = {"act_bits": opts.act_bits, "weight_bits": opts.weight_bits, "weight_per_channel": opts.per_channel,
+                    "weight_block": opts.weight_block,
+                    "act_symmetric": bool(self.profile.activation.symmetric) if opts.act_symmetric is None
+                    else opts.act_symmetric,
+                    "weight_symmetric": bool(self.profile.weight.symmetric) if opts.weight_symmetric is None
+                    else opts.weight_symmetric}
+        cfg = config_with_rules(base, rules, defaults)
+        if rest == "float":   # a layer alone: the model inputs' quantizers are nobody's layer either
+            cfg.model_input_quantized = False
+        return cfg
+
+    def options_for(self, config):
+        import copy
+        o = copy.copy(self.ctx.options)
+        o.config = config
+        return o
+
+    def lower(self, config) -> Optional[bytes]:
+        """The QDQ model for `config` (serialized), built from the calibrated model as the pipeline would."""
+        import onnx
+        from ...onnx_io import model_from_proto, model_to_proto
+        from ..calibrate import assign_encodings
+        from ..float16 import apply_float16, float16_nodes
+        from ..placement import build_plan, decide_storage
+        from ..qdq import apply_plan, assign_block_encodings
+        m = model_from_proto(onnx.load_from_string(self.base_bytes))
+        cal = self.ctx.calibration
+        plan = build_plan(m, self.profile, cal.dtypes, self.stats, self.options_for(config))
+        if plan.needs_opset() > m.opset:
+            return None
+        scheme = self.ctx.settings.scheme
+        assign_encodings(plan, m, cal, scheme)
+        assign_block_encodings(plan, m, scheme)
+        f16 = float16_nodes(m, config, plan.dtypes)
+        decide_storage(plan, m)
+        apply_plan(m, plan)
+        if f16:
+            apply_float16(m, f16, probe_ort=self.profile.name.startswith("ort"))
+        out = model_to_proto(m).SerializeToString()
+        del m, plan, f16
+        if len(self.base_bytes) > COLLECT_OVER_BYTES:
+            from ..memory import release
+            release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
+        return out
+
+    def drop_of(self, outs: Optional[list]) -> float:
+        """The drop of `outs` (the first len(outs) kept samples) against the float outputs of those samples."""
+        if outs is None:
+            return math.inf
+        ref = self.float_outs[:len(outs)]
+        if self.metric is None:
+            return relative_error(ref, outs)
+        q, f = self._score(outs, ref), self._float_score(len(outs))
+        if not math.isfinite(q):
+            return math.inf
+        return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
+
+    def _float_score(self, n: int) -> float:
+        if n not in self._float_scores:
+            ref = self.float_outs[:n]
+            f = self._float_scores[n] = self._score(ref, ref)
+            if not math.isfinite(f):
+                raise ArgumentError(f"metric returned {f} on the float model's own outputs: the drop "
+                                    f"(F - Q) / |F| needs a finite score")
+        return self._float_scores[n]
+
+    def _score(self, outs, ref) -> float:
+        """The user's metric on `outs` as a float (one line when it is not a number)."""
+        v = self.metric(outs, ref)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            from ...arguments import got
+            raise ArgumentError(f"metric must return a number (a score, higher is better), got {got(v)}") from None
+
+    def measure(self, configs: list, sensitivity: bool = False) -> List[float]:
+        """Drops of the models for `configs`. Each is lowered when the executor asks for it (a window of them
+        in flight, never all: minilm's are 90 MB each) and run in onnxruntime through the executor, on the
+        first `sensitivity_samples` kept samples for the sensitivity table, on all of them otherwise."""
+        path = self.sens_path if sensitivity else self.samples_path
+
+        def items():
+            for cfg in configs:
+                if sensitivity and time.perf_counter() > self.deadline:
+                    self.timed_out = True
+                    yield None      # past MAX_SENSITIVITY_SECONDS: not measured, never chosen
+                    continue
+                b = self.lower(cfg)
+                yield None if b is None else (b, path, len(self.input_names))
+        before = self.timed_out
+        outs = self.executor.map(run_candidate, items()) if configs else []
+        self.evaluations += len(configs) if not self.timed_out or before else \
+            sum(o is not None for o in outs)
+        drops, self.last_errors = [], []
+        for o in outs:
+            drops.append(self.drop_of(o))
+            self.last_errors.append(drops[-1] if self.metric is None or o is None else
+                                    relative_error(self.float_outs[:len(o)], o))
+        return drops
+
+    # --- the search -----------------------------------------------------------------------------------------
+    def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base") -> int:
+        base = self.ctx.options.weight_bits / 8.0
+        total = self.other_weight_bytes * (4.0 / base if rest == "float" else 1.0)
+        for l in layers:
+            c = assignment.get(l.name)
+            total += l.weight_elements * (BY_NAME[c].weight_bytes_per_element if c else base)
+        return int(round(total))
+
+    def run(self) -> Result:
+        t0 = time.perf_counter()
+        ctx = self.ctx
+        cands, skipped = legal_candidates(self.profile)
+        layers = find_layers(ctx.model, ctx.plan, self.profile, ctx.options)
+        self.other_weight_bytes = self._other_weight_bytes(layers)
+        names = [c.name for c in cands]
+        res = Result(budget=self.budget, metric="relative output error" if self.metric is None else
+                     getattr(self.metric, "__name__", "metric"), layers=layers, candidates=names,
+                     skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
+                     executor=getattr(self.executor, "name", "serial"))
+        # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
+        table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
+        self.errors = {l.name: {"float": 0.0} for l in layers}
+        self.deadline = t0 + MAX_SENSITIVITY_SECONDS
+        for c in sorted(names, key=lambda c: MEASURE_ORDER.index(c)):
+            if c == "float":
+                continue
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in layers],
+                                 sensitivity=True)
+            for l, d, e in zip(layers, drops, self.last_errors):
+                table[l.name][c] = d
+                self.errors[l.name][c] = e
+        if self.timed_out:
+            res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
+                             f"s: candidates not measured are not chosen")
+        res.table = table
+        t1 = time.perf_counter()
+        res.seconds["sensitivity"] = t1 - t0
+        # 2. the nodes outside the layers (layers float): the user's settings, 16-bit activations or float;
+        # the cheapest level within REST_SHARE of the budget (powers), else within the budget, else float
+        all_float = {l.name: "float" for l in layers}
+        levels = ["base"] + (["A16"] if self.profile.wide_activation_bits == 16 and
+                             self.ctx.options.act_bits != 16 else [])
+        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels])
+        rest_drops = dict(zip(levels, drops))
+        rest_drops["float"] = 0.0
+        for lv, d in rest_drops.items():
+            if lv != "float":
+                res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+                                        self.weight_bytes(all_float, layers, lv), d))
+        p = self.power
+        level = next((lv for lv, d in rest_drops.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
+            next(lv for lv, d in rest_drops.items() if d <= self.budget)
+        rest = rest_drops[level]
+        res.rest, res.rest_drops = level, rest_drops
+        # 3. greedy from the table, measured on the whole model; the estimate is then rescaled to what was
+        # measured (the layers' drops together are rarely their sum) and the greedy runs again, RESCALE_STEPS
+        # times at most; then, if nothing was within the budget, back off from the last assignment
+        p = self.power
+        best: Optional[Tuple[Dict[str, str], float]] = None
+        tried: List[Dict[str, str]] = []
+        scale, low = 1.0, 0.0       # low: the largest scale whose assignment was measured above the budget
+        assignment = dict(all_float)
+        for step in range(RESCALE_STEPS):
+            assignment = self.greedy(layers, names, table, rest, scale=scale)
+            if assignment in tried:
+                if best is not None:
+                    break
+                low, scale = scale, scale * 2
+                continue
+            tried.append(dict(assignment))
+            d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
+            res.trials.append(Trial("greedy" if step == 0 else f"rescaled x{scale:.3g}", dict(assignment),
+                                    self.weight_bytes(assignment, layers, level), d))
+            est = self.estimate(assignment, layers, table, rest)
+            fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
+                else 2 * scale
+            if d <= self.budget:
+                if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
+                    best = (dict(assignment), d)
+                if d > REFINE_BELOW * self.budget:
+                    break
+                scale = max(fit, scale * REFINE_MIN_SCALE, low * 1.05 if low else 0.0)
+            else:
+                low = scale
+                scale = max(fit, scale * 1.25)
+        step, k = len(res.trials), 1
+        while best is None and len(tried) < MAX_VERIFICATIONS:
+            if not self.back_off(assignment, layers, names, table, k):
+                break
+            k *= 2
+            tried.append(dict(assignment))
+            d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
+            res.trials.append(Trial(f"back-off {k // 2}", dict(assignment),
+                                    self.weight_bytes(assignment, layers, level), d))
+            if d <= self.budget:
+                best = (dict(assignment), d)
+        if best is not None:
+            res.assignment, res.drop = best
+        else:   # every layer float at this rest level was measured within the budget
+            res.assignment, res.drop = dict(all_float), rest
+            res.notes.append("mixed precision: back-off reached every searched layer float")
+        if level != "base":
+            res.notes.append(f"mixed precision: the nodes outside the searched layers drop "
+                             f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
+        res.whole_model_float = level == "float" and all(c == "float" for c in res.assignment.values())
+        res.weight_bytes = self.weight_bytes(res.assignment, layers, level)
+        res.seconds["assignment"] = time.perf_counter() - t1
+        res.seconds["total"] = time.perf_counter() - t0
+        res.evaluations = self.evaluations
+        return res
+
+    def reference(self, res: Result, name: str) -> None:
+        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
+        a = {l.name: name for l in res.layers}
+        d = self.measure([self.config_for(a, res.layers, rest=res.rest)])[0]
+        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d))
+
+    def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
+        """From `start` (every layer float): take the move with the most cost saved per estimated drop while
+        the estimate stays within the budget. The estimate adds the layers' drops to the rest's (`scale` x
+        each); with the default metric (an RMS error) their squares add, as independent noise powers do."""
+        p = self.power
+        cur = dict(start) if start else {l.name: "float" for l in layers}
+        rank = {c: i for i, c in enumerate(names)}
+        est = max(0.0, rest) ** p + sum(scale * max(0.0, table[l.name].get(cur[l.name], 0.0)) ** p
+                                        for l in layers)
+        budget = self.budget ** p
+        while True:
+            best, best_eff = None, -1.0
+            for l in layers:
+                now = cur[l.name]
+                d_now = scale * max(0.0, table[l.name].get(now, 0.0)) ** p
+                for c in names[:rank[now]]:
+                    d = table[l.name].get(c, math.inf)
+                    if not math.isfinite(d):
+                        continue
+                    delta = scale * max(0.0, d) ** p - d_now
+                    if est + delta > budget:
+                        continue
+                    saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
+                    err = self.errors.get(l.name, {})
+                    tie = 0.0 if self.metric is None else \
+                        TIE_WEIGHT * max(0.0, err.get(c, math.inf) - err.get(now, 0.0))
+                    eff = saved / (max(delta, 0.0) + tie + EPS ** p)
+                    if saved > 0 and eff > best_eff:
+                        best, best_eff = (l.name, c, delta), eff
+            if best is None:
+                return cur
+            name, c, delta = best
+            cur[name] = c
+            est += delta
+
+    def estimate(self, assignment, layers, table, rest) -> float:
+        """Sum of the layers' drops (powers) at `assignment`, without the rest's."""
+        return sum(max(0.0, table[l.name].get(assignment[l.name], 0.0)) ** self.power for l in layers)
+
+    def back_off(self, assignment, layers, names, table, k) -> int:
+        """Raise the k layers whose current candidate is the most sensitive one step up (ties: the larger
+        relative output error); returns how many."""
+        rank = {c: i for i, c in enumerate(names)}
+        movable = [l for l in layers if rank[assignment[l.name]] < len(names) - 1]
+        movable.sort(key=lambda l: (-table[l.name].get(assignment[l.name], math.inf),
+                                    -self.errors.get(l.name, {}).get(assignment[l.name], math.inf)))
+        for l in movable[:k]:
+            assignment[l.name] = names[rank[assignment[l.name]] + 1]
+        return len(movable[:k])
+
+    def _other_weight_bytes(self, layers) -> int:
+        """Weight bytes outside the layers at the user's weight bits (quantized weights) or float."""
+        mine = {n for l in layers for n in l.nodes}
+        total = 0
+        wb = self.ctx.options.weight_bits / 8.0
+        for node in self.ctx.model.graph.nodes:
+            if node.name in mine:
+                continue
+            for slot in (self.profile.weights.get(node.op_type) or {}):
+                v = node.inputs[slot] if slot < len(node.inputs) else None
+                if v is not None and v.tensor is not None:
+                    total += int(np.prod(v.tensor.dims)) * wb
+        return int(total)
+
+
+def apply_result(ctx, search: Search, res: Result) -> None:
+    """Make the chosen assignment the run's config and rebuild the plan (and the fp16 island list)."""
+    from ..float16 import float16_nodes
+    from ..placement import build_plan
+    cfg = search.config_for(res.assignment, res.layers, rest=res.rest)
+    ctx.options = search.options_for(cfg)
+    cal = ctx.calibration
+    ctx.plan = build_plan(ctx.model, ctx.profile, cal.dtypes, search.stats, ctx.options)
+    ctx.float16 = float16_nodes(ctx.model, cfg, ctx.plan.dtypes)
+
+
+def format_table(mp: dict) -> str:
+    """The report's mixed_precision section as a text table: layer, chosen candidate, its sensitivity."""
+    rows = [("layer", "op", "chosen", "drop alone %", "weights")]
+    for name, l in mp["layers"].items():
+        s = l["sensitivity"].get(l["chosen"])
+        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else str(s)
+        rows.append((name[:60], l["op"], l["chosen"], s, str(l["weights"])))
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    d = mp["drop"]
+    lines.append(f"  mixed precision: drop {100 * d:.4g} % (budget {100 * mp['budget']:.4g} %, "
+                 f"{mp['metric']}), weights {mp['weight_bytes']} bytes, {mp['evaluations']} evaluations on "
+                 f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
+                 f"  mixed precision: drop {d}")
+    return "\n".join(lines)
+
+
+__all__ = ["CANDIDATES", "Candidate", "legal_candidates", "find_layers", "Search", "Result", "apply_result",
+           "format_table", "relative_error", "run_candidate"]

@@ -1,0 +1,270 @@
+"""Mixed precision with a budget (issue 15 item 6): the `mixed-precision` pass (`--max-drop`, `max_drop=`), its
+executor (local processes, Ray), and a mixed plan (4-bit Conv -> fp16 BatchNorm -> 8-bit Conv) that runs in
+onnxruntime."""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from click.testing import CliRunner
+from onnx import helper, numpy_helper
+
+from qcompiler.cli import main
+from qcompiler.errors import ArgumentError
+from qcompiler.onnx_io import model_to_proto
+from qcompiler.quant import quantize
+from qcompiler.quant.executor import LocalExecutor, SerialExecutor, check_ray, get_executor
+from qcompiler.quant.mixed_precision import (format_table, legal_candidates, relative_error)
+from qcompiler.quant.mixed_precision.budget import parse_max_drop
+from qcompiler.quant.pipeline import DEFAULT_PIPELINE, pipeline_for
+from qcompiler.quant.profiles import get_profile
+from tests.helpers import make_model, run, tinfo
+
+F = np.float32
+
+
+def _cnn(rng, outlier=False):
+    """x[1,3,8,8] -> Conv(8)+Relu -> Conv(8)+Relu -> GlobalAveragePool -> Flatten -> Gemm(10)."""
+    w1 = (rng.normal(size=(8, 3, 3, 3)) * 0.3).astype(F)
+    if outlier:
+        w1[:, :, 1, 1] *= 20.0   # one tap 20x in every channel: 4-bit grids lose the rest
+    w2 = (rng.normal(size=(8, 8, 3, 3)) * 0.2).astype(F)
+    wf = (rng.normal(size=(10, 8)) * 0.5).astype(F)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(8, F), "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.zeros(8, F), "b2"),
+             numpy_helper.from_array(wf, "wf"), numpy_helper.from_array(np.zeros(10, F), "bf")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["p"], name="gap"),
+             helper.make_node("Flatten", ["p"], ["fl"], name="flat"),
+             helper.make_node("Gemm", ["fl", "wf", "bf"], ["y"], name="fc", transB=1)]
+    return make_model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", [1, 10])], inits, opset=13)
+
+
+def _calib(rng, n=16):
+    return [{"x": rng.normal(size=(1, 3, 8, 8)).astype(F)} for _ in range(n)]
+
+
+def _drop_on(model_proto, quant, feeds):
+    ref = [{"y": run(model_proto, f)[0]} for f in feeds]
+    got = [{"y": run(model_to_proto(quant), f)[0]} for f in feeds]
+    return ref, got
+
+
+@pytest.mark.parametrize("budget", [0.002, 0.05])
+def test_search_never_exceeds_its_budget_on_the_model_it_was_asked_about(budget):
+    rng = np.random.default_rng(0)
+    proto, feeds = _cnn(rng, outlier=True), _calib(rng)
+    r = quantize(proto, feeds, max_drop=budget, executor=SerialExecutor(), min_sqnr=float("-inf"))
+    mp = r.report["mixed_precision"]
+    assert mp["drop"] <= budget
+    ref, got = _drop_on(proto, r.model, feeds)   # measured again, independently, on the returned model
+    assert relative_error(ref, got) <= budget * (1 + 1e-6)
+    assert set(mp["layers"]) == {"conv1", "conv2", "fc"}
+    for t in mp["trials"]:
+        assert set(t) == {"what", "weight_bytes", "drop"}
+    # a looser budget never costs more bytes
+    assert "W8A8" in mp["candidates"] and mp["candidates"][0] == "W4A8"
+
+
+def test_a_looser_budget_is_cheaper_and_4_bits_cost_more_than_16():
+    rng = np.random.default_rng(0)
+    proto, feeds = _cnn(rng, outlier=True), _calib(rng)
+    tight = quantize(proto, feeds, max_drop=0.003, executor=SerialExecutor())
+    loose = quantize(proto, feeds, max_drop=0.2, executor=SerialExecutor())
+    mt, ml = tight.report["mixed_precision"], loose.report["mixed_precision"]
+    assert ml["weight_bytes"] <= mt["weight_bytes"]
+    for layer in ml["layers"].values():
+        s = layer["sensitivity"]
+        assert s["W4A8"] > s["W8A8"] > s["W16A16"] and s["float"] == 0
+    assert {v["chosen"] for v in ml["layers"].values()} == {"W4A8"}   # 20 %: every layer at 4 bits fits
+    assert mt["drop"] <= 0.003 and ml["drop"] <= 0.2
+    whats = [t["what"] for t in mt["trials"]]
+    assert whats[:2] == ["layers float, rest base", "layers float, rest A16"] and "greedy" in whats
+    assert "conv1" in format_table(ml) and "chosen" in format_table(ml)
+
+
+def test_user_metric_defines_the_drop():
+    rng = np.random.default_rng(1)
+    proto, feeds = _cnn(rng), _calib(rng)
+    calls = []
+
+    def agreement(outputs, reference):
+        calls.append(len(outputs))
+        return float(np.mean([np.argmax(o["y"]) == np.argmax(r["y"]) for o, r in zip(outputs, reference)]))
+    r = quantize(proto, feeds, max_drop=0.01, metric=agreement, executor=SerialExecutor())
+    mp = r.report["mixed_precision"]
+    assert mp["metric"] == "agreement" and mp["drop"] <= 0.01
+    ref, got = _drop_on(proto, r.model, feeds)
+    assert 1.0 - agreement(got, ref) <= 0.01
+    assert calls and all(n == len(feeds) for n in calls)
+
+
+@pytest.mark.parametrize("metric, needle", [(lambda o, r: "high", "must return a number"),
+                                            (lambda o, r: float("nan"), "finite score")])
+def test_a_metric_that_is_not_a_score_is_one_line(metric, needle):
+    rng = np.random.default_rng(0)
+    with pytest.raises(ArgumentError) as e:
+        quantize(_cnn(rng), _calib(rng, 2), max_drop=0.01, metric=metric, executor=SerialExecutor())
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_candidates_follow_the_profile():
+    names = [c.name for c in legal_candidates(get_profile("ort_cpu"))[0]]
+    assert names == ["W4A8", "W8A8", "W8A16", "W16A16", "float16", "float"]
+    trt, skipped = legal_candidates(get_profile("trt"))
+    assert [c.name for c in trt] == ["W4A8", "W8A8", "float16", "float"]
+    assert "16-bit activations" in skipped["W8A16"]
+
+
+def test_pass_sits_after_place_and_is_switched_on_by_max_drop():
+    names = pipeline_for(max_drop=0.01)
+    assert names.index("mixed-precision") == names.index("place") + 1
+    assert "mixed-precision" not in pipeline_for()
+    assert list(DEFAULT_PIPELINE) == [n for n in names if n != "mixed-precision"]
+
+
+@pytest.mark.parametrize("value, want", [("1%", 0.01), ("0.5 %", 0.005), (0.02, 0.02), ("0.03", 0.03)])
+def test_max_drop_forms(value, want):
+    assert parse_max_drop(value) == pytest.approx(want)
+
+
+@pytest.mark.parametrize("kw, needle", [({"max_drop": "150%"}, "max_drop"), ({"max_drop": 0}, "max_drop"),
+                                        ({"max_drop": "x%"}, "max_drop"), ({"max_drop": True}, "max_drop"),
+                                        ({"max_drop": 0.01, "metric": 3}, "metric"),
+                                        ({"metric": len}, "max_drop"), ({"ray": "auto"}, "max_drop"),
+                                        ({"max_drop": 0.01, "ray": "a b"}, "ray"),
+                                        ({"max_drop": 0.01, "executor": object()}, "executor")])
+def test_bad_arguments_are_one_line(kw, needle):
+    rng = np.random.default_rng(0)
+    with pytest.raises(ArgumentError) as e:
+        quantize(_cnn(rng), _calib(rng, 2), **kw)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def _square(x):
+    return x * x
+
+
+def test_local_executor_keeps_item_order():
+    with LocalExecutor(2) as ex:   # a builtin: the spawned workers import nothing of ours
+        assert ex.map(abs, range(0, -9, -1)) == list(range(9))
+    assert SerialExecutor().map(_square, [3]) == [9]
+    assert check_ray(None) is None and check_ray("127.0.0.1:6379") == "127.0.0.1:6379"
+    assert get_executor(workers=1).name == "serial"
+
+
+def _conv_bn_conv(rng):
+    """conv_a (4-bit) -> BatchNormalization (fp16) -> conv_b (8-bit); BN kept (no fold-batchnorm)."""
+    c = 8
+    inits = [numpy_helper.from_array((rng.normal(size=(c, 3, 3, 3)) * 0.3).astype(F), "wa"),
+             numpy_helper.from_array((rng.normal(size=(c, c, 3, 3)) * 0.2).astype(F), "wb"),
+             numpy_helper.from_array(rng.uniform(0.5, 1.5, c).astype(F), "g"),
+             numpy_helper.from_array(rng.normal(size=c).astype(F) * 0.1, "be"),
+             numpy_helper.from_array(rng.normal(size=c).astype(F) * 0.1, "mu"),
+             numpy_helper.from_array(rng.uniform(0.5, 2.0, c).astype(F), "var")]
+    nodes = [helper.make_node("Conv", ["x", "wa"], ["a"], name="conv_a", pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["a", "g", "be", "mu", "var"], ["bn"], name="bn"),
+             helper.make_node("Conv", ["bn", "wb"], ["y"], name="conv_b", pads=[1, 1, 1, 1])]
+    return make_model(nodes, [tinfo("x", [1, 3, 8, 8])], [tinfo("y", [1, c, 8, 8])], inits, opset=17)
+
+
+def test_4bit_conv_feeds_fp16_batchnorm_feeds_8bit_conv_and_runs_in_onnxruntime(tmp_path):
+    rng = np.random.default_rng(3)
+    proto, feeds = _conv_bn_conv(rng), _calib(rng, 8)
+    cfg = tmp_path / "mixed.yaml"
+    cfg.write_text("rules:\n"
+                   "  - match: {name: conv_a}\n    weights: {bits: 4}\n"
+                   "  - match: {name: bn}\n    precision: float16\n"
+                   "  - match: {name: conv_b}\n    weights: {bits: 8}\n")
+    pipeline = [p for p in DEFAULT_PIPELINE if p != "fold-batchnorm"]
+    r = quantize(proto, feeds, config=str(cfg), pipeline=pipeline, min_sqnr=float("-inf"))
+    m = model_to_proto(r.model)
+    ops = [n.op_type for n in m.graph.node]
+    assert "BatchNormalization" in ops
+    (bn,) = [n for n in m.graph.node if n.op_type == "BatchNormalization"]
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in list(m.graph.value_info) + list(m.graph.output)}
+    # the BatchNorm computes in fp16 between Casts, its parameters stored fp16
+    inits = {t.name: t for t in m.graph.initializer}
+    producer = {o: n for n in m.graph.node for o in n.output}
+    cast = producer[bn.input[0]]
+    assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT16
+    assert types[bn.output[0]] == onnx.TensorProto.FLOAT16
+    assert all(inits[i].data_type == onnx.TensorProto.FLOAT16 for i in bn.input[1:])
+    # conv_a reads int4 weights through a DequantizeLinear; conv_b's are on an 8-bit grid (stored float on it:
+    # its input comes from the fp16 island unquantized, so ORT runs a float Conv, storage.py)
+    (conv_a,) = [n for n in m.graph.node if n.name == "conv_a"]
+    dq = producer[conv_a.input[1]]
+    assert dq.op_type == "DequantizeLinear" and inits[dq.input[0]].data_type == onnx.TensorProto.INT4
+    params = r.encodings["params"]
+    assert params["wa"].bits == 4 and params["wb"].bits == 8
+    (conv_b,) = [n for n in m.graph.node if n.name == "conv_b"]
+    wb = numpy_helper.to_array(inits[conv_b.input[1]]) if conv_b.input[1] in inits else None
+    if wb is not None:
+        q = wb / params["wb"].scale.reshape(-1, 1, 1, 1)
+        assert np.allclose(q, np.round(q), atol=1e-3) and np.abs(np.round(q)).max() <= 127
+    else:
+        dq = producer[conv_b.input[1]]
+        assert inits[dq.input[0]].data_type == onnx.TensorProto.INT8
+    assert r.report["layers"]["bn"]["float16"].startswith("float16")
+    for f in feeds:
+        ref, got = run(proto, f)[0], run(m, f)[0]
+        assert got.shape == ref.shape and np.isfinite(got).all()
+        assert np.abs(got - ref).max() <= 0.15 * np.abs(ref).max()
+
+
+def _write_cnn(tmp_path):
+    rng = np.random.default_rng(0)
+    model = tmp_path / "m.onnx"
+    onnx.save(_cnn(rng, outlier=True), str(model))
+    calib = tmp_path / "c.npz"
+    np.savez(calib, x=np.stack([f["x"] for f in _calib(rng, 8)]))
+    return model, calib
+
+
+def test_cli_max_drop_prints_the_table_and_writes_the_pareto_png(tmp_path):
+    model, calib = _write_cnn(tmp_path)
+    out, rep = tmp_path / "q.onnx", tmp_path / "r.json"
+    res = CliRunner().invoke(main, ["quantize", str(model), "--calib", str(calib), "-o", str(out),
+                                    "--max-drop", "2%", "--report", str(rep)])
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "chosen" in res.stdout and "conv1" in res.stdout and "budget 2 %" in res.stdout
+    report = json.loads(rep.read_text())
+    assert report["mixed_precision"]["drop"] <= 0.02
+    assert report["mixed_precision"]["executor"] in ("processes", "serial")
+    png = tmp_path / "r.json.pareto.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert not png.exists() and "matplotlib is not installed" in res.stdout
+    else:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_bad_max_drop_is_one_line_exit_2(tmp_path):
+    model, calib = _write_cnn(tmp_path)
+    before = model.read_bytes()
+    res = CliRunner().invoke(main, ["quantize", str(model), "--calib", str(calib), "-o",
+                                    str(tmp_path / "q.onnx"), "--max-drop", "250%"])
+    assert res.exit_code == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "max_drop" in lines[0] and "Traceback" not in res.stderr
+    assert model.read_bytes() == before and not (tmp_path / "q.onnx").exists()
+
+
+@pytest.mark.slow
+def test_ray_executor_on_a_local_instance():
+    pytest.importorskip("ray")
+    from qcompiler.quant.executor import RayExecutor
+    ex = RayExecutor("auto")
+    try:
+        assert ex.map(_square, [1, 2, 3]) == [1, 4, 9]
+        rng = np.random.default_rng(0)
+        proto, feeds = _cnn(rng), _calib(rng, 4)
+        r = quantize(proto, feeds, max_drop=0.05, executor=ex)
+        assert r.report["mixed_precision"]["executor"] == "ray"
+        assert r.report["mixed_precision"]["drop"] <= 0.05
+    finally:
+        ex.close()
