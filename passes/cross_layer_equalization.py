@@ -14,12 +14,37 @@ i mod (C/g) of the rows of group i // (C/g), so the mapping stays 1:1. Skipped, 
 activations that are not scale-equivariant (Relu6/Clip with bounds, LeakyRelu, PRelu, ...), weights that are
 not float constants of this graph, a weight read by another node (never written: copying it would change
 nothing for the reader but double the bytes), protected constants or supergroup members, mismatched channels.
-The first Conv's bias is written copy-on-write (`scale_folding.write_constant_input`).
+The first Conv's bias is written copy-on-write (`scale_folding.write_constant_input`); scale math is float64.
 
-NOTE: measured with per-tensor weights (eval.npz, output SQNR / eval metric): digits_cnn W8A8 top-1 0.9972 with
-and without; ppocr_cls W8A8 15.35 -> 14.96 dB, agreement 0.965 -> 0.9525 (worse), but W8A16 19.56 -> 24.3 dB,
-agreement 0.98 -> 0.99: the weights gain, the per-tensor 8-bit activations between the pairs lose (channels
-divided by s_i < 1 grow; pw -> dw pairs hurt most). The paper's high-bias absorption (§4.2) is the missing half.
+Where it runs, and what data it has: after fuse-hardswish, before calibrate. fold-batchnorm has already folded
+every BatchNorm into its Conv, so the paper's beta/gamma are gone. Inside `qcompiler quantize` the pass sees the
+QuantContext: it reads ctx.samples once (one onnxruntime pass, the first Convs' outputs as extra outputs; the
+SampleSet rewinds for `calibrate`) and keeps per-channel min, max, mean and std of each pair's pre-activation x,
+updated exactly as it rescales (x / s) and shifts (x - c). Run on its own (`qcompiler run --pipeline cle`) it has
+no data: equalisation as in §4.1, no absorption (stats `not_absorbed` says why).
+
+High-bias absorption (§4.2), after equalisation: c_i = max(0, min(mean_i - 3 std_i, min_i)) of x on the
+calibration data (the paper's beta - 3 gamma, with mean/std measured instead of read from the folded BN, and
+never above the observed minimum): b1 -= c, b2 += sum of W2's window times c. Relu(x) - c = Relu(x - c) holds
+exactly where x >= c, i.e. on every calibration sample by construction (other data: where the channel stays
+above c, as the paper assumes under its Gaussian model); without an activation it is exact everywhere. Only where
+the second Conv does not pad (a padded border sees 0, not c, so the shift would not be a constant), and its
+bias is absent (created) or a float [C] constant. It narrows the quantized activation between the pair.
+
+When it equalises (the rule that keeps cle from hurting; issue 15 item 4): on ppocr_cls equalising every pair
+lowered agreement, per-channel W8A8 0.9925 -> 0.9825 and per-tensor W8A8 0.965 -> 0.9525, because
+- with per-channel weights the first Conv's row scaling is free already (its grid is per row): equalising
+  buys nothing there, yet channels with s_i < 1 grow in the per-tensor activation between the pair and set a
+  wider grid for every other channel (pw -> dw pairs most);
+- with per-tensor weights the weights gain, the same activation loses.
+So: (1) weights per-channel on the target (the default) -> no equalisation, only absorption (stats
+`not_equalized` gives the reason per pair); (2) per-tensor weights with calibration statistics -> s_i is raised
+to at least maxa_i / max_j maxa_j (maxa = per-channel max |a| of the activation between the pair, Relu(x) or x,
+in current units), so no channel of a / s exceeds the per-tensor range a already has: the activation grid never
+widens; (3) per-tensor weights and no statistics (a subgraph, inside quantize) -> not equalised; (4) no
+QuantContext at all (`qcompiler run`) -> plain §4.1 equalisation. ReLU6/Clip, HardSwish and the other
+non-equivariant activations are never equalised across (a decomposed HardSwish is an Add, so no pair).
+
 """
 from __future__ import annotations
 
@@ -210,22 +235,30 @@ def absorb(c1: Node, c2: Node, c: np.ndarray) -> None:
 
 
 class _Stats:
-    """Per-channel statistics of a pair's pre-activation x (c1's output) on the calibration samples, kept in the
-    current units as the pass rescales (x / s) and shifts (x - c) it."""
+    """Per-channel statistics of a pair on the calibration samples, kept in the current units as the pass rescales
+    (x / s) and shifts (x - c) the pre-activation x (c1's output): lo/hi/mean/std of x, E[a] and E[a^2] of the
+    activation a the second Conv reads (Relu(x) or x), and E[u^2] per channel of c1's input u."""
 
-    def __init__(self, lo, hi, mean, std):
+    def __init__(self, lo, hi, mean, std, amean, asq, usq, relu):
         self.lo, self.hi, self.mean, self.std = lo, hi, mean, std
+        self.amean, self.asq, self.usq, self.relu = amean, asq, usq, relu
 
-    def act_max(self, act) -> np.ndarray:
-        """max |a| per channel of the activation the quantizer sees (Relu(x), or x)."""
-        if act is not None:
-            return np.maximum(self.hi, 0.0)
-        return np.maximum(np.abs(self.lo), np.abs(self.hi))
+    def act_range(self):
+        """(lo, hi) per channel of a."""
+        return (np.maximum(self.lo, 0.0), np.maximum(self.hi, 0.0)) if self.relu else (self.lo, self.hi)
+
+    def act_max(self) -> np.ndarray:
+        lo, hi = self.act_range()
+        return np.maximum(np.abs(lo), np.abs(hi))
 
     def scale(self, s):
         self.lo, self.hi, self.mean, self.std = self.lo / s, self.hi / s, self.mean / s, self.std / s
+        self.amean, self.asq = self.amean / s, self.asq / (s * s)
 
     def shift(self, c):
+        """x -= c with c <= lo where c > 0 (there Relu is the identity on the data: a shifts by c too)."""
+        self.asq = self.asq - 2 * c * self.amean + c * c
+        self.amean = self.amean - c
         self.lo, self.hi, self.mean = self.lo - c, self.hi - c, self.mean - c
 
 
@@ -234,37 +267,100 @@ def _collect(ctx, model, pairs) -> dict:
     from qcompiler.errors import DataError
     from qcompiler.quant.calibrate import extra_output_names, make_session
     g = model.graph
-    names = [c1.outputs[0].name for c1, _, _ in pairs if c1.graph is g]
-    if not names:
+    main = [p for p in pairs if p[0].graph is g]
+    inputs = {v.name for v in g.inputs}
+    names = []
+    for c1, _, _ in main:
+        for v in (c1.outputs[0], c1.inputs[0]):
+            if v.name not in names and v.name not in inputs:
+                names.append(v.name)
+    if not main:
         return {}
     sess = make_session(model, extra_outputs=extra_output_names(model, names))
     acc, n = {}, 0
+
+    def add(key, parts):
+        if key not in acc:
+            acc[key] = list(parts)
+        elif all(np.shape(o) == np.shape(q) for o, q in zip(acc[key], parts)):
+            o = acc[key]
+            acc[key] = [np.minimum(o[0], parts[0]), np.maximum(o[1], parts[1])] + [u + w for u, w in
+                                                                                   zip(o[2:], parts[2:])]
+
     for i, feed in enumerate(ctx.samples):
-        arrays = sess.run(names, feed, where=f"cle sample {i}")
-        for name, a in zip(names, arrays):
-            a = np.asarray(a, np.float64)
-            if a.ndim < 2 or not a.size:
-                continue
-            x = np.moveaxis(a, 1, 0).reshape(a.shape[1], -1)
-            got = (x.min(axis=1), x.max(axis=1), x.sum(axis=1), (x * x).sum(axis=1), x.shape[1])
-            if name not in acc:
-                acc[name] = list(got)
-            elif acc[name][0].shape == got[0].shape:
-                o = acc[name]
-                acc[name] = [np.minimum(o[0], got[0]), np.maximum(o[1], got[1]), o[2] + got[2], o[3] + got[3],
-                             o[4] + got[4]]
+        arrays = dict(zip(names, sess.run(names, feed, where=f"cle sample {i}"))) if names else {}
+        arrays.update({k: v for k, v in feed.items() if k in inputs})
+        for c1, act, _ in main:
+            for v, is_out in ((c1.outputs[0], True), (c1.inputs[0], False)):
+                a = arrays.get(v.name)
+                a = None if a is None else np.asarray(a, np.float64)
+                if a is None or a.ndim < 2 or not a.size:
+                    continue
+                x = np.moveaxis(a, 1, 0).reshape(a.shape[1], -1)
+                if is_out:
+                    r = np.maximum(x, 0.0) if act is not None else x
+                    add(("x", c1.name), (x.min(axis=1), x.max(axis=1), x.sum(axis=1), (x * x).sum(axis=1),
+                                         r.sum(axis=1), (r * r).sum(axis=1), x.shape[1]))
+                else:
+                    add(("u", c1.name), (x.min(axis=1), x.max(axis=1), (x * x).sum(axis=1), x.shape[1]))
         n += 1
     if n == 0:
         raise DataError("empty sample set (0 samples)")
     out = {}
-    for c1, _, _ in pairs:
-        a = acc.get(c1.outputs[0].name) if c1.graph is g else None
-        if a is None or a[0].shape != (c1.inputs[1].const_value().shape[0],):
+    for c1, act, _ in main:
+        a, u = acc.get(("x", c1.name)), acc.get(("u", c1.name))
+        w1 = c1.inputs[1].const_value()
+        if a is None or u is None or a[0].shape != (w1.shape[0],) or \
+                u[0].shape[0] != int(c1.attr("group", 1)) * w1.shape[1]:
             continue
-        mean = a[2] / a[4]
-        std = np.sqrt(np.maximum(a[3] / a[4] - mean * mean, 0.0))
-        out[c1.name] = _Stats(a[0], a[1], mean, std)
+        mean = a[2] / a[6]
+        std = np.sqrt(np.maximum(a[3] / a[6] - mean * mean, 0.0))
+        out[c1.name] = _Stats(a[0], a[1], mean, std, a[4] / a[6], a[5] / a[6], u[2] / u[3], act is not None)
     return out
+
+
+def noise(c1: Node, c2: Node, st: "_Stats", s: np.ndarray, wbits: int, abits: int) -> float:
+    """Estimated quantization noise power at c2's output after rescaling the pair by `s`, with per-tensor
+    symmetric weights (wbits) and a per-tensor activation grid (abits) between them (common 1/12 dropped):
+        sum_i (F1_i D1^2 + Da^2) s_i^2 |W2[:, i]|^2  +  D2^2 K2 (C2/g2) sum_i E[a_i^2] / s_i^2
+    D1, D2: the weight steps (max range / (2^(wbits-1) - 1)) after the rescale; Da: the activation step; F1_i:
+    the energy of c1's input patch feeding channel i (K1 * sum of E[u^2] over its group)."""
+    w1 = c1.inputs[1].const_value()
+    w2 = c2.inputs[1].const_value().astype(np.float64)
+    g1, g2 = int(c1.attr("group", 1)), int(c2.attr("group", 1))
+    qw, qa = 2.0 ** (wbits - 1) - 1, 2.0 ** abits - 1
+    r1 = np.abs(w1.astype(np.float64)).reshape(w1.shape[0], -1).max(axis=1)
+    r2 = _in_ranges(w2, g2)
+    d1 = float(np.max(r1 / s)) / qw
+    d2 = float(np.max(r2 * s)) / qw
+    lo, hi = st.act_range()
+    da = (max(float(np.max(hi / s)), 0.0) - min(float(np.min(lo / s)), 0.0)) / qa
+    k1 = int(np.prod(w1.shape[2:])) if w1.ndim > 2 else 1
+    f1 = k1 * st.usq.reshape(g1, -1).sum(axis=1).repeat(w1.shape[0] // g1)
+    cpg = w2.shape[1]
+    col = (w2.reshape(g2, w2.shape[0] // g2, cpg, -1) ** 2).sum(axis=(1, 3)).reshape(-1)
+    k2 = int(np.prod(w2.shape[2:])) if w2.ndim > 2 else 1
+    first = float(np.sum((f1 * d1 * d1 + da * da) * s * s * col))
+    second = d2 * d2 * k2 * (w2.shape[0] // g2) * float(np.sum(st.asq / (s * s)))
+    return first + second
+
+
+TRIES = (0.0, 0.25, 0.5, 0.75, 1.0)   # fractions (in log s) of the full equalisation step that `choose` compares
+
+
+def choose(c1: Node, c2: Node, st: "_Stats", wbits: int, abits: int) -> np.ndarray:
+    """The s among s_full^t (t in TRIES; t = 0 is no change), unclamped and clamped to the activation's range,
+    with the least estimated output noise (`noise`)."""
+    full = _scale(c1, c2)
+    clamp = _scale(c1, c2, st.act_max())
+    best, best_n = np.ones_like(full), noise(c1, c2, st, np.ones_like(full), wbits, abits)
+    for base in (full, clamp):
+        for t in TRIES[1:]:
+            s = np.power(base, t)
+            n = noise(c1, c2, st, s, wbits, abits)
+            if n < best_n * (1 - 1e-6):
+                best, best_n = s, n
+    return best
 
 
 def _per_channel_weights(ctx) -> bool:
@@ -320,20 +416,6 @@ class CrossLayerEqualization(Pass):
                                          "cannot be checked"
             else:
                 to_equalize.append(pair)
-        rounds, changed = 0, set()
-        for rounds in range(1, ROUNDS + 1):
-            moved = 0.0
-            for c1, act, c2 in to_equalize:
-                st = stats.get(c1.name)
-                s = _scale(c1, c2, st.act_max(act) if st is not None else None)
-                step = rescale(c1, c2, s)
-                if step > 0:
-                    changed.add(c1.name)
-                    if st is not None:
-                        st.scale(s)
-                moved = max(moved, step)
-            if moved < 1e-3:
-                break
         absorbed, not_absorbed = {}, {}
         for c1, act, c2 in pairs:
             st = stats.get(c1.name)
@@ -348,8 +430,24 @@ class CrossLayerEqualization(Pass):
             if not np.any(c > 0):
                 continue
             absorb(c1, c2, c)
-            st.shift(c)
+            st.shift(np.where(c > 0, c, 0.0))
             absorbed[c1.name] = int(np.count_nonzero(c > 0))
+        wbits = int(ctx.settings.weight_bits) if ctx is not None else 8
+        abits = int(ctx.settings.act_bits) if ctx is not None else 8
+        rounds, changed = 0, set()
+        for rounds in range(1, ROUNDS + 1):
+            moved = 0.0
+            for c1, act, c2 in to_equalize:
+                st = stats.get(c1.name)
+                s = choose(c1, c2, st, wbits, abits) if st is not None else _scale(c1, c2)
+                step = rescale(c1, c2, s)
+                if step > 0:
+                    changed.add(c1.name)
+                    if st is not None:
+                        st.scale(s)
+                moved = max(moved, step)
+            if moved < 1e-3:
+                break
         if ctx is not None and pairs:
             ctx.notes.append(f"cle: {len(pairs)} Conv pairs, {len(changed)} equalised, {len(absorbed)} with high "
                              f"biases absorbed" + (f"; not equalised: {next(iter(not_equalized.values()))}"
