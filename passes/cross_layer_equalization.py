@@ -345,25 +345,46 @@ def noise(c1: Node, c2: Node, st: "_Stats", s: np.ndarray, wbits: int, abits: in
     return first + second
 
 
+WIDE_ACT_BITS = 16   # activations this wide have levels to spare: channels between a pair may grow
+HEADROOM = 0.5   # below WIDE_ACT_BITS a channel may rise to at most this fraction of the per-tensor max
+MARGIN_DB = 6.0   # a pair is equalised only when its estimated output noise falls by at least this much
 TRIES = (0.0, 0.25, 0.5, 0.75, 1.0)   # fractions (in log s) of the full equalisation step that `choose` compares
 
 
+def _headroom_kept(m: np.ndarray, s: np.ndarray) -> bool:
+    """True if no channel of the activation (per-channel max m) ends nearer the per-tensor max than it was, unless
+    it stays within HEADROOM of it: channels that never reached the calibration range's top keep room to grow on
+    other data."""
+    top, new = float(m.max(initial=0.0)), m / s
+    if top <= 0:
+        return True
+    return bool(np.all(new / float(new.max()) <= np.maximum(m / top, HEADROOM) + 1e-9))
+
+
 def choose(c1: Node, c2: Node, st: "_Stats", wbits: int, abits: int) -> np.ndarray:
-    """The s among s_full^t (t in TRIES; t = 0 is no change), unclamped and clamped to the activation's range,
-    with the least estimated output noise (`noise`)."""
+    """The s among s_full^t (t in TRIES; t = 0 is no change) and, below WIDE_ACT_BITS, the same with the loudest
+    activation channel held (no channel grows), that keeps the headroom (`_headroom_kept`, below WIDE_ACT_BITS)
+    and has the least estimated output noise (`noise`); no change unless that noise is MARGIN_DB lower."""
     full = _scale(c1, c2)
-    clamp = _scale(c1, c2, st.act_max())
-    best, best_n = np.ones_like(full), noise(c1, c2, st, np.ones_like(full), wbits, abits)
-    for base in (full, clamp):
+    m = st.act_max()
+    bases = [full]
+    if abits < WIDE_ACT_BITS:
+        bases.append(np.maximum(full / full[int(np.argmax(m))], 1.0))
+    none = noise(c1, c2, st, np.ones_like(full), wbits, abits)
+    best, best_n = np.ones_like(full), none
+    for base in bases:
         for t in TRIES[1:]:
             s = np.power(base, t)
+            if abits < WIDE_ACT_BITS and not _headroom_kept(m, s):
+                continue
             n = noise(c1, c2, st, s, wbits, abits)
             if n < best_n * (1 - 1e-6):
                 best, best_n = s, n
-    return best
+    return best if best_n <= none * 10 ** (-MARGIN_DB / 10) else np.ones_like(full)
 
 
 def _per_channel_weights(ctx) -> bool:
+    """True when Conv weights get per-channel (or per-block) grids on this run's target."""
     st = ctx.settings
     if not st.per_channel and not st.weight_block:
         return False
