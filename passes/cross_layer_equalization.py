@@ -19,17 +19,21 @@ The first Conv's bias is written copy-on-write (`scale_folding.write_constant_in
 Where it runs, and what data it has: after fuse-hardswish, before calibrate. fold-batchnorm has already folded
 every BatchNorm into its Conv, so the paper's beta/gamma are gone. Inside `qcompiler quantize` the pass sees the
 QuantContext: it reads ctx.samples once (one onnxruntime pass, the first Convs' outputs as extra outputs; the
-SampleSet rewinds for `calibrate`) and keeps per-channel min, max, mean and std of each pair's pre-activation x,
-updated exactly as it rescales (x / s) and shifts (x - c). Run on its own (`qcompiler run --pipeline cle`) it has
+SampleSet rewinds for `calibrate`) and keeps per-channel min, max, mean and std of each pair's pre-activation x
+(and E[a], E[a^2] of the activation after it, E[u^2] of the first Conv's input u), updated exactly as it
+rescales (x / s) and shifts (x - c). Run on its own (`qcompiler run --pipeline cle`) it has
 no data: equalisation as in §4.1, no absorption (stats `not_absorbed` says why).
 
-High-bias absorption (§4.2), after equalisation: c_i = max(0, min(mean_i - 3 std_i, min_i)) of x on the
+High-bias absorption (§4.2), before equalisation (the same result as after: c scales with s, and the noise
+estimate below then sees the narrowed activation): c_i = max(0, min(mean_i - 3 std_i, min_i)) of x on the
 calibration data (the paper's beta - 3 gamma, with mean/std measured instead of read from the folded BN, and
 never above the observed minimum): b1 -= c, b2 += sum of W2's window times c. Relu(x) - c = Relu(x - c) holds
 exactly where x >= c, i.e. on every calibration sample by construction (other data: where the channel stays
 above c, as the paper assumes under its Gaussian model); without an activation it is exact everywhere. Only where
 the second Conv does not pad (a padded border sees 0, not c, so the shift would not be a constant), and its
 bias is absent (created) or a float [C] constant. It narrows the quantized activation between the pair.
+(digits_cnn and ppocr_cls absorb nothing: every pair into an unpadded 1x1 Conv has no channel that stays
+positive on all calibration samples; the pairs into padded 3x3/depthwise Convs are skipped for the padding.)
 
 When it equalises (the rule that keeps cle from hurting; issue 15 item 4). Equalising every pair as in §4.1
 lowered ppocr_cls agreement, per-channel W8A8 0.9925 -> 0.9825 and per-tensor W8A8 0.965 -> 0.9525:
