@@ -3,6 +3,7 @@
 they call live in qcompiler/quant/ (calibrate.py, placement/, qdq.py, ...), one module per job."""
 from . import (bias_correction, calibrate, convert_opset, encodings, float16_islands,  # noqa: F401
                insert_qdq, measure_latency, measure_sqnr, place, safety_net, smoothquant)  # registration
+from . import seq_mse  # noqa: F401,E402  (issue 15: Sequential MSE)
 
 __all__ = ["bias_correction", "calibrate", "convert_opset", "encodings", "float16_islands", "insert_qdq",
            "measure_latency", "measure_sqnr", "place", "safety_net", "smoothquant"]
