@@ -25,6 +25,7 @@ import numpy as np
 LAYER_OPS = ("MatMul", "Gemm")
 MAX_ROWS = 4096        # rows kept per captured input (x K floats: 64 MB at K = 4096)
 MAX_SAMPLES = 128      # calibration samples the capture runs
+FLOAT_CACHE_BYTES = 512 << 20   # the float model's layer inputs kept from one pass (minilm: 264 MB of them)
 
 
 @dataclass
@@ -156,19 +157,49 @@ class SequentialCapture:
         total = getattr(samples, "length", None)
         self.expected = min(total, max_samples) if total else max_samples
         self.runs = 0
+        self.float_cache: Dict[str, np.ndarray] = {}
 
     def capture(self, layers: List[Layer], quantized: Dict[str, np.ndarray], float_too: bool = False) \
             -> Dict[str, Tuple[np.ndarray, Optional[np.ndarray]]]:
         """One pass over the samples with `quantized` ({weight name: array in its stored layout}) fed in place
         of the float weights: {input name: (rows [R, K], the same rows from the float model or None)} for the
-        data inputs of `layers`, at most max_rows rows each. `float_too`: also run the float model (a second run
-        per sample, only when something is quantized) for the float rows."""
+        data inputs of `layers`, at most max_rows rows each. `float_too`: the float rows as well, from the
+        float cache (`cache_float`) when it holds them, else from a second run per sample."""
         names = []
         for layer in layers:
             if layer.input_name not in names:
                 names.append(layer.input_name)
+        cached = {n: self.float_cache[n] for n in names if n in self.float_cache}
+        twice = float_too and bool(quantized) and len(cached) < len(names)
+        got, ref = self._run(names, quantized, twice)
+        out = {}
+        for k in names:
+            xf = None
+            if float_too:
+                xf = cached.get(k) if k in cached else ref[k] if twice else got[k]
+            out[k] = (got[k], xf)
+        return out
+
+    def cache_float(self, layers: List[Layer], max_bytes: int = FLOAT_CACHE_BYTES) -> int:
+        """Keep the float model's rows of every layer input (one pass over the samples), in graph order while
+        they fit in `max_bytes`; the rest come from a second run per sample in `capture`. Returns bytes kept."""
+        names, total = [], 0
+        for layer in layers:
+            k = int(layer.kn().shape[0])
+            if layer.input_name in names:
+                continue
+            need = 4 * k * self.max_rows
+            if total + need > max_bytes:
+                break
+            names.append(layer.input_name)
+            total += need
+        if names:
+            got, _ = self._run(names, {}, False)
+            self.float_cache.update(got)
+        return sum(a.nbytes for a in self.float_cache.values())
+
+    def _run(self, names, quantized, twice):
         per_sample = max(1, -(-self.max_rows // max(self.expected, 1)))
-        twice = float_too and bool(quantized)
         got: Dict[str, list] = {n: [] for n in names}
         ref: Dict[str, list] = {n: [] for n in names}
         rows: Dict[str, int] = {n: 0 for n in names}
@@ -181,11 +212,10 @@ class SequentialCapture:
             got_q = dict(zip(run, self.session.run(run, fq, where=f"calibration sample {i}"))) if run else {}
             got_f = dict(zip(run, self.session.run(run, dict(feed), where=f"calibration sample {i}"))) \
                 if twice and run else got_q
-            arrays = [got_q[nm] if nm in got_q else feed[nm] for nm in names]
-            floats = [got_f[nm] if nm in got_f else feed[nm] for nm in names]
             picks: dict = {}
-            for name, a, af in zip(names, arrays, floats):
-                a, af = _rows(a), _rows(af)
+            for name in names:
+                a = _rows(got_q[name] if name in got_q else feed[name])
+                af = _rows(got_f[name] if name in got_f else feed[name]) if twice else a
                 take = min(per_sample, self.max_rows - rows[name], a.shape[0])
                 if take <= 0:
                     continue
@@ -199,11 +229,10 @@ class SequentialCapture:
                 ref[name].append(np.ascontiguousarray(af))
                 rows[name] += take
         self.runs += 1
-        out = {}
-        for k in names:
-            xq = np.concatenate(got[k], 0) if got[k] else np.zeros((0, 0), np.float32)
-            out[k] = (xq, (np.concatenate(ref[k], 0) if ref[k] else xq) if twice else None)
-        return out
+
+        def cat(d):
+            return {k: np.concatenate(v, 0) if v else np.zeros((0, 0), np.float32) for k, v in d.items()}
+        return cat(got), (cat(ref) if twice else None)
 
 
 def _rows(a) -> np.ndarray:

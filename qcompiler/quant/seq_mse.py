@@ -34,7 +34,8 @@ from .layer_inputs import Layer, fake_quant_kn, kn_qparams, stored_qparams
 FRACTIONS = tuple(float(f) for f in np.linspace(0.5, 1.0, 20))
 FLOP_BUDGET = 4e10        # per layer, for the candidate search (a few seconds of float32 BLAS on one core)
 MIN_ROWS = 64
-TARGET = "float"          # the output each layer matches: "float" (X_float W) or "quantized" (X W)
+SWEEPS = 2                # coordinate-descent sweeps over the blocks (refine_blocks)
+TARGET = "quantized"        # the output each layer matches: "float" (X_float W) or "quantized" (X W)
 CHUNK_BYTES = 64 << 20    # the [C, K, n] candidate errors are built this many bytes at a time
 
 
@@ -129,6 +130,50 @@ def block_losses(x: np.ndarray, w: np.ndarray, scale: np.ndarray, zp: np.ndarray
     return out
 
 
+def refine_blocks(x, w, scale, zp, qmin, qmax, block, lb, pick, base, h=None):
+    """Coordinate descent over the blocks with the cross-block terms of the whole Gram matrix G = X^T X: per
+    channel, start from the better of the block-wise choice and the assigned grid (by the full loss), then
+    block after block take the candidate minimising the full loss with the other blocks fixed (never larger).
+    Returns (pick [nb, N], loss of the assigned grid [N], loss of the choice [N])."""
+    k, n = w.shape
+    g = x.T @ x                                                           # [K, K]
+
+    def errors(p):
+        s = np.take_along_axis(scale, p[None], 0)[0]
+        return fake_quant_kn(w, s, zp[0], qmin, qmax, block) - w
+
+    def loss(e, ge):
+        out = np.einsum("kn,kn->n", e, ge, dtype=np.float64)
+        return out if h is None else out - 2.0 * np.einsum("kn,kn->n", h, e, dtype=np.float64)
+
+    e, e0 = errors(pick), errors(np.full_like(pick, base))
+    ge, ge0 = g @ e, g @ e0
+    l_pick, l_base = loss(e, ge), loss(e0, ge0)
+    keep = l_base < l_pick
+    pick[:, keep], e[:, keep], ge[:, keep] = base, e0[:, keep], ge0[:, keep]
+    del e0, ge0
+    cols = np.arange(n)
+    for _ in range(SWEEPS):
+        moved = 0
+        for b in range(pick.shape[0]):
+            sl = slice(b * block, min(k, (b + 1) * block))
+            cross = ge[sl] - g[sl, sl] @ e[sl]                            # what the other blocks add
+            cand = fake_quant_kn(w[sl], scale[:, b:b + 1], zp[:, b:b + 1], qmin, qmax, block) - w[sl]
+            tot = lb[:, b] + 2.0 * np.einsum("cin,in->cn", cand, cross, dtype=np.float64)
+            new = np.argmin(tot, axis=0)
+            change = new != pick[b]
+            if not change.any():
+                continue
+            moved += int(change.sum())
+            de = cand[new, :, cols].T - e[sl]                             # [Bb, N]
+            ge += g[:, sl] @ de
+            e[sl] += de
+            pick[b] = new
+        if not moved:
+            break
+    return pick, l_base, loss(e, ge)
+
+
 def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLOP_BUDGET, seed: int = 0,
            x_float: Optional[np.ndarray] = None) -> LayerResult:
     """The best candidate per channel (or block) of `layer` on its captured input rows `x` [R, K].
@@ -168,13 +213,17 @@ def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLO
     if per_block:
         lb = block_losses(x, w, scale, zp, qmin, qmax, block, h)        # [C, nb, N]
         pick = np.argmin(lb, axis=0)                                      # [nb, N]
+        if 2.0 * rows * k * k + 2.0 * (SWEEPS + 2) * k * k * n <= budget:
+            pick, before, after = refine_blocks(x, w, scale, zp, qmin, qmax, block, lb, pick, base, h)
+            exact = True
+        else:
+            best_s = np.take_along_axis(scale, pick[None], 0)[0]
+            chosen = np.stack([best_s, scale[base]])                      # [2, nb, N]
+            full = channel_losses(f, w, chosen, np.broadcast_to(z0[None], chosen.shape), qmin, qmax, block, h)
+            worse = full[0] > full[1]
+            pick[:, worse] = base
+            before, after = full[1], np.minimum(full[0], full[1])
         best_s = np.take_along_axis(scale, pick[None], 0)[0]
-        chosen = np.stack([best_s, scale[base]])                          # [2, nb, N]
-        full = channel_losses(f, w, chosen, np.broadcast_to(z0[None], chosen.shape), qmin, qmax, block, h)
-        worse = full[0] > full[1]
-        pick[:, worse] = base
-        best_s[:, worse] = scale[base][:, worse]
-        before, after = full[1], np.minimum(full[0], full[1])
         chosen_f = fr[pick]
     else:
         lc = channel_losses(f, w, scale, zp, qmin, qmax, block, h)       # [C, N]
@@ -215,7 +264,10 @@ def run_seq_mse(model, plan, samples, fractions=None, max_rows: Optional[int] = 
     cap = SequentialCapture(model, layers, samples, max_rows or MAX_ROWS, max_samples or MAX_SAMPLES)
     quantized: dict = {}
     results = []
-    capture_s = 0.0
+    t0 = time.perf_counter()
+    if target == "float":
+        cap.cache_float(layers)
+    capture_s = time.perf_counter() - t0
     for level in sorted({layer.level for layer in layers}):
         todo = [layer for layer in layers if layer.level == level]
         t0 = time.perf_counter()

@@ -97,7 +97,7 @@ def test_candidates_vectorised_match_one_by_one():
 
 
 def _mlp(rng, gemm=True):
-    """x [2, T, K] -> MatMul w1 -> Relu -> MatMul w2 [-> Reshape -> Gemm transB w3]."""
+    """x [2, T, K] -> MatMul w1 -> Relu -> MatMul w2 [-> Reshape -> Gemm transB w3, b3]."""
     inits = [numpy_helper.from_array(_weight(rng, K, H), "w1"), numpy_helper.from_array(_weight(rng, H, N), "w2"),
              numpy_helper.from_array(rng.normal(size=N).astype(F) * 0.1, "b2")]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"]),
@@ -106,9 +106,10 @@ def _mlp(rng, gemm=True):
     out = tinfo("y", [2, T, N])
     if gemm:
         inits += [numpy_helper.from_array(_weight(rng, N, 32).T.copy(), "w3"),
-                  numpy_helper.from_array(np.array([2 * T, N], np.int64), "shape")]
+                  numpy_helper.from_array(np.array([2 * T, N], np.int64), "shape"),
+                  numpy_helper.from_array(rng.normal(size=32).astype(F), "b3")]
         nodes += [helper.make_node("Reshape", ["y", "shape"], ["y2"]),
-                  helper.make_node("Gemm", ["y2", "w3"], ["z"], name="gemm", transB=1)]
+                  helper.make_node("Gemm", ["y2", "w3", "b3"], ["z"], name="gemm", transB=1)]
         out = tinfo("z", [2 * T, 32])
     return make_model(nodes, [tinfo("x", [2, T, K])], [out], inits, opset=17)
 
@@ -184,17 +185,26 @@ def test_cli_recipe_seq_mse_in_order(tmp_path):
     assert rep["layers"]["mm2"]["seq_mse"]["changed"] != "0/" and out[0].shape == (2 * T, 32)
 
 
-def test_cli_composes_with_smoothquant_and_bias_correction(tmp_path):
-    rep, out = _cli(tmp_path, _mlp(np.random.default_rng(6)), "smoothquant,seq-mse,bias-correction",
-                    "--weight-bits", "4")
+def _api(recipe, seed):
+    rng = np.random.default_rng(seed)
+    proto = _mlp(rng)
+    res = quantize(proto, _calib(rng, 8), weight_bits=4, recipe=recipe, min_sqnr=float("-inf"), progress=False)
+    return res, run(onnx.load_from_string(_bytes(res.model)), {"x": rng.normal(size=(2, T, K)).astype(F)})
+
+
+def test_composes_with_smoothquant_and_bias_correction():
+    res, out = _api("smoothquant,seq-mse,bias-correction", 6)
+    rep = res.report
     pipe = rep["pipeline"]
     assert pipe.index("smoothquant") < pipe.index("calibrate")
     assert pipe.index("assign-encodings") < pipe.index("seq-mse") < pipe.index("bias-correction") \
         < pipe.index("insert-qdq")
     assert not any("after bias-correction" in n for n in rep["notes"])
+    stats = {p.name: r.stats for p, r in res.passes}
+    assert stats["smoothquant"]["smoothed"] == 0 and stats["bias-correction"]["corrected"] == 1   # the Gemm
     assert "seq_mse" in rep["layers"]["gemm"] and np.all(np.isfinite(out[0]))
 
 
-def test_bias_correction_first_is_noted(tmp_path):
-    rep, _ = _cli(tmp_path, _mlp(np.random.default_rng(8)), "bias-correction,seq-mse", "--weight-bits", "4")
-    assert any("seq-mse ran after bias-correction" in n for n in rep["notes"])
+def test_bias_correction_first_is_noted():
+    res, _ = _api("bias-correction,seq-mse", 8)
+    assert any("seq-mse ran after bias-correction" in n for n in res.report["notes"])
