@@ -111,22 +111,27 @@ def block_losses(x: np.ndarray, w: np.ndarray, scale: np.ndarray, zp: np.ndarray
     k = w.shape[0]
     pad = nb * block - k
     xb = np.pad(x, ((0, 0), (0, pad))) if pad else x
-    xb = xb.reshape(x.shape[0], nb, block).transpose(1, 0, 2)          # [nb, R, B]
+    xb = np.ascontiguousarray(xb.reshape(x.shape[0], nb, block).transpose(1, 0, 2))   # [nb, R, B]
     gb = np.matmul(xb.transpose(0, 2, 1), xb)                          # [nb, B, B]
+    del xb
     hb = None if h is None else (np.pad(h, ((0, pad), (0, 0))) if pad else h).reshape(nb, block, n)
     out = np.empty((c, nb, n), np.float64)
     step = _chunk(c, nb * block, n)
     for j in range(0, n, step):
         sl = slice(j, j + step)
+        m = len(range(*sl.indices(n)))
         e = fake_quant_kn(w[:, sl], scale[:, :, sl], zp[:, :, sl], qmin, qmax, block)
         e -= w[:, sl]
         if pad:
             e = np.pad(e, ((0, 0), (0, pad), (0, 0)))
-        e = e.reshape(c, nb, block, -1)                                 # [C, nb, B, n]
-        t = np.matmul(gb[None], e)
+        # NOTE: one [B, B] @ [B, C*n] product per block: a broadcast stack (gb[None] @ e[C, nb, B, n]) makes
+        # numpy leave BLAS for its plain loop (2.4 s against 0.05 s for a 384 x 1536 layer)
+        e = np.ascontiguousarray(e.reshape(c, nb, block, m).transpose(1, 2, 0, 3)).reshape(nb, block, c * m)
+        t = np.matmul(gb, e)                                            # [nb, B, C*n]
         if hb is not None:
-            t -= 2.0 * hb[None, :, :, sl]
-        out[:, :, sl] = np.einsum("cbin,cbin->cbn", t, e, dtype=np.float64)
+            t.reshape(nb, block, c, m)[...] -= 2.0 * hb[:, :, None, sl]
+        q = np.einsum("bik,bik->bk", t, e)                              # [nb, C*n]
+        out[:, :, sl] = q.reshape(nb, c, m).transpose(1, 0, 2)
     return out
 
 
@@ -209,7 +214,7 @@ def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLO
     per_block = block is not None and s0.shape[0] > 1
     evals = 3 if per_block else len(fr)
     r = int(max(MIN_ROWS, budget / (2.0 * evals * k * max(n, 1))))
-    f, exact = gram_factor(x, r, seed)
+    exact = True
     if per_block:
         lb = block_losses(x, w, scale, zp, qmin, qmax, block, h)        # [C, nb, N]
         pick = np.argmin(lb, axis=0)                                      # [nb, N]
@@ -217,6 +222,7 @@ def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLO
             pick, before, after = refine_blocks(x, w, scale, zp, qmin, qmax, block, lb, pick, base, h)
             exact = True
         else:
+            f, exact = gram_factor(x, r, seed)
             best_s = np.take_along_axis(scale, pick[None], 0)[0]
             chosen = np.stack([best_s, scale[base]])                      # [2, nb, N]
             full = channel_losses(f, w, chosen, np.broadcast_to(z0[None], chosen.shape), qmin, qmax, block, h)
@@ -226,6 +232,7 @@ def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLO
         best_s = np.take_along_axis(scale, pick[None], 0)[0]
         chosen_f = fr[pick]
     else:
+        f, exact = gram_factor(x, r, seed)
         lc = channel_losses(f, w, scale, zp, qmin, qmax, block, h)       # [C, N]
         if per_tensor:                                                    # one choice for the tensor
             c = int(np.argmin(lc.sum(1)))
