@@ -26,8 +26,30 @@ named the other way round, the biases are corrected for the grid seq-mse then re
 """
 from __future__ import annotations
 
+from qcompiler.errors import DataError
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.context import QuantPass
+
+
+def _samples(ctx):
+    """The feeds calibration kept (no file read again) when they are all the samples the capture would use;
+    else the sample set, read again once per level (a reader that cannot rewind: the kept ones, with a note)."""
+    from qcompiler.quant.layer_inputs import MAX_SAMPLES
+    cal = ctx.calibration
+    kept = [feed for feed, _ in cal.kept] if cal is not None else []
+    if kept and len(kept) >= min(cal.samples, MAX_SAMPLES):
+        return kept
+    try:
+        it = iter(ctx.samples)
+        next(it, None)              # a reader read once without rewind() refuses here, not mid-run
+        it.close()
+    except DataError:
+        if not kept:
+            raise
+        ctx.notes.append(f"seq-mse used the {len(kept)} calibration samples kept in memory: the reader cannot be "
+                         f"read again (no rewind())")
+        return kept
+    return ctx.samples
 
 
 @register_pass
@@ -46,7 +68,7 @@ class SequentialMse(QuantPass):
                 and names.index("bias-correction") < names.index(self.name):
             ctx.notes.append("seq-mse ran after bias-correction: the biases were corrected for the grids "
                              "seq-mse replaced (name seq-mse first in --recipe)")
-        results, skipped, capture_s = run_seq_mse(ctx.model, ctx.plan, ctx.samples, progress=ctx.settings.progress)
+        results, skipped, capture_s = run_seq_mse(ctx.model, ctx.plan, _samples(ctx), progress=ctx.settings.progress)
         for r in results:
             ctx.layers.setdefault(r.name, {})["seq_mse"] = r.report()
         if results:

@@ -285,6 +285,9 @@ def run_seq_mse(model, plan, samples, fractions=None, max_rows: Optional[int] = 
             if x is None or x.shape[0] == 0 or x.shape[1] != layer.kn().shape[0]:
                 skipped[layer.name] = "input not captured (no rows, or not [.., K])"
                 continue
+            if not np.isfinite(x).all():
+                skipped[layer.name] = "input holds NaN or infinity on the calibration data"
+                continue
             res = choose(layer, x, fractions, x_float=xf)
             layer.spec.encoding = res.encoding
             quantized[layer.weight.name] = res.weight_dq

@@ -208,3 +208,22 @@ def test_composes_with_smoothquant_and_bias_correction():
 def test_bias_correction_first_is_noted():
     res, _ = _api("bias-correction,seq-mse", 8)
     assert any("seq-mse ran after bias-correction" in n for n in res.report["notes"])
+
+
+def test_one_shot_reader_uses_kept_samples():
+    rng = np.random.default_rng(9)
+    proto, calib = _mlp(rng, gemm=False), _calib(rng, 6)
+    res = quantize(proto, iter(calib), weight_bits=4, recipe="seq-mse", min_sqnr=float("-inf"), progress=False)
+    assert res.report["layers"]["mm2"]["seq_mse"]["rows"] == 6 * 2 * T     # all 6 samples, read once
+
+
+def test_non_finite_input_skipped():
+    rng = np.random.default_rng(10)
+    w = numpy_helper.from_array(_weight(rng, K, N), "w")
+    nodes = [helper.make_node("Exp", ["x"], ["e"]), helper.make_node("MatMul", ["e", "w"], ["y"], name="mm")]
+    proto = make_model(nodes, [tinfo("x", [2, T, K])], [tinfo("y", [2, T, N])], [w], opset=17)
+    calib = _calib(rng, 4)
+    calib[1]["x"][0, 0, 0] = 100.0          # exp(100) overflows float32: an infinite activation
+    res = quantize(proto, calib, weight_bits=4, recipe="seq-mse", min_sqnr=float("-inf"), progress=False)
+    (stats,) = [r.stats for p, r in res.passes if p.name == "seq-mse"]
+    assert stats["skipped"]["mm"] == "input holds NaN or infinity on the calibration data"
