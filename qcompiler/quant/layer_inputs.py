@@ -103,6 +103,12 @@ def _unsupported(n, spec, readers) -> str:
         return "weight shared with other nodes"
     if n.op_type == "Gemm" and n.attr("transA", 0):
         return "Gemm with transA"
+    enc = spec.encoding
+    k_axis = 1 if n.op_type == "Gemm" and n.attr("transB", 0) else 0
+    if enc.block_size and (enc.axis is None or enc.axis % 2 != k_axis):
+        return "per-block grid not along the reduction axis"
+    if not enc.block_size and enc.per_channel and enc.axis % 2 != 1 - k_axis:
+        return "per-channel grid not along the output channels"
     return ""
 
 
