@@ -15,11 +15,19 @@ The losses use a factor F with F^T F = G (or an estimate of it), chosen by cost:
 r is set so that the candidate search costs about FLOP_BUDGET floating-point operations; a 4096 x 4096 MatMul
 per channel uses r = 64 rows, per block (below) the exact block Grams.
 
-Per-block weights (`--block-size B`, blocks along K): each (block, channel) picks its candidate by the error of
-its own slice, e_bn^T G_bb e_bn, with G_bb the exact B x B diagonal block of G (the cross-block terms are left out,
-as AIMET does for blockwise grids); cost C * K * B * N. Then each channel's whole error under the chosen blocks
-is compared with the assigned grid's through F, and a channel that got worse keeps the assigned grid.
+Per-block weights (`--block-size B`, blocks along K): each (block, channel) first picks its candidate by the error
+of its own slice, e_bn^T G_bb e_bn, with G_bb the exact B x B diagonal block of G (what AIMET does for blockwise
+grids; cost C * K * B * N). When the whole G is affordable (rows * K^2 within FLOP_BUDGET: every minilm layer),
+`refine_blocks` then adds the cross-block terms: per channel it starts from the better of that choice and the
+assigned grid by the full loss, and sweeps the blocks (SWEEPS) taking for each the candidate that minimises the
+full loss with the others fixed, so the loss never rises. On minilm W4A16 block 32 this moved the mean cosine
+from 0.974 (block-diagonal only) to 0.981. Otherwise each channel's full error under the chosen blocks is
+compared with the assigned grid's through F, and a channel that got worse keeps the assigned grid.
 A per-tensor weight picks the one candidate with the least total loss.
+
+Target: each layer matches X W, X its input with the layers before quantized (AIMET's 'symqt'). Matching the
+float model's output instead (`target="float"`: ||X_f W - X Q(W)||^2, the float inputs kept from one pass) scored
+0.968 against 0.974 on minilm (before refine_blocks), so it is not the default.
 """
 from __future__ import annotations
 
