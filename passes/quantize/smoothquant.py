@@ -431,7 +431,7 @@ def _keep_unsmoothed_float(ctx, x) -> list:
     inserted Mul is its only reader: a grid on X before the Mul would round the outliers' neighbours away
     before the scale can help (measured on minilm_l6: 0.9862 -> 0.9858 with it, 0.9894 without). A config
     rule `output_quantized: false` per node, added to this run's placement options; returns the node names."""
-    from qcompiler.quant.config import QuantConfig, Rule
+    from qcompiler.quant.config import Rule
     opts = getattr(ctx, "options", None)
     if opts is None:
         return []
@@ -445,10 +445,9 @@ def _keep_unsmoothed_float(ctx, x) -> list:
         v = p.inputs[0]
     if not names:
         return []
-    if opts.config is None:
-        opts.config = QuantConfig(source="smoothquant")
-    cfg = opts.config
-    start = max([r.index for r in cfg.rules] + [-1]) + 1
-    for i, name in enumerate(names):
-        cfg.rules.append(Rule(index=start + i, names=(name,), updates={"output_quantized": False}))
+    from qcompiler.quant.placement.options import config_with_rules
+    start = max([r.index for r in opts.config.rules] + [-1]) + 1 if opts.config is not None else 0
+    opts.config = config_with_rules(opts, ctx.profile, [Rule(index=start + i, names=(name,),
+                                                             updates={"output_quantized": False})
+                                                        for i, name in enumerate(names)])
     return names

@@ -317,7 +317,7 @@ class Search:
         """The user's config with rules appended: every node outside the assigned layers at `rest` (base: the
         user's settings, A16: 16-bit activations, float), then one rule per chosen candidate."""
         from ..config import Rule
-        from ..selection import config_with_rules
+        from ..placement.options import config_with_rules
         opts = self.ctx.options
         base = opts.config
         first = len(base.rules) if base is not None else 0
@@ -333,13 +333,7 @@ class Search:
                 by_cand.setdefault(c, set()).update(l.nodes)
         for c, names in by_cand.items():
             rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates()))
-        defaults = {"act_bits": opts.act_bits, "weight_bits": opts.weight_bits, "weight_per_channel": opts.per_channel,
-                    "weight_block": opts.weight_block,
-                    "act_symmetric": bool(self.profile.activation.symmetric) if opts.act_symmetric is None
-                    else opts.act_symmetric,
-                    "weight_symmetric": bool(self.profile.weight.symmetric) if opts.weight_symmetric is None
-                    else opts.weight_symmetric}
-        cfg = config_with_rules(base, rules, defaults)
+        cfg = config_with_rules(opts, self.profile, rules)
         if rest == "float":   # a layer alone: the model inputs' quantizers are nobody's layer either
             cfg.model_input_quantized = False
         return cfg

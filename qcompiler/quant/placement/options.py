@@ -37,3 +37,16 @@ def node_settings(opts: PlacementOptions, profile: Profile, node):
                 s[k] = getattr(ns, k)
         s["keep_float"] = bool(getattr(ns, "keep_float", False))
     return s
+
+
+RUN_DEFAULT_KEYS = ("act_bits", "weight_bits", "weight_per_channel", "weight_block", "act_symmetric",
+                    "weight_symmetric")
+
+
+def config_with_rules(opts: PlacementOptions, profile: Profile, rules: list):
+    """`opts.config` with `rules` appended, or, without a config, the run's arguments as one: how a pass adds
+    per-node settings (smoothquant, mixed-precision) without changing any other node's. A bare QuantConfig would
+    replace the arguments with its 8-bit defaults (a config's settings replace --weight-bits and the rest)."""
+    from ..selection import config_with_rules as extend
+    s = node_settings(opts, profile, None)
+    return extend(opts.config, rules, {k: s[k] for k in RUN_DEFAULT_KEYS})
