@@ -80,7 +80,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
-             optimize: str = "balanced",
+             optimize: str = "balanced", latency_budget_db: Optional[float] = None,
              instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
@@ -105,10 +105,10 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     passes to add, each where it belongs ("bias-correction", or a plug-in's pass with an `after`); `pipeline`: the
     whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
     opset; `optimize`: accuracy keeps every quantizer; balanced (default) leaves float the 16-bit quantizers no
-    integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
-    every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
-    may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency`
-    pass (report['latency'] and report['kernels']);
+    integer kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes out,
+    by a measured search (report['latency_search']), the Q/DQ pairs between float kernels while the output SQNR
+    stays at most `latency_budget_db` dB (default 1) below its starting value (quant/latency_search.py);
+    `measure_latency`: add the `measure-latency` pass (report['latency'] and report['kernels']);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
 
@@ -134,6 +134,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
+    from .latency_search import check_latency_budget
+    latency_budget_db = check_latency_budget(latency_budget_db)
     sel = _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric)
     # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
     model_or_path, calib, target, config, load_encodings = (
@@ -145,7 +147,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                          QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
                                        act_bits=act_bits, config=config, load_encodings=load_encodings,
                                        progress=progress, limit=limit, weight_block=weight_block,
-                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize))
+                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
+                                       latency_budget_db=latency_budget_db))
 
 
 
@@ -319,6 +322,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
     report["warnings"] = list(ctx.warnings) + _clip_warnings(ctx, report)
     report["prefolded_params"] = ctx.prefolded
+    if ctx.latency_search is not None:
+        report["latency_search"] = ctx.latency_search
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize

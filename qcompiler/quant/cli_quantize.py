@@ -55,8 +55,10 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
 @click.option("--optimize", type=click.Choice(["accuracy", "balanced", "latency"]), default="balanced",
               show_default=True, help="accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
-              "kernel reads or writes it (float is exact and free); latency: no quantizer without an integer-kernel "
-              "neighbour and float weights where the kernel is float (faster, may cost a little accuracy)")
+              "kernel reads or writes it (float is exact and free); latency: also no Q/DQ pair between float "
+              "kernels, taken out by a search while the output SQNR loses at most --latency-budget-db")
+@click.option("--latency-budget-db", "latency_budget_db", type=float, default=None, metavar="DB",
+              help="with --optimize latency: output SQNR (dB) the search may give up for speed (default 1)")
 @click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
               "(default session options, interleaved) and list which nodes run on integer kernels and why not")
 @click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
@@ -79,7 +81,8 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize, measure_latency,
+                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize,
+                 latency_budget_db, measure_latency,
                  opset,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
@@ -109,7 +112,8 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                    progress=False if quiet else progress, limit=limit, weight_block=block_size,
                    exclude=list(exclude) or None, op_types=ops,
                    act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
-                   pipeline=names, opset=opset, optimize=optimize, instrumentations=instruments.list)
+                   pipeline=names, opset=opset, optimize=optimize, latency_budget_db=latency_budget_db,
+                   instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)

@@ -32,6 +32,7 @@ class QuantSettings:
     selection: Any = None               # quant.selection.Selection
     opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
     optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
+    latency_budget_db: float = 1.0      # --optimize latency: output SQNR it may lose (quant/latency_search.py)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class QuantContext:
     source: Any = None                  # the float model as the caller gave it (path, ModelProto or IR Model)
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
+    latency_search: Optional[dict] = None  # latency-search: floor, SQNR before/after, pairs taken out
     notes: List[str] = field(default_factory=list)
     passes: list = field(default_factory=list)   # the pipeline being run (calibration asks it what to observe)
 

@@ -101,6 +101,7 @@ class QuantPlan:
         # the one resolver of the (node name, slot) keys: name -> node over the main graph and every body, built
         # once by build_plan (inserting Q/DQ adds nodes but renames none of the float model's)
         self.nodes: Dict[str, object] = {}
+        self.trim_candidates: List[str] = []   # Q/DQ pairs between float kernels (quant/latency_search.py)
 
     # --- specs ------------------------------------------------------------------------------------------
     def spec(self, name: str) -> Optional[QuantSpec]:

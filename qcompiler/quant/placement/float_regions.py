@@ -112,14 +112,9 @@ class _Kernels:
         return True
 
 
-def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
-    """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
-    beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
-    stays), or all of them and the weights and
-    biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
-    1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
-    specs it marked."""
-    k = _Kernels(plan, table)
+def _usefulness(plan: QuantPlan, g, k: "_Kernels"):
+    """is_useful(v): does an integer-kernel neighbour (through ops whose Q/DQ the runtime drops) need v's
+    quantizer?"""
     useful: Dict[str, bool] = {}
 
     def is_useful(v) -> bool:
@@ -154,6 +149,29 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
                     break
         useful[v.name] = ok
         return ok
+    return is_useful
+
+
+def quantizers_without_integer_kernel(plan: QuantPlan, g, table) -> list:
+    """Names of the main-graph activation values whose quantizer no integer kernel of the target reads or writes
+    (judged on the plan as it stands, every quantizer still in place): the Q/DQ pairs that only cost time. The
+    latency search (quant/latency_search.py) tries to take them out under an output-SQNR floor."""
+    k = _Kernels(plan, table)
+    is_useful = _usefulness(plan, g, k)
+    return [v.name for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
+            if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
+            and not is_useful(v)]
+
+
+def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
+    """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
+    beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
+    stays), or all of them and the weights and
+    biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
+    1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
+    specs it marked."""
+    k = _Kernels(plan, table)
+    is_useful = _usefulness(plan, g, k)
 
     candidates = [v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
                   if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
@@ -180,4 +198,9 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
             spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
                         f"integer grid would only cost accuracy (--optimize accuracy keeps it)")
             dropped += 1
+    # what is left with no integer-kernel neighbour: the latency search's candidates (judged with every
+    # quantizer still in place, so taking any of them out leaves every integer kernel its Q/DQ)
+    plan.trim_candidates = [v.name for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
+                            if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
+                            and not is_useful(v)]
     return dropped
