@@ -10,7 +10,8 @@ out by a measured greedy search:
 - candidates in order of estimated gain: the value's element count (a Q and a DQ are each one pass over it), from
   the shape calibration saw, largest first;
 - the search runs on the safety net's switchable copy of the QDQ model (one onnxruntime session; a Where after each
-  candidate's DQ picks the DQ or the float value) on the kept calibration samples with the most noise, and
+  candidate's DQ picks the DQ or the float value) on every kept calibration sample (up to ALL_SAMPLES_UP_TO;
+  beyond, the TRIAL_SAMPLES with the most noise, an estimate), and
   takes a group out when the output SQNR (min over outputs) with it out stays at or above the floor: first all
   candidates at once, else each half in turn, recursively down to single pairs;
 - the floor: `latency_budget_db` (`--latency-budget-db`, default 1 dB) below the output SQNR with every pair in
@@ -43,7 +44,8 @@ import numpy as np
 DEFAULT_LATENCY_BUDGET_DB = 1.0
 MAX_TRIALS = 64
 MAX_SECONDS = 20.0
-TRIAL_SAMPLES = 8
+TRIAL_SAMPLES = 8          # trial samples (those with the most noise) when there are more than ...
+ALL_SAMPLES_UP_TO = 32     # ... this many kept samples; up to it every trial runs all of them (exact)
 
 
 @dataclass
@@ -125,7 +127,7 @@ def run_latency_search(ctx) -> SearchOutcome:
     try:
         sess = create_session(_switch_proto(model, quants, None), role="latency search")
         trials = _Trials(sess, kept, len(quants), False, MAX_TRIALS, MAX_SECONDS)
-        if len(kept) > TRIAL_SAMPLES:
+        if len(kept) > ALL_SAMPLES_UP_TO:
             trials.pick(TRIAL_SAMPLES)
         k = len(quants)
         base = db(trials.harm(range(k)))
