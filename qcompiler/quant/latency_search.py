@@ -43,7 +43,7 @@ import numpy as np
 
 DEFAULT_LATENCY_BUDGET_DB = 1.0
 MAX_TRIALS = 64
-MAX_SECONDS = 20.0
+MAX_SECONDS = 60.0         # minilm_l6 under load: ~1-4 s a trial
 TRIAL_SAMPLES = 8          # trial samples (those with the most noise) when there are more than ...
 ALL_SAMPLES_UP_TO = 32     # ... this many kept samples; up to it every trial runs all of them (exact)
 
@@ -56,6 +56,7 @@ class SearchOutcome:
     after_db: float = float("nan")
     candidates: int = 0
     removed: List[str] = field(default_factory=list)
+    narrowed: List[str] = field(default_factory=list)
     trials: int = 0
     note: str = ""
 
@@ -65,6 +66,7 @@ class SearchOutcome:
                                                                                    and math.isnan(v) else v)
         return {"ran": self.ran, "floor_db": r(self.floor_db), "sqnr_before_db": r(self.before_db),
                 "sqnr_after_db": r(self.after_db), "candidates": self.candidates, "removed": len(self.removed),
+                "narrowed_to_8_bits": len(self.narrowed),
                 "trials": self.trials, **({"note": self.note} if self.note else {})}
 
 
@@ -109,14 +111,17 @@ def run_latency_search(ctx) -> SearchOutcome:
                              MAX_WEIGHT_BYTES)
     from .memory import weight_bytes
     model = ctx.model
-    names = set(getattr(ctx.plan, "trim_candidates", ()) or ())
-    quants = [z for z in activation_quantizers(model, ctx.activations) if z.key in names]
+    trim = set(getattr(ctx.plan, "trim_candidates", ()) or ())
+    narrow = set(getattr(ctx.plan, "narrow_candidates", ()) or ())
+    quants = [z for z in activation_quantizers(model, ctx.activations) if z.key in trim or z.key in narrow]
     out.candidates = len(quants)
     if not quants:
-        out.note = "no Q/DQ pair between two float kernels"
+        out.note = "no Q/DQ pair between two float kernels and no widened value an integer kernel would read"
         return out
     if weight_bytes(model) > MAX_WEIGHT_BYTES:
         out.note = f"skipped: weights over {MAX_WEIGHT_BYTES >> 20} MB"
+        # NOTE: nothing searched: the narrowed values go float, as under `balanced`
+        _apply(ctx, quants, set(), narrow, float("nan"))
         return out
     from ..errors import QCompilerError
     from ..ort_session import create_session
@@ -124,34 +129,44 @@ def run_latency_search(ctx) -> SearchOutcome:
     kept = ctx.calibration.kept
     budget = s.latency_budget_db
     deadline = time.perf_counter() + MAX_SECONDS
+    k = len(quants)
+    slow_on = {i for i in range(k) if quants[i].key not in narrow}   # the starting (accurate) state
+    # the units the search moves: a trim candidate alone, a narrowed tie group together (one grid)
+    units: dict = {}
+    for i, z in enumerate(quants):
+        units.setdefault(("n", ctx.plan.find(z.key)) if z.key in narrow else ("t", i), []).append(i)
+    fast: set = set()      # candidates moved to their fast state (trim: off; narrowed: on at 8 bits)
     try:
-        sess = create_session(_switch_proto(model, quants, None), role="latency search")
-        trials = _Trials(sess, kept, len(quants), False, MAX_TRIALS, MAX_SECONDS)
+        unit_of = {("n", ctx.plan.find(z.key)): i for i, z in enumerate(quants) if z.key in narrow}
+        sess = create_session(_with_weight_switches(_switch_proto(model, quants, None), ctx.plan, unit_of),
+                              role="latency search")
+        trials = _Trials(sess, kept, k, False, MAX_TRIALS, MAX_SECONDS)
         if len(kept) > ALL_SAMPLES_UP_TO:
             trials.pick(TRIAL_SAMPLES)
-        k = len(quants)
-        base = db(trials.harm(range(k)))
+
+        def on_set(moved):
+            return [i for i in range(k) if (i in slow_on) != (i in moved)]
+
+        base = db(trials.harm(on_set(set())))
         out.before_db = base
         floor = base - budget
         if math.isfinite(s.min_sqnr):
             floor = max(floor, min(base, s.min_sqnr))
         out.floor_db = floor
         sizes = _sizes(quants, ctx.calibration.observers)
-        order = sorted(range(k), key=lambda i: -sizes.get(quants[i].key, 0.0))
-        off: set = set()
+        order = sorted(units.values(), key=lambda u: -sum(sizes.get(quants[i].key, 0.0) for i in u))
 
         def ok(group) -> Optional[bool]:
             if trials.left() <= 0 or time.perf_counter() > deadline:
                 return None
-            on = [i for i in range(k) if i not in off and i not in group]
-            return db(trials.harm(on)) >= floor
+            return db(trials.harm(on_set(fast | {i for u in group for i in u}))) >= floor
 
         def take(group) -> None:
             verdict = ok(group)
             if verdict is None:
                 return
             if verdict:
-                off.update(group)
+                fast.update(i for u in group for i in u)
             elif len(group) > 1:
                 half = len(group) // 2
                 take(group[:half])
@@ -159,28 +174,131 @@ def run_latency_search(ctx) -> SearchOutcome:
 
         take(order)
         out.trials = trials.count
-        if trials.out_of_time or trials.count >= MAX_TRIALS:
-            out.note = f"stopped after {trials.count} trials"
+        if trials.out_of_time or trials.count >= MAX_TRIALS or time.perf_counter() > deadline:
+            out.note = f"stopped after {trials.count} trials (the rest stays as placed)"
     except QCompilerError as e:
         out.note = f"could not run: {getattr(e, 'reason', str(e))[:200]}"
+        _apply(ctx, quants, set(), narrow, float("nan"))
         return out
-    if not off:
-        out.after_db = worst_sqnr(ctx.errors) if ctx.errors else out.before_db
-        return out
-    g = model.graph
-    why = (f"no integer kernel on {ctx.profile.name} reads or writes it: its Q/DQ pair only cost time and the "
-           f"latency search took it out (output SQNR stays >= {floor:.1f} dB; --optimize accuracy keeps it)")
-    for i in sorted(off):
-        z = quants[i]
+    out.removed = _apply(ctx, quants, fast, narrow, floor)
+    out.narrowed = [quants[i].key for i in fast if quants[i].key in narrow]
+    from .report import output_errors
+    if out.removed:
+        ctx.errors = output_errors(model, kept)
+    out.after_db = worst_sqnr(ctx.errors) if ctx.errors else out.before_db
+    return out
+
+
+def _with_weight_switches(mp, plan, unit_of: dict):
+    """Where a narrowed value is switched off, the kernel that reads it runs float with the float weight
+    (placement kept it: plan.narrow_weights): a Where on the same switch picks the weight's DQ or that copy."""
+    from onnx import helper, numpy_helper
+    from .safety_net import _SWITCH_ON
+    weights = getattr(plan, "narrow_weights", None) or {}
+    if not weights:
+        return mp
+    nodes = {n.name: n for n in mp.graph.node}
+    extra = []
+    for j, ((node_name, slot), (root, arr)) in enumerate(sorted(weights.items(), key=lambda kv: kv[0])):
+        node, i = nodes.get(node_name), unit_of.get(("n", root))
+        if node is None or i is None or slot >= len(node.input):
+            continue
+        p = f"qcompiler_ls{j}"
+        mp.graph.initializer.append(numpy_helper.from_array(np.asarray(arr, np.float32), f"{p}_w"))
+        mp.graph.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}_idx"))
+        extra.append(helper.make_node("Gather", [_SWITCH_ON, f"{p}_idx"], [f"{p}_on"], name=f"{p}_g"))
+        extra.append(helper.make_node("Where", [f"{p}_on", node.input[slot], f"{p}_w"], [f"{p}_sel"],
+                                      name=f"{p}_where"))
+        node.input[slot] = f"{p}_sel"
+    # the Where nodes read graph inputs and constants only (and the weight's DQ): they go first, in a valid order
+    # after the DQs they read, so append them just before their first reader by rebuilding the node list
+    if extra:
+        sel_of = {e.output[0]: e for e in extra}
+        ordered, placed = [], set()
+        for n in list(mp.graph.node):
+            for name in n.input:
+                w = sel_of.get(name)
+                if w is not None and w.output[0] not in placed:
+                    gather = next(e for e in extra if e.output[0] == w.input[0])
+                    ordered += [gather, w]
+                    placed.add(w.output[0])
+            ordered.append(n)
+        del mp.graph.node[:]
+        mp.graph.node.extend(ordered)
+    return mp
+
+
+def _apply(ctx, quants, fast: set, narrow: set, floor: float) -> List[str]:
+    """Take out the trim candidates moved to their fast state and the narrowed ones not moved (with the weight
+    DQs of the readers that then run float folded onto the grid); returns the value names taken out."""
+    from .safety_net import _left_float
+    g = ctx.model.graph
+    removed = []
+    at = f" (output SQNR stays >= {floor:.1f} dB)" if math.isfinite(floor) else ""
+    for i, z in enumerate(quants):
+        narrowed = z.key in narrow
+        if narrowed == (i in fast):
+            continue
+        if narrowed:
+            why = (f"8 bits cannot carry it within --latency-budget-db{at}, and no integer kernel reads 16 bits: "
+                   f"float")
+            readers = [u.user for u in z.dq.outputs[0].uses() if not u.is_graph_output]
+        else:
+            why = (f"no integer kernel on {ctx.profile.name} reads or writes it: its Q/DQ pair only cost time and "
+                   f"the latency search took it out{at} (--optimize accuracy keeps it)")
+            readers = []
         g.substitute(z.dq.outputs[0], z.q.inputs[0], remove=[z.dq, z.q])
         _left_float(ctx.plan, ctx.activations, z.key, why)
-        out.removed.append(z.key)
-    from ..ir import verify
-    verify(g)
-    from .report import output_errors
-    ctx.errors = output_errors(model, kept)
-    out.after_db = worst_sqnr(ctx.errors)
-    return out
+        removed.append(z.key)
+        for node in readers:
+            _float_weights(g, node, ctx.plan, ctx.plan.find(z.key))
+            _fold_weight_dqs(g, node)
+    if removed:
+        from ..ir import verify
+        verify(g)
+    return removed
+
+
+def _float_weights(g, node, plan, root) -> None:
+    """The float weights placement kept for `node` (plan.narrow_weights) replace its weight DQs."""
+    for (node_name, slot), (r, arr) in (getattr(plan, "narrow_weights", None) or {}).items():
+        if node_name != node.name or r != root or slot >= len(node.inputs):
+            continue
+        old = node.inputs[slot]
+        g.set_input(node, slot, g.add_constant(np.asarray(arr, np.float32), f"{old.name}_float"))
+        dq = old.producer
+        if dq is not None and dq.op_type == "DequantizeLinear" and not old.uses():
+            ins = list(dq.inputs)
+            g.remove_node(dq)
+            g.drop_if_unused(ins)
+        else:
+            g.drop_if_unused([old])
+        spec = plan.uses.get((node_name, slot))
+        if spec is not None:
+            spec.float_(f"{node.op_type} reads a value the latency search kept float: a float kernel, float weight")
+
+
+def _fold_weight_dqs(g, node) -> None:
+    """The reader of a value that went float runs a float kernel: its constant weight/bias DQs would run on every
+    inference (onnxruntime does not constant-fold DQ in QDQ models): store them as float32 on their grid."""
+    from .encoding import dequantize_linear
+    for slot, v in enumerate(node.inputs):
+        dq = v.producer if v is not None else None
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.attr("block_size"):
+            continue
+        arrs = [x.const_value() if x is not None else None for x in dq.inputs]
+        if any(a is None for a in arrs[:2]) or (len(arrs) > 2 and arrs[2] is None):
+            continue
+        q, scale = np.asarray(arrs[0]), np.asarray(arrs[1], np.float32)
+        zp = np.asarray(arrs[2]) if len(arrs) > 2 else np.zeros((), q.dtype)
+        axis = int(dq.attr("axis", 1))
+        values = dequantize_linear(q, scale, zp.astype(q.dtype), axis if scale.ndim else 1)
+        grid = g.add_constant(np.asarray(values, np.float32), f"{v.name}_prefolded")
+        g.set_input(node, slot, grid)
+        if not v.uses():
+            ins = list(dq.inputs)
+            g.remove_node(dq)
+            g.drop_if_unused(ins)
 
 
 __all__ = ["run_latency_search", "check_latency_budget", "SearchOutcome", "DEFAULT_LATENCY_BUDGET_DB"]

@@ -70,7 +70,8 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     check_tie_spread(plan, stats, g)
     if opts.optimize != "accuracy" and profile.fusions:
         from ..fusions import load_fusions
-        drop_float_region_quantizers(plan, g, load_fusions(profile.fusions))   # then quant/latency_search.py
+        drop_float_region_quantizers(plan, g, load_fusions(profile.fusions),  # then quant/latency_search.py
+                                     narrow=opts.optimize == "latency")
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

@@ -163,13 +163,59 @@ def quantizers_without_integer_kernel(plan: QuantPlan, g, table) -> list:
             and not is_useful(v)]
 
 
-def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
+def _narrow_widened(plan: QuantPlan, g, table) -> None:
+    """`--optimize latency`: every value placement widened to 16 bits goes back to 8 bits where an integer kernel
+    then reads or writes it (plan.narrow_candidates: the latency search keeps each at 8 bits only while the output
+    SQNR stays within the budget, else it goes float), and float where none does (as `balanced`)."""
+    wide = {v.name: plan.spec(v.name).bits for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs
+                                                                       if o is not None]
+            if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float and s.widened
+            and s.bits > 8}
+    if not wide:
+        return
+    for name in wide:
+        plan.spec(name).bits = 8
+    k = _Kernels(plan, table)
+    is_useful = _usefulness(plan, g, k)
+    values = {v.name: v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]}
+    narrowed = [name for name in wide if is_useful(values[name])]
+    for name in wide:
+        spec = plan.spec(name)
+        if name in narrowed:
+            spec.source = (spec.source + "; " if spec.source else "") + \
+                f"narrowed to 8 bits for an integer kernel (--optimize latency; was {wide[name]} bits: {spec.widened})"
+            spec.widened = None
+        else:
+            spec.bits = wide[name]
+    # a tie group carries its widest member's bits (calibrate.py): every member of a narrowed group is now 8-bit
+    # and switches with it (latency_search groups them by plan.find)
+    roots = {plan.find(name) for name in narrowed}
+    plan.narrow_candidates = [name for name, s in plan.values.items()
+                              if s.kind == "activation" and not s.keep_float and plan.find(name) in roots]
+    # the float weights of the kernels that become integer only through a narrowed value: where the search
+    # keeps that value float, the kernel is float again and reads them as `balanced` does (float, not the
+    # integer kernel's reduced grid: minilm_l6's FFN down projection fell to 3.3 dB on it)
+    for name in narrowed:
+        for u in values[name].uses():
+            node = u.user
+            if u.is_graph_output or node.graph is not g or not k.integer(node):
+                continue
+            for slot, x in enumerate(node.inputs):
+                spec = plan.uses.get((node.name, slot))
+                arr = x.const_value() if x is not None and spec is not None and spec.kind == "weight" else None
+                if arr is not None:
+                    plan.narrow_weights[(node.name, slot)] = (plan.find(name), arr)
+
+
+def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False) -> int:
     """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
     beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
     stays), or all of them and the weights and
     biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
     1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
     specs it marked."""
+    if narrow:
+        _narrow_widened(plan, g, table)
     k = _Kernels(plan, table)
     is_useful = _usefulness(plan, g, k)
 
