@@ -86,3 +86,36 @@ def test_cli_flag(tmp_path):
     r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(m), "--calib", str(data), "-o", str(out),
                         "--optimize", "latency", "--latency-budget-db", "-2"], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "latency_budget_db" in r.stderr
+
+
+def _outlier_model():
+    """x (rare outliers: placement widens it to 16 bits) -> Relu -> MatMul -> Relu -> MatMul."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((32, 32)) * 0.2).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((32, 16)) * 0.2).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Relu", ["x"], ["r0"], name="relu0"),
+             helper.make_node("MatMul", ["r0", "w1"], ["m1"], name="mm1"),
+             helper.make_node("Relu", ["m1"], ["r1"], name="relu1"),
+             helper.make_node("MatMul", ["r1", "w2"], ["y"], name="mm2")]
+    m = make_model(nodes, [tinfo("x", [1, 64, 32])], [tinfo("y", [1, 64, 16])], inits, opset=17)
+    cal = []
+    for i in range(12):
+        x = rng.standard_normal((1, 64, 32)).astype(np.float32)
+        x[0, i, 3] = 40.0
+        cal.append({"x": x})
+    return m, cal
+
+
+def test_a_widened_value_is_narrowed_to_8_bits_only_within_the_budget():
+    from qcompiler.quant.kernels import kernel_report
+    m, cal = _outlier_model()
+    integer = {}
+    for budget in (0.0, 50.0):
+        res = quantize(m, cal, optimize="latency", latency_budget_db=budget)
+        ls = res.report["latency_search"]
+        assert min(res.report["output_sqnr_db"].values()) >= ls["floor_db"] - 0.01, ls
+        integer[budget] = {n.node: n.integer for n in kernel_report(res.model).nodes}["mm1"]
+        assert ls["narrowed_to_8_bits"] == int(integer[budget]), ls
+    # budget 0: 8 bits on x would cost SQNR, so mm1 reads it float (as balanced); a large budget (floor: the
+    # safety net's 15 dB) buys the integer MatMul
+    assert integer == {0.0: False, 50.0: True}
