@@ -106,8 +106,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
     opset; `optimize`: accuracy keeps every quantizer; balanced (default) leaves float the 16-bit quantizers no
     integer kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes out,
-    by a measured search (report['latency_search']), the Q/DQ pairs between float kernels while the output SQNR
-    stays at most `latency_budget_db` dB (default 1) below its starting value (quant/latency_search.py);
+    by a measured search (report['latency_search']), the Q/DQ pairs between float kernels and narrows widened
+    16-bit values to 8 bits where an integer kernel then runs, while the output SQNR stays at most
+    `latency_budget_db` dB (default 1) below its starting value (quant/latency_search.py);
     `measure_latency`: add the `measure-latency` pass (report['latency'] and report['kernels']);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.

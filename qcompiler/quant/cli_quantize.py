@@ -55,8 +55,9 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
 @click.option("--optimize", type=click.Choice(["accuracy", "balanced", "latency"]), default="balanced",
               show_default=True, help="accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
-              "kernel reads or writes it (float is exact and free); latency: also no Q/DQ pair between float "
-              "kernels, taken out by a search while the output SQNR loses at most --latency-budget-db")
+              "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs between "
+              "float kernels and narrows 16-bit values to 8 bits for integer kernels while the output SQNR loses "
+              "at most --latency-budget-db")
 @click.option("--latency-budget-db", "latency_budget_db", type=float, default=None, metavar="DB",
               help="with --optimize latency: output SQNR (dB) the search may give up for speed (default 1)")
 @click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
