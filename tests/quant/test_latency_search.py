@@ -119,3 +119,25 @@ def test_a_widened_value_is_narrowed_to_8_bits_only_within_the_budget():
     # budget 0: 8 bits on x would cost SQNR, so mm1 reads it float (as balanced); a large budget (floor: the
     # safety net's 15 dB) buys the integer MatMul
     assert integer == {0.0: False, 50.0: True}
+
+
+def test_matmul_plus_bias_add_keeps_the_q_that_stops_onnxruntimes_float_gemm_fusion():
+    """MatMul -> Add(constant bias) -> Sin, Cos: the Add's output Q has no integer neighbour of its own, but without it
+    onnxruntime's MatMulAddFusion makes a float Gemm of the pair (a float bias has no QDQ Gemm kernel), and the
+    weight's DQ runs on every inference (bert_like under latency: 0.51x -> 0.98x float before the rule)."""
+    from qcompiler.quant.kernels import kernel_report
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array((rng.standard_normal((32, 64)) * 0.2).astype(np.float32), "w"),
+             numpy_helper.from_array((rng.standard_normal(64) * 0.1).astype(np.float32), "b")]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "b"], ["h"], name="bias"),
+             helper.make_node("Sin", ["h"], ["s"], name="sin"),
+             helper.make_node("Cos", ["h"], ["c"], name="cos"),
+             helper.make_node("Sum", ["s", "c"], ["y"], name="sum")]
+    m = make_model(nodes, [tinfo("x", [1, 16, 32])], [tinfo("y", [1, 16, 64])], inits, opset=17)
+    cal = [{"x": rng.standard_normal((1, 16, 32)).astype(np.float32)} for _ in range(8)]
+    res = quantize(m, cal, optimize="latency", latency_budget_db=50.0)
+    kr = kernel_report(res.model)
+    assert {n.node: n.integer for n in kr.nodes}["mm"], [(n.node, n.kernel, n.reason) for n in kr.nodes]
+    assert "h" not in res.report["left_float"]
+    assert not kr.runtime_qdq.get("weight DQ")

@@ -76,6 +76,21 @@ class _Kernels:
             v = readers[0].outputs[0] if readers[0].outputs else None
         return False
 
+    def guarded_by(self, node) -> bool:
+        """Is `node` (an Add of a constant bias) the only reader of an integer kernel whose rule says a float
+        fusion would take the unit away unless `node`'s output keeps its Q (MatMulAddFusion)?"""
+        def const(x) -> bool:       # without decoding the tensor
+            return x is not None and ((x.tensor is not None and not x.is_input)
+                                      or (x.producer is not None and x.producer.op_type == "Constant"))
+        if len(node.inputs) != 2 or None in node.inputs or const(node.inputs[0]) == const(node.inputs[1]):
+            return False
+        x = node.inputs[1] if const(node.inputs[0]) else node.inputs[0]
+        q = x.producer
+        if q is None or q.graph is not node.graph or len(x.uses()) != 1 or x.is_output_of_any_graph():
+            return False
+        r = self.rule(q, "replace")
+        return r is not None and node.op_type in r.keeps_q_after and self.integer(q)
+
     def weight_only(self, node, slot: int, spec) -> bool:
         """A weight-only integer kernel (MatMulNBits: blocked int4 weights, float activations) takes this weight."""
         r = self.rule(node, "weight_only")
@@ -138,6 +153,8 @@ def _usefulness(plan: QuantPlan, g, k: "_Kernels"):
                 q = p.inputs[0].producer     # a Relu/Clip behind an integer Conv: the Q the unit needs
                 rq = k.rule(q, "replace")
                 ok = rq is not None and p.op_type in rq.absorbs and k.integer(q)
+            if not ok:
+                ok = k.guarded_by(p)
         if not ok:
             for u in v.uses():
                 if u.is_graph_output:
