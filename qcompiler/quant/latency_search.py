@@ -114,8 +114,7 @@ def run_latency_search(ctx) -> SearchOutcome:
         out.note = f"skipped: --optimize {s.optimize}" if s.optimize != "latency" else \
             ("skipped: the target has no fusion table" if not ctx.profile.fusions else "skipped: no samples")
         return out
-    from .safety_net import (_switch_proto, _Trials, _left_float, activation_quantizers, db, worst_sqnr,
-                             MAX_WEIGHT_BYTES)
+    from .safety_net import MAX_WEIGHT_BYTES, _switch_proto, _Trials, activation_quantizers, db, worst_sqnr
     from .memory import weight_bytes
     model = ctx.model
     trim = set(getattr(ctx.plan, "trim_candidates", ()) or ())

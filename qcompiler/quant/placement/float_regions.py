@@ -175,17 +175,6 @@ def _usefulness(plan: QuantPlan, g, k: "_Kernels"):
     return is_useful
 
 
-def quantizers_without_integer_kernel(plan: QuantPlan, g, table) -> list:
-    """Names of the main-graph activation values whose quantizer no integer kernel of the target reads or writes
-    (judged on the plan as it stands, every quantizer still in place): the Q/DQ pairs that only cost time. The
-    latency search (quant/latency_search.py) tries to take them out under an output-SQNR floor."""
-    k = _Kernels(plan, table)
-    is_useful = _usefulness(plan, g, k)
-    return [v.name for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
-            if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
-            and not is_useful(v)]
-
-
 def _narrow_widened(plan: QuantPlan, g, table) -> None:
     """`--optimize latency`: every value placement widened to 16 bits goes back to 8 bits where an integer kernel
     then reads or writes it (plan.narrow_candidates: the latency search keeps each at 8 bits only while the output
