@@ -240,8 +240,8 @@ def accuracy(path, qc, report, tmp) -> str:
             d = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
             return "eval failed"
-        if d.get("metric") in ("agreement", "cosine"):
-            return f"{d['metric'][:5]} {d['value']:.4f}"
+        if d.get("metric") == "agreement" or "cosine" in str(d.get("metric")):
+            return f"{'agree' if d['metric'] == 'agreement' else 'cosine'} {d['value']:.4f}"
         return f"drop {100 * (d['float_value'] - d['value']):.2f}pt"
     worst = min((report.get("output_sqnr_db") or {"": float("nan")}).values())
     return f"SQNR {worst:.1f} dB"

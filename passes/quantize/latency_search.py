@@ -13,7 +13,7 @@ class LatencySearch(QuantPass):
     name = "latency-search"
     description = "take out Q/DQ pairs between float kernels under an output SQNR floor (--optimize)"
     preserves_semantics = False
-    requires = ("quant-context", "qdq", "output-errors")
+    requires = ("quant-context", "qdq")
 
     def run(self, ctx) -> PassResult:
         out = run_latency_search(ctx)
