@@ -1,7 +1,7 @@
 """Latency of quantized models in onnxruntime: float vs qcompiler vs onnxruntime's quantize_static, interleaved.
 
 usage: python benchmarks/bench_latency.py [--corpus DIR] [--models a,b] [--runs 30] [--threads 1] [--clock cpu|wall]
-                                         [--details]
+                                         [--optimize balanced[,latency,...]] [--eval] [--details]
 
 For each corpus model (DIR/*/model.onnx with calib.npz; read in place, never copied) and three small models
 built here with random weights (MobileNet-style Conv+HardSwish+SE, ResNet-style Conv+BN+Relu+Add, a BERT-style
@@ -11,6 +11,9 @@ and the three models are timed round-robin in one process (quant/latency.py: def
 intra-op thread count, median of --runs after warm-up). The table gives the medians, the two ratios
 qc/float and qc/ort, and how many nodes of each quantized model run on integer kernels in onnxruntime's
 optimized graph (quant/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
+`--optimize a,b` quantizes once per mode (qc rows `model/mode`, all timed in the same round-robin); `--eval` adds
+the accuracy column: the corpus model's own eval.py on the qc model (agreement, cosine or top-1 drop in points),
+or for a built model the output SQNR on its calibration samples (dB).
 The CPU's instruction-set flags come first (AVX2 / AVX512-VNNI / AVX-VNNI: VNNI makes u8 x s8 products cheap).
 Compare ratios within one run; the machine is shared and absolute times move. The default clock is the timing
 thread's CPU time (quant/latency.py): under load the wall-clock median of a run longer than a scheduler slice
@@ -224,6 +227,26 @@ def cases(corpus, only):
     return out
 
 
+def accuracy(path, qc, report, tmp) -> str:
+    """The corpus model's eval.py on `qc` (its metric; a drop in points for top-1 metrics), else output SQNR."""
+    folder = os.path.dirname(path) if path else None
+    ev = os.path.join(folder, "eval.py") if folder else None
+    if ev and os.path.isfile(ev):
+        import subprocess
+        qpath = os.path.join(tmp, "eval.qdq.onnx")
+        onnx.save(qc, qpath)
+        r = subprocess.run([sys.executable, ev, qpath], capture_output=True, text=True)
+        try:
+            d = json.loads(r.stdout.strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            return "eval failed"
+        if d.get("metric") == "agreement" or "cosine" in str(d.get("metric")):
+            return f"{'agree' if d['metric'] == 'agreement' else 'cosine'} {d['value']:.4f}"
+        return f"drop {100 * (d['float_value'] - d['value']):.2f}pt"
+    worst = min((report.get("output_sqnr_db") or {"": float("nan")}).values())
+    return f"SQNR {worst:.1f} dB"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", default=CORPUS)
@@ -234,6 +257,8 @@ def main(argv=None):
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu: the timing thread's CPU time (threads=1; robust on a loaded machine); wall: elapsed")
     ap.add_argument("--details", action="store_true", help="why qcompiler's float nodes are float, per model")
+    ap.add_argument("--optimize", default="balanced", help="comma-separated --optimize modes for qcompiler")
+    ap.add_argument("--eval", action="store_true", help="accuracy of each qc model (corpus eval.py, else SQNR dB)")
     args = ap.parse_args(argv)
     only = {m for m in args.models.split(",") if m}
     threads = args.threads or None
@@ -244,8 +269,9 @@ def main(argv=None):
     print(f"onnxruntime {onnxruntime.__version__}, CPU flags: "
           + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
           + f"; threads={threads or 'default'}, runs={args.runs} (median, interleaved, {args.clock} clock)")
-    hdr = (f"{'model':16s} {'float ms':>9s} {'qc ms':>8s} {'ort ms':>8s} {'qc/float':>9s} {'qc/ort':>7s} "
-           f"{'int qc':>7s} {'int ort':>8s}")
+    modes = [m for m in args.optimize.split(",") if m]
+    hdr = (f"{'model':25s} {'float ms':>9s} {'qc ms':>8s} {'ort ms':>8s} {'qc/float':>9s} {'qc/ort':>7s} "
+           f"{'int qc':>7s} {'int ort':>8s}" + (f" {'accuracy':>16s}" if args.eval else ""))
     rows, details = [], []
     tmp = tempfile.mkdtemp(prefix="bench-latency-")
     try:
@@ -260,30 +286,40 @@ def main(argv=None):
                 samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(N_CALIB)]
                 fpath = os.path.join(tmp, f"{name}.onnx")
                 onnx.save(fmodel, fpath)
-            t0 = time.perf_counter()
-            qc = model_to_proto(quantize(fpath, list(samples), progress=False).model)
-            t_qc = time.perf_counter() - t0
+            qcs, t_qc, acc = {}, {}, {}
+            for mode in modes:
+                t0 = time.perf_counter()
+                res = quantize(fpath, list(samples), progress=False, optimize=mode)
+                qcs[mode] = model_to_proto(res.model)
+                t_qc[mode] = time.perf_counter() - t0
+                if args.eval:
+                    acc[mode] = accuracy(path, qcs[mode], res.report, tmp)
             ort_model = ort_quantize(fpath, list(samples), os.path.join(tmp, f"{name}.ort.onnx"))
-            med = time_interleaved({"float": fmodel, "qc": qc, "ort": ort_model}, samples[0], args.runs,
-                                   args.warmup, threads, args.clock)
-            kq, ko = kernel_report(qc, threads=threads), kernel_report(ort_model, threads=threads)
-            row = {"model": name, "float_ms": med["float"], "qc_ms": med["qc"], "ort_ms": med["ort"],
-                   "qc_over_float": med["qc"] / med["float"], "qc_over_ort": med["qc"] / med["ort"],
-                   "int_nodes_qc": kq.integer_count, "int_nodes_ort": ko.integer_count,
-                   "float_nodes_qc": len(kq.float_nodes), "float_nodes_ort": len(ko.float_nodes),
-                   "runtime_qdq_qc": kq.runtime_qdq, "runtime_qdq_ort": ko.runtime_qdq,
-                   "qc_quantize_s": round(t_qc, 2)}
-            rows.append(row)
-            print(f"{name}: float {med['float']:.3f} ms, qc {med['qc']:.3f} ms, ort {med['ort']:.3f} ms",
-                  file=sys.stderr, flush=True)
-            if args.details:
-                details.append((name, kq))
+            med = time_interleaved({"float": fmodel, **{f"qc/{m}": q for m, q in qcs.items()}, "ort": ort_model},
+                                   samples[0], args.runs, args.warmup, threads, args.clock)
+            ko = kernel_report(ort_model, threads=threads)
+            for mode, qc in qcs.items():
+                kq = kernel_report(qc, threads=threads)
+                q_ms = med[f"qc/{mode}"]
+                row = {"model": name if len(modes) == 1 else f"{name}/{mode}", "optimize": mode,
+                       "float_ms": med["float"], "qc_ms": q_ms, "ort_ms": med["ort"],
+                       "qc_over_float": q_ms / med["float"], "qc_over_ort": q_ms / med["ort"],
+                       "int_nodes_qc": kq.integer_count, "int_nodes_ort": ko.integer_count,
+                       "float_nodes_qc": len(kq.float_nodes), "float_nodes_ort": len(ko.float_nodes),
+                       "runtime_qdq_qc": kq.runtime_qdq, "runtime_qdq_ort": ko.runtime_qdq,
+                       "qc_quantize_s": round(t_qc[mode], 2), **({"accuracy": acc[mode]} if args.eval else {})}
+                rows.append(row)
+                print(f"{row['model']}: float {med['float']:.3f} ms, qc {q_ms:.3f} ms, ort {med['ort']:.3f} ms",
+                      file=sys.stderr, flush=True)
+                if args.details:
+                    details.append((row["model"], kq))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(hdr)
     for r in rows:
-        print(f"{r['model']:16s} {r['float_ms']:9.3f} {r['qc_ms']:8.3f} {r['ort_ms']:8.3f} {r['qc_over_float']:9.2f} "
-              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d}")
+        print(f"{r['model']:25s} {r['float_ms']:9.3f} {r['qc_ms']:8.3f} {r['ort_ms']:8.3f} {r['qc_over_float']:9.2f} "
+              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d}"
+              + (f" {r['accuracy']:>16s}" if args.eval else ""))
     for name, kq in details:
         print(f"\n{name}: {kq.integer_count} nodes on integer kernels, {len(kq.float_nodes)} float; "
               f"onnxruntime keeps {kq.runtime_qdq} Q/DQ")

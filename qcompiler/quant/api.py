@@ -80,7 +80,7 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
              min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
-             optimize: str = "balanced", untaken_branches: str = "float",
+             optimize: str = "balanced", latency_budget_db: Optional[float] = None, untaken_branches: str = "float",
              smoothquant_alpha: Optional[float] = None, max_drop=None, metric=None, ray: Optional[str] = None,
              executor=None, instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
@@ -106,19 +106,19 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     passes to add, each where it belongs ("bias-correction", or a plug-in's pass with an `after`); `pipeline`: the
     whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
     opset; `optimize`: accuracy keeps every quantizer; balanced (default) leaves float the 16-bit quantizers no
-    integer kernel of the target reads or writes (float is more accurate and costs nothing); latency leaves float
-    every quantizer with no integer-kernel neighbour and the weights of nodes that run float kernels (faster,
-    may cost a little accuracy: the report's SQNR says how much); `measure_latency`: add the `measure-latency`
-    pass (report['latency'] and report['kernels']); `untaken_branches`: an If branch calibration never took keeps
-    float activations ("float", default) or, "mirror", is calibrated from the other branch where the values are
-    the same tensors (passes/quantize/untaken_branches.py; the notes say what each idle branch got);
-    `smoothquant_alpha`: SmoothQuant's alpha (0 < alpha < 1) for every layer, and adds the `smoothquant` pass
-    (without it, `recipe=["smoothquant"]` searches alpha per layer);
-    `max_drop`: a budget (0.01 or "1%") switches on the
-    `mixed-precision` pass: the cheapest per-layer precision whose drop on the calibration samples stays within
-    it (qcompiler.quant.mixed_precision; report['mixed_precision']); `metric`: its
-    `metric(outputs, reference) -> score` (default: relative output error); `ray`: run its evaluations on Ray
-    ("auto" or an address), `executor`: or on an object with `map(fn, items)` (qcompiler.quant.executor;
+    integer kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes out,
+    by a measured search (report['latency_search']), the Q/DQ pairs between float kernels and narrows widened
+    16-bit values to 8 bits where an integer kernel then runs, while the output SQNR stays at most
+    `latency_budget_db` dB (default 1) below its starting value (quant/latency_search.py); `measure_latency`:
+    add the `measure-latency` pass (report['latency'] and report['kernels']); `untaken_branches`: an If branch
+    calibration never took keeps float activations ("float", default) or, "mirror", is calibrated from the other
+    branch where the values are the same tensors (passes/quantize/untaken_branches.py; the notes say what each
+    idle branch got); `smoothquant_alpha`: SmoothQuant's alpha (0 < alpha < 1) for every layer, and adds the
+    `smoothquant` pass (without it, `recipe=["smoothquant"]` searches alpha per layer); `max_drop`: a budget
+    (0.01 or "1%") switches on the `mixed-precision` pass: the cheapest per-layer precision whose drop on the
+    calibration samples stays within it (qcompiler.quant.mixed_precision; report['mixed_precision']); `metric`:
+    its `metric(outputs, reference) -> score` (default: relative output error); `ray`: run its evaluations on
+    Ray ("auto" or an address), `executor`: or on an object with `map(fn, items)` (qcompiler.quant.executor;
     default: local processes);
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass.
@@ -160,6 +160,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                               instrumentations)
     from .safety_net import check_min_sqnr
     min_sqnr = check_min_sqnr(min_sqnr)
+    from .latency_search import check_latency_budget
+    latency_budget_db = check_latency_budget(latency_budget_db)
     sel = _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric)
     # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
     model_or_path, calib, target, config, load_encodings = (
@@ -174,7 +176,8 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
                                        min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
                                        smoothquant_alpha=None if smoothquant_alpha is None
                                        else float(smoothquant_alpha),
-                                       max_drop=max_drop, metric=metric, ray=ray, executor=executor))
+                                       max_drop=max_drop, metric=metric, ray=ray, executor=executor,
+                                       latency_budget_db=latency_budget_db))
 
 
 def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
@@ -352,6 +355,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
     report["warnings"] = list(ctx.warnings) + _clip_warnings(ctx, report)
     report["prefolded_params"] = ctx.prefolded
+    if ctx.latency_search is not None:
+        report["latency_search"] = ctx.latency_search
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize

@@ -56,8 +56,11 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
               help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
 @click.option("--optimize", type=click.Choice(["accuracy", "balanced", "latency"]), default="balanced",
               show_default=True, help="accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
-              "kernel reads or writes it (float is exact and free); latency: no quantizer without an integer-kernel "
-              "neighbour and float weights where the kernel is float (faster, may cost a little accuracy)")
+              "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs between "
+              "float kernels and narrows 16-bit values to 8 bits for integer kernels while the output SQNR loses "
+              "at most --latency-budget-db")
+@click.option("--latency-budget-db", "latency_budget_db", type=float, default=None, metavar="DB",
+              help="with --optimize latency: output SQNR (dB) the search may give up for speed (default 1)")
 @click.option("--untaken-branches", type=click.Choice(["float", "mirror"]), default="float", show_default=True,
               help="an If branch the calibration data never takes: float activations, or mirror: calibrated from "
               "the other branch where the values are the same tensors (the report's notes say which)")
@@ -91,8 +94,8 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
 def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize, measure_latency,
-                 opset, untaken_branches, smoothquant_alpha, max_drop, ray,
+                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize,
+                 latency_budget_db, measure_latency, opset, untaken_branches, smoothquant_alpha, max_drop, ray,
                  encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
                  as_json, progress, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
@@ -126,8 +129,8 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                    progress=False if quiet else progress, limit=limit, weight_block=block_size,
                    exclude=list(exclude) or None, op_types=ops,
                    act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
-                   pipeline=names, opset=opset, optimize=optimize, smoothquant_alpha=smoothquant_alpha,
-                   max_drop=max_drop, ray=ray,
+                   pipeline=names, opset=opset, optimize=optimize, latency_budget_db=latency_budget_db,
+                   smoothquant_alpha=smoothquant_alpha, max_drop=max_drop, ray=ray,
                    instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:

@@ -37,6 +37,7 @@ class QuantSettings:
     metric: Any = None                  # mixed-precision: metric(outputs, reference) -> score; None: relative error
     ray: Optional[str] = None           # mixed-precision: run the evaluations on Ray ("auto" or an address)
     executor: Any = None                # mixed-precision: an executor object (tests; overrides `ray`)
+    latency_budget_db: float = 1.0      # --optimize latency: output SQNR it may lose (quant/latency_search.py)
 
 
 @dataclass
@@ -63,6 +64,7 @@ class QuantContext:
     source: Any = None                  # the float model as the caller gave it (path, ModelProto or IR Model)
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
+    latency_search: Optional[dict] = None  # latency-search: floor, SQNR before/after, pairs taken out
     notes: List[str] = field(default_factory=list)
     smoothquant: Optional[dict] = None  # smoothquant: per layer how 1/s was placed and alpha (report 'smoothquant')
     mixed_precision: Optional[dict] = None   # the mixed-precision pass's result (report 'mixed_precision')

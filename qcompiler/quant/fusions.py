@@ -48,6 +48,7 @@ class Fusion:
     equal_qparams: bool = False
     positive_scale: bool = False
     absorbs: tuple = ()
+    keeps_q_after: tuple = ()         # a single reader of these types must keep its output Q (else a float fusion)
     min_opset: dict = field(default_factory=dict)
     block_size: dict = field(default_factory=dict)
     note: str = ""
@@ -114,8 +115,9 @@ def _record(d, i: int, src: str) -> Fusion:
     for k in ("act_dtypes", "weight_dtypes"):
         if k in d:
             kw[k] = _str_list(d[k], f"{where}: {k}", INT_TYPES)
-    if "absorbs" in d:
-        kw["absorbs"] = _str_list(d["absorbs"], f"{where}: absorbs")
+    for k in ("absorbs", "keeps_q_after"):
+        if k in d:
+            kw[k] = _str_list(d[k], f"{where}: {k}")
     for k in ("kernel", "kernel_without_q", "note"):
         if k in d:
             if not isinstance(d[k], str):

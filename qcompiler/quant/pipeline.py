@@ -9,6 +9,7 @@
     insert-qdq           the plan written into the model as Q/DQ (quant/qdq.py)
     float16-islands      nodes a config marks `precision: float16` run in fp16 between Casts
     measure-sqnr         per-output SQNR against float on the kept calibration samples
+    latency-search       take out Q/DQ pairs between float kernels under an SQNR floor (--optimize; issue 13)
     safety-net           below the SQNR floor: keep float or widen the quantizers that break an output
 
 `--recipe a,b` adds optional passes, each right after the pass named by its `after` (load-encodings after place;
@@ -25,7 +26,8 @@ from ..errors import PipelineError
 
 PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
 DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
-                                     "insert-qdq", "float16-islands", "measure-sqnr", "safety-net")
+                                     "insert-qdq", "float16-islands", "measure-sqnr", "latency-search",
+                                     "safety-net")
 START_FACTS = ("model", "quant-context")
 
 

@@ -101,6 +101,9 @@ class QuantPlan:
         # the one resolver of the (node name, slot) keys: name -> node over the main graph and every body, built
         # once by build_plan (inserting Q/DQ adds nodes but renames none of the float model's)
         self.nodes: Dict[str, object] = {}
+        self.trim_candidates: List[str] = []   # Q/DQ pairs between float kernels (quant/latency_search.py)
+        self.narrow_candidates: List[str] = []  # widened values narrowed to 8 bits for an integer kernel (idem)
+        self.narrow_weights: Dict[Tuple[str, int], tuple] = {}  # (node, slot) -> (group root, float weight)
 
     # --- specs ------------------------------------------------------------------------------------------
     def spec(self, name: str) -> Optional[QuantSpec]:

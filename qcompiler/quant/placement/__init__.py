@@ -72,7 +72,8 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     symmetric_dynamic_weights(plan, g, profile, opts)     # AIMET: K/V feeding a MatMul take the weights' symmetry
     if opts.optimize != "accuracy" and profile.fusions:
         from ..fusions import load_fusions
-        drop_float_region_quantizers(plan, g, load_fusions(profile.fusions), everywhere=opts.optimize == "latency")
+        drop_float_region_quantizers(plan, g, load_fusions(profile.fusions),  # then quant/latency_search.py
+                                     narrow=opts.optimize == "latency")
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

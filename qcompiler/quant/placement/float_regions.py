@@ -13,6 +13,12 @@ float is more accurate than 16 bits and costs nothing (minilm_l6: 46 such tensor
 Which nodes run integer kernels is judged on the plan before this step (every quantizer still in place), and a
 value keeps its quantizer when any neighbour is such a node, so no integer kernel loses an input or output it
 needs. `--optimize accuracy` skips the step (every quantizer stays, for targets whose kernels are not known).
+
+What is left with no integer-kernel neighbour goes to plan.trim_candidates, and under `--optimize latency` the
+widened values an integer kernel would read at 8 bits are narrowed and listed in plan.narrow_candidates (their
+readers' float weights in plan.narrow_weights): quant/latency_search.py decides those by measurement within the
+user's budget. `balanced` takes no measured risk: on ppocr_cls taking the 20 trim pairs out raised the output
+SQNR and still flipped 3 of 400 eval images (agreement 0.9925 -> 0.985, below the corpus target).
 """
 from __future__ import annotations
 
@@ -70,6 +76,21 @@ class _Kernels:
             v = readers[0].outputs[0] if readers[0].outputs else None
         return False
 
+    def guarded_by(self, node) -> bool:
+        """Is `node` (an Add of a constant bias) the only reader of an integer kernel whose rule says a float
+        fusion would take the unit away unless `node`'s output keeps its Q (MatMulAddFusion)?"""
+        def const(x) -> bool:       # without decoding the tensor
+            return x is not None and ((x.tensor is not None and not x.is_input)
+                                      or (x.producer is not None and x.producer.op_type == "Constant"))
+        if len(node.inputs) != 2 or None in node.inputs or const(node.inputs[0]) == const(node.inputs[1]):
+            return False
+        x = node.inputs[1] if const(node.inputs[0]) else node.inputs[0]
+        q = x.producer
+        if q is None or q.graph is not node.graph or len(x.uses()) != 1 or x.is_output_of_any_graph():
+            return False
+        r = self.rule(q, "replace")
+        return r is not None and node.op_type in r.keeps_q_after and self.integer(q)
+
     def weight_only(self, node, slot: int, spec) -> bool:
         """A weight-only integer kernel (MatMulNBits: blocked int4 weights, float activations) takes this weight."""
         r = self.rule(node, "weight_only")
@@ -112,14 +133,9 @@ class _Kernels:
         return True
 
 
-def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
-    """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
-    beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
-    stays), or all of them and the weights and
-    biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
-    1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
-    specs it marked."""
-    k = _Kernels(plan, table)
+def _usefulness(plan: QuantPlan, g, k: "_Kernels"):
+    """is_useful(v): does an integer-kernel neighbour (through ops whose Q/DQ the runtime drops) need v's
+    quantizer?"""
     useful: Dict[str, bool] = {}
 
     def is_useful(v) -> bool:
@@ -137,6 +153,8 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
                 q = p.inputs[0].producer     # a Relu/Clip behind an integer Conv: the Q the unit needs
                 rq = k.rule(q, "replace")
                 ok = rq is not None and p.op_type in rq.absorbs and k.integer(q)
+            if not ok:
+                ok = k.guarded_by(p)
         if not ok:
             for u in v.uses():
                 if u.is_graph_output:
@@ -154,6 +172,70 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
                     break
         useful[v.name] = ok
         return ok
+    return is_useful
+
+
+def _narrow_widened(plan: QuantPlan, g, table) -> None:
+    """`--optimize latency`: every value placement widened to 16 bits goes back to 8 bits where an integer kernel
+    then reads or writes it (plan.narrow_candidates: the latency search keeps each at 8 bits only while the output
+    SQNR stays within the budget, else it goes float), and float where none does (as `balanced`)."""
+    wide = {v.name: plan.spec(v.name).bits for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs
+                                                                       if o is not None]
+            if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float and s.widened
+            and s.bits > 8}
+    if not wide:
+        return
+    for name in wide:
+        plan.spec(name).bits = 8
+    k = _Kernels(plan, table)
+    is_useful = _usefulness(plan, g, k)
+    values = {v.name: v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]}
+    narrowed = [name for name in wide if is_useful(values[name])]
+    for name in wide:
+        spec = plan.spec(name)
+        if name in narrowed:
+            spec.source = (spec.source + "; " if spec.source else "") + \
+                f"narrowed to 8 bits for an integer kernel (--optimize latency; was {wide[name]} bits: {spec.widened})"
+            spec.widened = None
+        else:
+            spec.bits = wide[name]
+    # a tie group carries its widest member's bits (calibrate.py): every member of a narrowed group is now 8-bit
+    # and switches with it (latency_search groups them by plan.find)
+    roots = {plan.find(name) for name in narrowed}
+    plan.narrow_candidates = [name for name, s in plan.values.items()
+                              if s.kind == "activation" and not s.keep_float and plan.find(name) in roots]
+    # the float weights of the kernels that become integer only through a narrowed value: where the search
+    # keeps that value float, the kernel is float again and reads them as `balanced` does (float, not the
+    # integer kernel's reduced grid: minilm_l6's FFN down projection fell to 3.3 dB on it)
+    for name in narrowed:
+        for u in values[name].uses():
+            node = u.user
+            if u.is_graph_output or node.graph is not g or not k.integer(node):
+                continue
+            for slot, x in enumerate(node.inputs):
+                spec = plan.uses.get((node.name, slot))
+                arr = x.const_value() if x is not None and spec is not None and spec.kind == "weight" else None
+                if arr is not None:
+                    plan.narrow_weights[(node.name, slot)] = (plan.find(name), arr)
+
+
+def _enters_a_body(v) -> bool:
+    """`v` is an input of an If/Loop/Scan (its encoding is tied to the body's side by body_float_regions): the
+    latency search, which measures the main graph only, leaves it as placement decided."""
+    return any(u.user is not None and u.user.subgraphs() for u in v.uses())
+
+
+def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False) -> int:
+    """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
+    beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
+    stays), or all of them and the weights and
+    biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
+    1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
+    specs it marked."""
+    if narrow:
+        _narrow_widened(plan, g, table)
+    k = _Kernels(plan, table)
+    is_useful = _usefulness(plan, g, k)
 
     candidates = [v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
                   if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
@@ -180,7 +262,14 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
             spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
                         f"integer grid would only cost accuracy (--optimize accuracy keeps it)")
             dropped += 1
-    if g.parent is None:   # the same rules inside If/Loop/Scan bodies, their boundaries agreeing (issue 14)
+    # what is left with no integer-kernel neighbour: the latency search's candidates (judged with every
+    # quantizer still in place, so taking any of them out leaves every integer kernel its Q/DQ)
+    plan.trim_candidates = [v.name for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
+                            if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
+                            and not is_useful(v) and not _enters_a_body(v)]
+    if g.parent is None:   # the same rules inside If/Loop/Scan bodies, their boundaries agreeing (issue 14);
+        # the latency search measures main-graph candidates only, so inside bodies `latency` keeps the rule
+        # (every quantizer with no integer-kernel neighbour goes)
         from .body_float_regions import drop_body_float_regions
-        dropped += drop_body_float_regions(plan, g, table, everywhere)
+        dropped += drop_body_float_regions(plan, g, table, everywhere or narrow)
     return dropped
