@@ -97,12 +97,14 @@ class MagnitudeHistogram:
     def __init__(self):
         self.counts = np.zeros(2 * _MAG_HALF, np.int64)  # [0, 2048): x >= +0, [2048, 4096): x <= -0
 
-    def update(self, x: np.ndarray) -> None:
-        """Add the finite array `x` (cast to float32: the bins are float32 bit patterns)."""
+    def update(self, x: np.ndarray, weight: int = 1) -> None:
+        """Add the finite array `x` (cast to float32: the bins are float32 bit patterns), each value counted `weight`
+        times (a caller that bins every k-th value of a batch passes k)."""
         if x.size == 0:
             return
         bits = np.ascontiguousarray(x, np.float32).reshape(-1).view(np.uint32)
-        self.counts += np.bincount(bits >> _MAG_SHIFT, minlength=2 * _MAG_HALF)
+        counts = np.bincount(bits >> _MAG_SHIFT, minlength=2 * _MAG_HALF)
+        self.counts += counts * weight if weight != 1 else counts
 
     @property
     def abs_counts(self) -> np.ndarray:
