@@ -12,9 +12,10 @@
     latency-search       take out Q/DQ pairs between float kernels under an SQNR floor (--optimize; issue 13)
     safety-net           below the SQNR floor: keep float or widen the quantizers that break an output
 
-`--recipe a,b` adds optional passes, each right after the pass named by its `after` (load-encodings after place;
-bias-correction after assign-encodings; measure-latency after safety-net; fold-conv-bias-add after convert-opset;
-cle and smoothquant after fuse-hardswish; mixed-precision, switched on by `--max-drop`, after place); `--pipeline`
+`--recipe a,b` adds optional passes, each right after the pass named by its `after` (README's table): after
+convert-opset fold-conv-bias-add; after fuse-hardswish cle, smoothquant; after calibrate mirror-untaken-branches;
+after place load-encodings, mixed-precision; after assign-encodings bias-correction, seq-mse, adaround; after
+safety-net measure-latency. A flag that asks for a pass adds it the same way (SWITCHES); `--pipeline`
 replaces the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point
 (passmanager/registry.py) and work the same way.
 """
