@@ -81,6 +81,8 @@ RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to th
 REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
 REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
+HOLDOUT_MIN = 4                   # with this many kept samples or more, every other one is held out
+VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
 
 
@@ -229,6 +231,8 @@ class Trial:
     assignment: Dict[str, str]
     weight_bytes: int
     drop: float
+    held_out: Optional[float] = None   # verification trials: the drop on the held-out samples alone
+    margin: Optional[float] = None     # ... and VERIFY_MARGIN x the standard error of `drop`
 
 
 @dataclass
@@ -240,7 +244,7 @@ class Result:
     skipped: Dict[str, str]
     table: Dict[str, Dict[str, float]]          # layer -> candidate -> drop (sensitivity)
     assignment: Dict[str, str]                  # layer -> chosen candidate
-    drop: float                                 # measured on the kept samples
+    drop: float                                 # measured on every kept sample (the verification)
     weight_bytes: int
     trials: List[Trial] = field(default_factory=list)
     seconds: Dict[str, float] = field(default_factory=dict)
@@ -250,6 +254,10 @@ class Result:
     rest: str = "base"                          # the nodes outside the layers: base | A16 | float
     rest_drops: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    search_drop: float = math.inf               # the search's choice on its own samples
+    held_out_drop: Optional[float] = None       # the chosen assignment on the held-out samples
+    margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
+    samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
 
     def to_dict(self) -> dict:
         def num(x):
@@ -263,7 +271,15 @@ class Result:
                                     "chosen": self.assignment.get(l.name, "float"),
                                     "sensitivity": {c: num(v) for c, v in self.table.get(l.name, {}).items()}}
                            for l in self.layers},
-                "trials": [{"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)}
+                "search_drop": num(self.search_drop),
+                "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
+                "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
+                "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
+                        f"held-out drop <= budget",
+                "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)},
+                                **({} if t.margin is None else
+                                   {"held_out_drop": None if t.held_out is None else num(t.held_out),
+                                    "margin": num(t.margin)}))
                            for t in self.trials],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": list(self.notes)}
 
@@ -279,12 +295,20 @@ class Search:
         self.profile = ctx.profile
         self.base_bytes = model_to_proto(ctx.model).SerializeToString()
         self.stats = ctx.calibration.stats()
-        kept = ctx.calibration.kept
+        kept = list(ctx.calibration.kept)
+        # the search sees every other kept sample (interleaved: calibration data sorted by class splits
+        # evenly); the others are held out for the verification (VERIFY_MARGIN, HOLDOUT_MIN)
+        if len(kept) >= HOLDOUT_MIN:
+            kept = kept[0::2] + kept[1::2]
+            self.n_search = (len(kept) + 1) // 2
+        else:
+            self.n_search = len(kept)
+        self.n_kept = len(kept)
         self.float_outs = [dict(o) for _, o in kept]
         self.input_names = list(kept[0][0]) if kept else []
-        self._float_scores: Dict[int, float] = {}
+        self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
-            self._float_score(len(kept))
+            self._float_score(0, len(kept))
         self.evaluations = 0
         self.deadline = math.inf
         self.timed_out = False
@@ -297,12 +321,19 @@ class Search:
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
         self.samples_path = os.path.join(self._dir.name, "samples.npz")
+        self.all_path = os.path.join(self._dir.name, "all.npz")
         arrays = {"__names__": np.array(self.input_names)}
         for i, (feed, _) in enumerate(kept):
             for j, name in enumerate(self.input_names):
                 arrays[f"s{i}_{j}"] = np.asarray(feed[name])
-        np.savez(self.samples_path, **arrays)
-        self.sensitivity_samples = min(len(kept), sensitivity_samples or len(kept))
+        np.savez(self.all_path, **arrays)
+        if self.n_search < len(kept):
+            arrays = {k: v for k, v in arrays.items()
+                      if k == "__names__" or int(k[1:].split("_")[0]) < self.n_search}
+            np.savez(self.samples_path, **arrays)
+        else:
+            self.samples_path = self.all_path
+        self.sensitivity_samples = min(self.n_search, sensitivity_samples or self.n_search)
         self.sens_path = self.samples_path
         if self.sensitivity_samples < len(kept):
             self.sens_path = os.path.join(self._dir.name, "sensitivity.npz")
@@ -378,26 +409,62 @@ class Search:
             release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
         return out
 
-    def drop_of(self, outs: Optional[list]) -> float:
-        """The drop of `outs` (the first len(outs) kept samples) against the float outputs of those samples."""
+    def drop_of(self, outs: Optional[list], first: int = 0) -> float:
+        """The drop of `outs` (the kept samples first, first + 1, ...) against those samples' float outputs."""
         if outs is None:
             return math.inf
-        ref = self.float_outs[:len(outs)]
+        ref = self.float_outs[first:first + len(outs)]
         if self.metric is None:
             return relative_error(ref, outs)
-        q, f = self._score(outs, ref), self._float_score(len(outs))
+        q, f = self._score(outs, ref), self._float_score(first, first + len(outs))
         if not math.isfinite(q):
             return math.inf
         return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
 
-    def _float_score(self, n: int) -> float:
-        if n not in self._float_scores:
-            ref = self.float_outs[:n]
-            f = self._float_scores[n] = self._score(ref, ref)
+    def _float_score(self, lo: int, hi: int) -> float:
+        if (lo, hi) not in self._float_scores:
+            ref = self.float_outs[lo:hi]
+            f = self._float_scores[lo, hi] = self._score(ref, ref)
             if not math.isfinite(f):
                 raise ArgumentError(f"metric returned {f} on the float model's own outputs: the drop "
                                     f"(F - Q) / |F| needs a finite score")
-        return self._float_scores[n]
+        return self._float_scores[lo, hi]
+
+    def standard_error(self, outs: list) -> float:
+        """The jackknife standard error of the drop over the samples of `outs` (the first kept ones):
+        sqrt((n-1)/n * sum_i (drop without sample i - mean)^2). It needs nothing of the metric but that it
+        takes any subset of the samples (a mean over samples gives the usual std / sqrt(n))."""
+        n = len(outs)
+        if n < 2:
+            return math.inf
+        ref = self.float_outs[:n]
+        if self.metric is None:     # per-sample error and signal energies: each leave-one-out in O(1)
+            worst = 0.0
+            loo = []
+            for name in ref[0]:
+                if not np.issubdtype(np.asarray(ref[0][name]).dtype, np.floating):
+                    continue
+                num = np.array([float(np.sum((np.asarray(q[name], np.float64) - np.asarray(f[name], np.float64))
+                                             ** 2)) for f, q in zip(ref, outs)])
+                den = np.array([float(np.sum(np.asarray(f[name], np.float64) ** 2)) for f in ref])
+                d = den.sum() - den
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    v = np.where(d > 0, np.sqrt(np.maximum(num.sum() - num, 0.0) / np.where(d > 0, d, 1.0)),
+                                 np.where(num.sum() - num > 0, np.inf, 0.0))
+                loo.append(v)
+            if not loo:
+                return 0.0
+            vals = np.max(np.stack(loo), axis=0)
+        else:
+            vals = []
+            for i in range(n):
+                q = self._score(outs[:i] + outs[i + 1:], ref[:i] + ref[i + 1:])
+                f = self._score(ref[:i] + ref[i + 1:], ref[:i] + ref[i + 1:])
+                vals.append((f - q) / abs(f) if f else (0.0 if q >= f else math.inf))
+            vals = np.asarray(vals, np.float64)
+        if not np.all(np.isfinite(vals)):
+            return math.inf
+        return float(math.sqrt((n - 1) / n * float(np.sum((vals - vals.mean()) ** 2))))
 
     def _score(self, outs, ref) -> float:
         """The user's metric on `outs` as a float (one line when it is not a number)."""
@@ -408,11 +475,12 @@ class Search:
             from ...arguments import got
             raise ArgumentError(f"metric must return a number (a score, higher is better), got {got(v)}") from None
 
-    def measure(self, configs: list, sensitivity: bool = False) -> List[float]:
+    def measure(self, configs: list, sensitivity: bool = False, every: bool = False) -> List[float]:
         """Drops of the models for `configs`. Each is lowered when the executor asks for it (a window of them
         in flight, never all: minilm's are 90 MB each) and run in onnxruntime through the executor, on the
-        first `sensitivity_samples` kept samples for the sensitivity table, on all of them otherwise."""
-        path = self.sens_path if sensitivity else self.samples_path
+        first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
+        on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
+        path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
 
         def items():
             for cfg in configs:
@@ -427,6 +495,7 @@ class Search:
         self.evaluations += len(configs) if not self.timed_out or before else \
             sum(o is not None for o in outs)
         drops, self.last_errors = [], []
+        self.last_outs = outs
         for o in outs:
             drops.append(self.drop_of(o))
             self.last_errors.append(drops[-1] if self.metric is None or o is None else
@@ -452,7 +521,8 @@ class Search:
         res = Result(budget=self.budget, metric="relative output error" if self.metric is None else
                      getattr(self.metric, "__name__", "metric"), layers=layers, candidates=names,
                      skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
-                     executor=getattr(self.executor, "name", "serial"))
+                     executor=getattr(self.executor, "name", "serial"),
+                     samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
         # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
@@ -531,10 +601,37 @@ class Search:
             if d <= self.budget:
                 best = (dict(assignment), d)
         if best is not None:
-            res.assignment, res.drop = best
+            res.assignment, res.search_drop = best
         else:   # every layer float at this rest level was measured within the budget
-            res.assignment, res.drop = dict(all_float), rest
+            res.assignment, res.search_drop = dict(all_float), rest
             res.notes.append("mixed precision: back-off reached every searched layer float")
+        # 4. verification on every kept sample, held-out ones included: drop + VERIFY_MARGIN x its standard
+        # error within the budget, and the held-out drop within it; else back off (1, 2, 4, ... layers up)
+        assignment, k, ok = dict(res.assignment), 1, False
+        for i in range(MAX_VERIFICATIONS):
+            ok, t = self.verify(assignment, layers, level)
+            t.what = "verify" if i == 0 else f"verify back-off {k // 2}"
+            res.trials.append(t)
+            if ok or not self.back_off(assignment, layers, names, table, k):
+                break
+            k *= 2
+        if not ok and level != "float":   # every layer float and the rest as measured, then all float
+            for lv in dict.fromkeys((level, "float")):
+                level = lv
+                assignment = dict(all_float)
+                ok, t = self.verify(assignment, layers, level)
+                t.what = f"verify layers float, rest {level}"
+                res.trials.append(t)
+                if ok:
+                    break
+            res.notes.append("mixed precision: the verification backed off to every searched layer float")
+        elif not ok:
+            assignment = dict(all_float)
+            ok, t = self.verify(assignment, layers, level)
+            t.what = "verify layers float, rest float"
+            res.trials.append(t)
+        res.assignment, res.drop, res.held_out_drop, res.margin = assignment, t.drop, t.held_out, t.margin
+        res.rest = level
         if level != "base":
             res.notes.append(f"mixed precision: the nodes outside the searched layers drop "
                              f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
@@ -545,10 +642,26 @@ class Search:
         res.evaluations = self.evaluations
         return res
 
+    def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
+        """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
+        errors is within the budget and its drop on the held-out samples alone is within the budget."""
+        d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
+        outs = self.last_outs[0]
+        se = held = math.inf
+        if outs is not None:
+            se = self.standard_error(outs) if len(outs) > 1 else 0.0
+            held = self.drop_of(outs[self.n_search:], first=self.n_search) if self.n_kept > self.n_search \
+                else None
+        t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
+                  held_out=held, margin=VERIFY_MARGIN * se)
+        ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
+            (held is None or held <= self.budget)
+        return ok, t
+
     def reference(self, res: Result, name: str) -> None:
         """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
         a = {l.name: name for l in res.layers}
-        d = self.measure([self.config_for(a, res.layers, rest=res.rest)])[0]
+        d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d))
 
     def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
