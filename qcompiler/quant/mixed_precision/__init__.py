@@ -546,16 +546,22 @@ class Search:
         all_float = {l.name: "float" for l in layers}
         levels = ["base"] + (["A16"] if self.profile.wide_activation_bits == 16 and
                              self.ctx.options.act_bits != 16 else [])
-        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels])
-        rest_drops = dict(zip(levels, drops))
+        # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
+        # is chosen once, and a level the held-out samples break would make every assignment fail
+        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
+        rest_drops, guarded = {}, {"float": 0.0}
+        for lv, d, outs in zip(levels, drops, self.last_outs):
+            rest_drops[lv] = d
+            se, held = self.spread(outs)
+            guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
+            res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+                                    self.weight_bytes(all_float, layers, lv), d, held_out=held,
+                                    margin=VERIFY_MARGIN * se))
         rest_drops["float"] = 0.0
-        for lv, d in rest_drops.items():
-            if lv != "float":
-                res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
-                                        self.weight_bytes(all_float, layers, lv), d))
         p = self.power
-        level = next((lv for lv, d in rest_drops.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
-            next(lv for lv, d in rest_drops.items() if d <= self.budget)
+        level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
+            next(lv for lv, d in guarded.items() if d <= self.budget)
+        rest_drops = {lv: guarded[lv] if lv == level else d for lv, d in rest_drops.items()}
         rest = rest_drops[level]
         res.rest, res.rest_drops = level, rest_drops
         # 3. greedy from the table, measured on the whole model; the estimate is then rescaled to what was
@@ -615,21 +621,16 @@ class Search:
             if ok or not self.back_off(assignment, layers, names, table, k):
                 break
             k *= 2
-        if not ok and level != "float":   # every layer float and the rest as measured, then all float
-            for lv in dict.fromkeys((level, "float")):
-                level = lv
-                assignment = dict(all_float)
+        if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
+            order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
+            for lv in order[order.index(level):]:
+                level, assignment = lv, dict(all_float)
                 ok, t = self.verify(assignment, layers, level)
                 t.what = f"verify layers float, rest {level}"
                 res.trials.append(t)
                 if ok:
                     break
             res.notes.append("mixed precision: the verification backed off to every searched layer float")
-        elif not ok:
-            assignment = dict(all_float)
-            ok, t = self.verify(assignment, layers, level)
-            t.what = "verify layers float, rest float"
-            res.trials.append(t)
         res.assignment, res.drop, res.held_out_drop, res.margin = assignment, t.drop, t.held_out, t.margin
         res.rest = level
         if level != "base":
@@ -646,17 +647,20 @@ class Search:
         """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
         errors is within the budget and its drop on the held-out samples alone is within the budget."""
         d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
-        outs = self.last_outs[0]
-        se = held = math.inf
-        if outs is not None:
-            se = self.standard_error(outs) if len(outs) > 1 else 0.0
-            held = self.drop_of(outs[self.n_search:], first=self.n_search) if self.n_kept > self.n_search \
-                else None
+        se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
                   held_out=held, margin=VERIFY_MARGIN * se)
         ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
             (held is None or held <= self.budget)
         return ok, t
+
+    def spread(self, outs) -> Tuple[float, Optional[float]]:
+        """(standard error of the drop on every kept sample, drop on the held-out ones or None)."""
+        if outs is None:
+            return math.inf, math.inf
+        se = self.standard_error(outs) if len(outs) > 1 else 0.0
+        held = self.drop_of(outs[self.n_search:], first=self.n_search) if self.n_kept > self.n_search else None
+        return se, held
 
     def reference(self, res: Result, name: str) -> None:
         """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
