@@ -15,7 +15,7 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    weight bits other than `weight.bits`, 4 (`per_block_weight_bits` lists it: the profile knows int4 weights)
    or its 16-bit widening. The search needs opset 21 (int4/int16 Q/DQ): `quantize` asks for it.
 3. **The drop.** `metric=None` (default): the drop is the relative RMS error of the outputs against float on
-   the kept calibration samples, sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
+   the kept calibration samples (step 7: which ones), sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
    (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs, reference) -> score` (higher is better), where
    `outputs` is a list with one dict {graph output name: array} per kept calibration sample (the first ones of
    the calibration data, in order) and `reference` the float model's list: the float score F =
@@ -45,12 +45,30 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    within the budget wins. If none was, the most sensitive layers of the last one (1, 2, 4, ... of them; ties
    broken by relative output error) go one candidate up until it is; every layer float (at the other nodes'
    level) was measured within the budget, so this always ends within it.
-   At most MAX_VERIFICATIONS whole-model measurements. So the model `quantize` returns never exceeds the
-   budget on the data the search measured (its kept calibration samples); on other data it is an estimate
+   At most MAX_VERIFICATIONS whole-model measurements.
+7. **Held out, with a margin** (so the budget holds on data the search never saw, not only on the samples it
+   fitted). With HOLDOUT_MIN kept samples or more, the search (steps 4-6) sees every other one (0, 2, 4, ...;
+   interleaved, so calibration data sorted by class splits evenly); the others are held out. The chosen
+   assignment is then measured on every kept sample (as many as there are: an agreement on few samples is
+   noisy) and accepted only when
+       drop + k x SE <= budget   and   drop on the held-out samples <= budget,
+   k = VERIFY_MARGIN = 1 (one-sided, about 84 % confidence that the drop on the population is within the
+   budget), SE = the jackknife standard error of the drop over the samples, sqrt((n-1)/n sum_i (drop_(-i) -
+   mean)^2), drop_(-i) = the drop without sample i (any metric: it only needs to take a subset; for a mean
+   over samples it is std / sqrt(n)). Else the back-off of step 6 runs on that rule (1, 2, 4, ... layers a
+   candidate up), then every layer float with the other nodes at their level, then at the next levels up
+   (A16, float: exact). The other nodes' level (step 5) is chosen by the same rule (max(drop + k SE, held-out
+   drop)). A metric that moved on no sample has SE 0: on n samples it cannot see a rate below ~3/n (a top-1
+   agreement on 64 samples: 4.7 %, above a 1 % budget): the report says so; use a smooth metric (the mean
+   probability of the float top-1 class, a cosine) or more calibration samples.
+   So the model `quantize` returns is within the budget with that margin on every kept sample and within it
+   on the held-out ones; on other data it is a statistical statement, not a bound
    (benchmarks/bench_mixed_precision.py measures each corpus model's eval set with its eval.py).
-7. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
-   assignments tried (weight bytes, measured drop), the seconds. The CLI prints the table and writes a
-   Pareto plot (weight bytes against drop of every assignment tried) beside the report as
+8. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
+   assignments tried (weight bytes, measured drop; the verifications also their held-out drop and margin),
+   `drop` (every kept sample), `margin` (k x SE), `margin_k`, `held_out_drop`, `search_drop` (the search's
+   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, the seconds. The CLI prints
+   the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
 Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
@@ -312,6 +330,7 @@ class Search:
         self.evaluations = 0
         self.deadline = math.inf
         self.timed_out = False
+        self.unresolved = False      # a user metric that moved on no sample (see the module docstring, 7.)
         self.power = 2 if metric is None else 1
         # the relative output error of every sensitivity run, also under a user metric: it orders the moves
         # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
@@ -549,7 +568,7 @@ class Search:
         # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
         # is chosen once, and a level the held-out samples break would make every assignment fail
         drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
-        rest_drops, guarded = {}, {"float": 0.0}
+        rest_drops, guarded = {}, {}
         for lv, d, outs in zip(levels, drops, self.last_outs):
             rest_drops[lv] = d
             se, held = self.spread(outs)
@@ -557,7 +576,7 @@ class Search:
             res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
                                     margin=VERIFY_MARGIN * se))
-        rest_drops["float"] = 0.0
+        rest_drops["float"] = guarded["float"] = 0.0
         p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
             next(lv for lv, d in guarded.items() if d <= self.budget)
@@ -633,6 +652,10 @@ class Search:
             res.notes.append("mixed precision: the verification backed off to every searched layer float")
         res.assignment, res.drop, res.held_out_drop, res.margin = assignment, t.drop, t.held_out, t.margin
         res.rest = level
+        if self.unresolved:
+            res.notes.append(f"mixed precision: the metric moved on none of the {self.n_kept} samples: it cannot "
+                             f"see a drop below ~{300 / max(self.n_kept, 1):.2g} % (3/n) there, above the budget; "
+                             f"use a smooth metric or more calibration samples")
         if level != "base":
             res.notes.append(f"mixed precision: the nodes outside the searched layers drop "
                              f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
@@ -650,6 +673,9 @@ class Search:
         se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
                   held_out=held, margin=VERIFY_MARGIN * se)
+        if self.metric is not None and se == 0.0 and d == 0.0 and self.n_kept < 3.0 / self.budget and \
+                assignment and any(c != "float" for c in assignment.values()):
+            self.unresolved = True
         ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
             (held is None or held <= self.budget)
         return ok, t
@@ -754,7 +780,12 @@ def format_table(mp: dict) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
     d = mp["drop"]
-    lines.append(f"  mixed precision: drop {100 * d:.4g} % (budget {100 * mp['budget']:.4g} %, "
+    held = mp.get("held_out_drop")
+    m = mp.get("margin")
+    check = (f" + margin {100 * m:.3g} % ({mp.get('margin_k', 1):g} SE, {sum(mp['samples'].values())} samples)"
+             if isinstance(m, (int, float)) else "") + \
+        (f", held-out {100 * held:.4g} %" if isinstance(held, (int, float)) else "")
+    lines.append(f"  mixed precision: drop {100 * d:.4g} %{check} (budget {100 * mp['budget']:.4g} %, "
                  f"{mp['metric']}), weights {mp['weight_bytes']} bytes, {mp['evaluations']} evaluations on "
                  f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
                  f"  mixed precision: drop {d}")
