@@ -27,7 +27,10 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    (qcompiler/quant/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
    cluster with `--ray auto|ADDRESS`.
    The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
-   not chosen); a model above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
+   not chosen). It skips what cannot matter: W4A8 for a layer whose W8A8 alone breaks the budget (never
+   chosen), the finer grids (W8A16, W16A16, float16) for a layer whose W8A8 alone drops at most NEGLIGIBLE of
+   the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
+   above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
    samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
@@ -99,6 +102,10 @@ RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to th
 REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
 REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
+# the sensitivity table skips what cannot matter: W4A8 where W8A8 alone breaks the budget (not chosen), and
+# the finer grids (PRECISE) where W8A8 alone drops at most NEGLIGIBLE x the budget (taken as W8A8's drop)
+NEGLIGIBLE = 0.05
+PRECISE = ("W8A16", "W16A16", "float16")
 HOLDOUT_MIN = 4                   # with this many kept samples or more, every other one is held out
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
@@ -276,6 +283,7 @@ class Result:
     held_out_drop: Optional[float] = None       # the chosen assignment on the held-out samples
     margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
     samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
+    inferred: Dict[str, List[str]] = field(default_factory=dict)   # layer -> candidates not measured
 
     def to_dict(self) -> dict:
         def num(x):
@@ -291,6 +299,7 @@ class Result:
                            for l in self.layers},
                 "search_drop": num(self.search_drop),
                 "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
+                "sensitivity_inferred": {k: list(v) for k, v in self.inferred.items()},
                 "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
@@ -546,14 +555,30 @@ class Search:
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
         self.deadline = t0 + MAX_SENSITIVITY_SECONDS
+        inferred: Dict[str, List[str]] = {}
         for c in sorted(names, key=lambda c: MEASURE_ORDER.index(c)):
             if c == "float":
                 continue
-            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in layers],
+            todo = []
+            for l in layers:
+                w8 = table[l.name].get("W8A8")
+                if w8 is not None and c == "W4A8" and not w8 <= self.budget:
+                    # 4-bit weights on a layer whose 8-bit ones alone break the budget: never chosen
+                    table[l.name][c] = self.errors[l.name][c] = math.inf
+                elif w8 is not None and c in PRECISE and w8 <= NEGLIGIBLE * self.budget:
+                    # W8A8 costs this layer next to nothing: a finer grid cannot buy the search anything;
+                    # its drop is taken as W8A8's (an upper bound: a finer grid is no worse)
+                    table[l.name][c], self.errors[l.name][c] = w8, self.errors[l.name]["W8A8"]
+                else:
+                    todo.append(l)
+                    continue
+                inferred.setdefault(l.name, []).append(c)
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
                                  sensitivity=True)
-            for l, d, e in zip(layers, drops, self.last_errors):
+            for l, d, e in zip(todo, drops, self.last_errors):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
+        res.inferred = inferred
         if self.timed_out:
             res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
                              f"s: candidates not measured are not chosen")
