@@ -613,6 +613,7 @@ class Search:
         # times at most; then, if nothing was within the budget, back off from the last assignment
         p = self.power
         best: Optional[Tuple[Dict[str, str], float]] = None
+        best_scale = 1.0
         tried: List[Dict[str, str]] = []
         scale, low = 1.0, 0.0       # low: the largest scale whose assignment was measured above the budget
         assignment = dict(all_float)
@@ -632,7 +633,7 @@ class Search:
                 else 2 * scale
             if d <= self.budget:
                 if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
-                    best = (dict(assignment), d)
+                    best, best_scale = (dict(assignment), d), scale
                 if d > REFINE_BELOW * self.budget:
                     break
                 scale = max(fit, scale * REFINE_MIN_SCALE, low * 1.05 if low else 0.0)
@@ -656,15 +657,43 @@ class Search:
             res.assignment, res.search_drop = dict(all_float), rest
             res.notes.append("mixed precision: back-off reached every searched layer float")
         # 4. verification on every kept sample, held-out ones included: drop + VERIFY_MARGIN x its standard
-        # error within the budget, and the held-out drop within it; else back off (1, 2, 4, ... layers up)
+        # error within the budget, and the held-out drop within it. Else tighten: the greedy again with the
+        # layers' estimate scaled up by (verified drop / budget)^p (at least x1.25); where that gives nothing
+        # new (layers of drop 0 under a coarse metric), back off (1, 2, 4, ... layers a candidate up)
         assignment, k, ok = dict(res.assignment), 1, False
+        vscale, seen, what = best_scale, [], "verify"
         for i in range(MAX_VERIFICATIONS):
             ok, t = self.verify(assignment, layers, level)
-            t.what = "verify" if i == 0 else f"verify back-off {k // 2}"
+            t.what = what
             res.trials.append(t)
-            if ok or not self.back_off(assignment, layers, names, table, k):
+            seen.append(dict(assignment))
+            if ok:
                 break
-            k *= 2
+            g = max(t.drop + t.margin, t.held_out or 0.0)
+            ratio = max((g / self.budget) ** p, 1.25) if math.isfinite(g) else 4.0
+            nxt = None
+            for _ in range(3):
+                vscale *= ratio
+                cand = self.greedy(layers, names, table, rest, scale=vscale)
+                if cand not in seen:
+                    nxt, what = cand, f"verify tightened x{vscale:.3g}"
+                    break
+                ratio = 1.25
+            if nxt is None:
+                if not self.back_off(assignment, layers, names, table, k):
+                    break
+                what, k = f"verify back-off {k}", k * 2
+            else:
+                assignment = nxt
+        # all W8A8 is a plan every user has: never return a costlier one that the same rule would not beat
+        w8 = {l.name: "W8A8" for l in layers}
+        if "W8A8" in names and layers and (not ok or self.weight_bytes(assignment, layers, level) >
+                                           self.weight_bytes(w8, layers, level)):
+            ok8, t8 = self.verify(w8, layers, level)
+            t8.what = "verify all W8A8"
+            res.trials.append(t8)
+            if ok8:
+                ok, t, assignment = True, t8, w8
         if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
             order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
             for lv in order[order.index(level):]:
