@@ -59,7 +59,9 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    budget), SE = the jackknife standard error of the drop over the samples, sqrt((n-1)/n sum_i (drop_(-i) -
    mean)^2), drop_(-i) = the drop without sample i (any metric: it only needs to take a subset; for a mean
    over samples it is std / sqrt(n)). Else the back-off of step 6 runs on that rule (1, 2, 4, ... layers a
-   candidate up), then every layer float with the other nodes at their level, then at the next levels up
+   candidate up; first, TIGHTEN_STEPS times, the greedy again with the layers' estimate scaled up by
+   (verified drop / budget)^p; VERIFY_STEPS verifications at most), then all W8A8 if that passes, then every
+   layer float with the other nodes at their level, then at the next levels up
    (A16, float: exact). The other nodes' level (step 5) is chosen by the same rule (max(drop + k SE, held-out
    drop)). A metric that moved on no sample has SE 0: on n samples it cannot see a rate below ~3/n (a top-1
    agreement on 64 samples: 4.7 %, above a 1 % budget): the report says so; use a smooth metric (the mean
@@ -107,6 +109,8 @@ EPS = 1e-9
 NEGLIGIBLE = 0.05
 PRECISE = ("W8A16", "W16A16", "float16")
 HOLDOUT_MIN = 4                   # with this many kept samples or more, every other one is held out
+TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tightened this often, then backs off
+VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
 
@@ -661,8 +665,8 @@ class Search:
         # layers' estimate scaled up by (verified drop / budget)^p (at least x1.25); where that gives nothing
         # new (layers of drop 0 under a coarse metric), back off (1, 2, 4, ... layers a candidate up)
         assignment, k, ok = dict(res.assignment), 1, False
-        vscale, seen, what = best_scale, [], "verify"
-        for i in range(MAX_VERIFICATIONS):
+        vscale, seen, what, tighten = best_scale, [], "verify", TIGHTEN_STEPS
+        for i in range(VERIFY_STEPS):
             ok, t = self.verify(assignment, layers, level)
             t.what = what
             res.trials.append(t)
@@ -672,11 +676,11 @@ class Search:
             g = max(t.drop + t.margin, t.held_out or 0.0)
             ratio = max((g / self.budget) ** p, 1.25) if math.isfinite(g) else 4.0
             nxt = None
-            for _ in range(3):
+            for _ in range(3 if tighten > 0 else 0):
                 vscale *= ratio
                 cand = self.greedy(layers, names, table, rest, scale=vscale)
                 if cand not in seen:
-                    nxt, what = cand, f"verify tightened x{vscale:.3g}"
+                    nxt, what, tighten = cand, f"verify tightened x{vscale:.3g}", tighten - 1
                     break
                 ratio = 1.25
             if nxt is None:
