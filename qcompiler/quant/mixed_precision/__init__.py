@@ -15,7 +15,7 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    weight bits other than `weight.bits`, 4 (`per_block_weight_bits` lists it: the profile knows int4 weights)
    or its 16-bit widening. The search needs opset 21 (int4/int16 Q/DQ): `quantize` asks for it.
 3. **The drop.** `metric=None` (default): the drop is the relative RMS error of the outputs against float on
-   the kept calibration samples, sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
+   the kept calibration samples (step 7: which ones), sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
    (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs, reference) -> score` (higher is better), where
    `outputs` is a list with one dict {graph output name: array} per kept calibration sample (the first ones of
    the calibration data, in order) and `reference` the float model's list: the float score F =
@@ -27,7 +27,10 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    (qcompiler/quant/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
    cluster with `--ray auto|ADDRESS`.
    The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
-   not chosen); a model above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
+   not chosen). It skips what cannot matter: W4A8 for a layer whose W8A8 alone breaks the budget (never
+   chosen), the finer grids (W8A16, W16A16, float16) for a layer whose W8A8 alone drops at most NEGLIGIBLE of
+   the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
+   above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
    samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
@@ -45,12 +48,32 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    within the budget wins. If none was, the most sensitive layers of the last one (1, 2, 4, ... of them; ties
    broken by relative output error) go one candidate up until it is; every layer float (at the other nodes'
    level) was measured within the budget, so this always ends within it.
-   At most MAX_VERIFICATIONS whole-model measurements. So the model `quantize` returns never exceeds the
-   budget on the data the search measured (its kept calibration samples); on other data it is an estimate
+   At most MAX_VERIFICATIONS whole-model measurements.
+7. **Held out, with a margin** (so the budget holds on data the search never saw, not only on the samples it
+   fitted). With HOLDOUT_MIN kept samples or more, the search (steps 4-6) sees every other one (0, 2, 4, ...;
+   interleaved, so calibration data sorted by class splits evenly); the others are held out. The chosen
+   assignment is then measured on every kept sample (as many as there are: an agreement on few samples is
+   noisy) and accepted only when
+       drop + k x SE <= budget   and   drop on the held-out samples <= budget,
+   k = VERIFY_MARGIN = 1 (one-sided, about 84 % confidence that the drop on the population is within the
+   budget), SE = the jackknife standard error of the drop over the samples, sqrt((n-1)/n sum_i (drop_(-i) -
+   mean)^2), drop_(-i) = the drop without sample i (any metric: it only needs to take a subset; for a mean
+   over samples it is std / sqrt(n)). Else the back-off of step 6 runs on that rule (1, 2, 4, ... layers a
+   candidate up; first, TIGHTEN_STEPS times, the greedy again with the layers' estimate scaled up by
+   (verified drop / budget)^p; VERIFY_STEPS verifications at most), then all W8A8 if that passes, then every
+   layer float with the other nodes at their level, then at the next levels up
+   (A16, float: exact). The other nodes' level (step 5) is chosen by the same rule (max(drop + k SE, held-out
+   drop)). A metric that moved on no sample has SE 0: on n samples it cannot see a rate below ~3/n (a top-1
+   agreement on 64 samples: 4.7 %, above a 1 % budget): the report says so; use a smooth metric (the mean
+   probability of the float top-1 class, a cosine) or more calibration samples.
+   So the model `quantize` returns is within the budget with that margin on every kept sample and within it
+   on the held-out ones; on other data it is a statistical statement, not a bound
    (benchmarks/bench_mixed_precision.py measures each corpus model's eval set with its eval.py).
-7. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
-   assignments tried (weight bytes, measured drop), the seconds. The CLI prints the table and writes a
-   Pareto plot (weight bytes against drop of every assignment tried) beside the report as
+8. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
+   assignments tried (weight bytes, measured drop; the verifications also their held-out drop and margin),
+   `drop` (every kept sample), `margin` (k x SE), `margin_k`, `held_out_drop`, `search_drop` (the search's
+   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, the seconds. The CLI prints
+   the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
 Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
@@ -81,6 +104,14 @@ RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to th
 REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
 REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
 EPS = 1e-9
+# the sensitivity table skips what cannot matter: W4A8 where W8A8 alone breaks the budget (not chosen), and
+# the finer grids (PRECISE) where W8A8 alone drops at most NEGLIGIBLE x the budget (taken as W8A8's drop)
+NEGLIGIBLE = 0.05
+PRECISE = ("W8A16", "W16A16", "float16")
+HOLDOUT_MIN = 4                   # with this many kept samples or more, every other one is held out
+TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tightened this often, then backs off
+VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
+VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
 
 
@@ -229,6 +260,8 @@ class Trial:
     assignment: Dict[str, str]
     weight_bytes: int
     drop: float
+    held_out: Optional[float] = None   # verification trials: the drop on the held-out samples alone
+    margin: Optional[float] = None     # ... and VERIFY_MARGIN x the standard error of `drop`
 
 
 @dataclass
@@ -240,7 +273,7 @@ class Result:
     skipped: Dict[str, str]
     table: Dict[str, Dict[str, float]]          # layer -> candidate -> drop (sensitivity)
     assignment: Dict[str, str]                  # layer -> chosen candidate
-    drop: float                                 # measured on the kept samples
+    drop: float                                 # measured on every kept sample (the verification)
     weight_bytes: int
     trials: List[Trial] = field(default_factory=list)
     seconds: Dict[str, float] = field(default_factory=dict)
@@ -250,6 +283,11 @@ class Result:
     rest: str = "base"                          # the nodes outside the layers: base | A16 | float
     rest_drops: Dict[str, float] = field(default_factory=dict)
     notes: List[str] = field(default_factory=list)
+    search_drop: float = math.inf               # the search's choice on its own samples
+    held_out_drop: Optional[float] = None       # the chosen assignment on the held-out samples
+    margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
+    samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
+    inferred: Dict[str, List[str]] = field(default_factory=dict)   # layer -> candidates not measured
 
     def to_dict(self) -> dict:
         def num(x):
@@ -263,7 +301,16 @@ class Result:
                                     "chosen": self.assignment.get(l.name, "float"),
                                     "sensitivity": {c: num(v) for c, v in self.table.get(l.name, {}).items()}}
                            for l in self.layers},
-                "trials": [{"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)}
+                "search_drop": num(self.search_drop),
+                "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
+                "sensitivity_inferred": {k: list(v) for k, v in self.inferred.items()},
+                "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
+                "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
+                        f"held-out drop <= budget",
+                "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)},
+                                **({} if t.margin is None else
+                                   {"held_out_drop": None if t.held_out is None else num(t.held_out),
+                                    "margin": num(t.margin)}))
                            for t in self.trials],
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": list(self.notes)}
 
@@ -279,15 +326,24 @@ class Search:
         self.profile = ctx.profile
         self.base_bytes = model_to_proto(ctx.model).SerializeToString()
         self.stats = ctx.calibration.stats()
-        kept = ctx.calibration.kept
+        kept = list(ctx.calibration.kept)
+        # the search sees every other kept sample (interleaved: calibration data sorted by class splits
+        # evenly); the others are held out for the verification (VERIFY_MARGIN, HOLDOUT_MIN)
+        if len(kept) >= HOLDOUT_MIN:
+            kept = kept[0::2] + kept[1::2]
+            self.n_search = (len(kept) + 1) // 2
+        else:
+            self.n_search = len(kept)
+        self.n_kept = len(kept)
         self.float_outs = [dict(o) for _, o in kept]
         self.input_names = list(kept[0][0]) if kept else []
-        self._float_scores: Dict[int, float] = {}
+        self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
-            self._float_score(len(kept))
+            self._float_score(0, len(kept))
         self.evaluations = 0
         self.deadline = math.inf
         self.timed_out = False
+        self.unresolved = False      # a user metric that moved on no sample (see the module docstring, 7.)
         self.power = 2 if metric is None else 1
         # the relative output error of every sensitivity run, also under a user metric: it orders the moves
         # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
@@ -297,12 +353,19 @@ class Search:
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
         self.samples_path = os.path.join(self._dir.name, "samples.npz")
+        self.all_path = os.path.join(self._dir.name, "all.npz")
         arrays = {"__names__": np.array(self.input_names)}
         for i, (feed, _) in enumerate(kept):
             for j, name in enumerate(self.input_names):
                 arrays[f"s{i}_{j}"] = np.asarray(feed[name])
-        np.savez(self.samples_path, **arrays)
-        self.sensitivity_samples = min(len(kept), sensitivity_samples or len(kept))
+        np.savez(self.all_path, **arrays)
+        if self.n_search < len(kept):
+            arrays = {k: v for k, v in arrays.items()
+                      if k == "__names__" or int(k[1:].split("_")[0]) < self.n_search}
+            np.savez(self.samples_path, **arrays)
+        else:
+            self.samples_path = self.all_path
+        self.sensitivity_samples = min(self.n_search, sensitivity_samples or self.n_search)
         self.sens_path = self.samples_path
         if self.sensitivity_samples < len(kept):
             self.sens_path = os.path.join(self._dir.name, "sensitivity.npz")
@@ -372,26 +435,62 @@ class Search:
             release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
         return out
 
-    def drop_of(self, outs: Optional[list]) -> float:
-        """The drop of `outs` (the first len(outs) kept samples) against the float outputs of those samples."""
+    def drop_of(self, outs: Optional[list], first: int = 0) -> float:
+        """The drop of `outs` (the kept samples first, first + 1, ...) against those samples' float outputs."""
         if outs is None:
             return math.inf
-        ref = self.float_outs[:len(outs)]
+        ref = self.float_outs[first:first + len(outs)]
         if self.metric is None:
             return relative_error(ref, outs)
-        q, f = self._score(outs, ref), self._float_score(len(outs))
+        q, f = self._score(outs, ref), self._float_score(first, first + len(outs))
         if not math.isfinite(q):
             return math.inf
         return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
 
-    def _float_score(self, n: int) -> float:
-        if n not in self._float_scores:
-            ref = self.float_outs[:n]
-            f = self._float_scores[n] = self._score(ref, ref)
+    def _float_score(self, lo: int, hi: int) -> float:
+        if (lo, hi) not in self._float_scores:
+            ref = self.float_outs[lo:hi]
+            f = self._float_scores[lo, hi] = self._score(ref, ref)
             if not math.isfinite(f):
                 raise ArgumentError(f"metric returned {f} on the float model's own outputs: the drop "
                                     f"(F - Q) / |F| needs a finite score")
-        return self._float_scores[n]
+        return self._float_scores[lo, hi]
+
+    def standard_error(self, outs: list) -> float:
+        """The jackknife standard error of the drop over the samples of `outs` (the first kept ones):
+        sqrt((n-1)/n * sum_i (drop without sample i - mean)^2). It needs nothing of the metric but that it
+        takes any subset of the samples (a mean over samples gives the usual std / sqrt(n))."""
+        n = len(outs)
+        if n < 2:
+            return math.inf
+        ref = self.float_outs[:n]
+        if self.metric is None:     # per-sample error and signal energies: each leave-one-out in O(1)
+            worst = 0.0
+            loo = []
+            for name in ref[0]:
+                if not np.issubdtype(np.asarray(ref[0][name]).dtype, np.floating):
+                    continue
+                num = np.array([float(np.sum((np.asarray(q[name], np.float64) - np.asarray(f[name], np.float64))
+                                             ** 2)) for f, q in zip(ref, outs)])
+                den = np.array([float(np.sum(np.asarray(f[name], np.float64) ** 2)) for f in ref])
+                d = den.sum() - den
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    v = np.where(d > 0, np.sqrt(np.maximum(num.sum() - num, 0.0) / np.where(d > 0, d, 1.0)),
+                                 np.where(num.sum() - num > 0, np.inf, 0.0))
+                loo.append(v)
+            if not loo:
+                return 0.0
+            vals = np.max(np.stack(loo), axis=0)
+        else:
+            vals = []
+            for i in range(n):
+                q = self._score(outs[:i] + outs[i + 1:], ref[:i] + ref[i + 1:])
+                f = self._score(ref[:i] + ref[i + 1:], ref[:i] + ref[i + 1:])
+                vals.append((f - q) / abs(f) if f else (0.0 if q >= f else math.inf))
+            vals = np.asarray(vals, np.float64)
+        if not np.all(np.isfinite(vals)):
+            return math.inf
+        return float(math.sqrt((n - 1) / n * float(np.sum((vals - vals.mean()) ** 2))))
 
     def _score(self, outs, ref) -> float:
         """The user's metric on `outs` as a float (one line when it is not a number)."""
@@ -402,11 +501,12 @@ class Search:
             from ...arguments import got
             raise ArgumentError(f"metric must return a number (a score, higher is better), got {got(v)}") from None
 
-    def measure(self, configs: list, sensitivity: bool = False) -> List[float]:
+    def measure(self, configs: list, sensitivity: bool = False, every: bool = False) -> List[float]:
         """Drops of the models for `configs`. Each is lowered when the executor asks for it (a window of them
         in flight, never all: minilm's are 90 MB each) and run in onnxruntime through the executor, on the
-        first `sensitivity_samples` kept samples for the sensitivity table, on all of them otherwise."""
-        path = self.sens_path if sensitivity else self.samples_path
+        first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
+        on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
+        path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
 
         def items():
             for cfg in configs:
@@ -421,6 +521,7 @@ class Search:
         self.evaluations += len(configs) if not self.timed_out or before else \
             sum(o is not None for o in outs)
         drops, self.last_errors = [], []
+        self.last_outs = outs
         for o in outs:
             drops.append(self.drop_of(o))
             self.last_errors.append(drops[-1] if self.metric is None or o is None else
@@ -446,19 +547,36 @@ class Search:
         res = Result(budget=self.budget, metric="relative output error" if self.metric is None else
                      getattr(self.metric, "__name__", "metric"), layers=layers, candidates=names,
                      skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
-                     executor=getattr(self.executor, "name", "serial"))
+                     executor=getattr(self.executor, "name", "serial"),
+                     samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
         # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
         self.deadline = t0 + MAX_SENSITIVITY_SECONDS
+        inferred: Dict[str, List[str]] = {}
         for c in sorted(names, key=lambda c: MEASURE_ORDER.index(c)):
             if c == "float":
                 continue
-            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in layers],
+            todo = []
+            for l in layers:
+                w8 = table[l.name].get("W8A8")
+                if w8 is not None and c == "W4A8" and not w8 <= self.budget:
+                    # 4-bit weights on a layer whose 8-bit ones alone break the budget: never chosen
+                    table[l.name][c] = self.errors[l.name][c] = math.inf
+                elif w8 is not None and c in PRECISE and w8 <= NEGLIGIBLE * self.budget:
+                    # W8A8 costs this layer next to nothing: a finer grid cannot buy the search anything;
+                    # its drop is taken as W8A8's (an upper bound: a finer grid is no worse)
+                    table[l.name][c], self.errors[l.name][c] = w8, self.errors[l.name]["W8A8"]
+                else:
+                    todo.append(l)
+                    continue
+                inferred.setdefault(l.name, []).append(c)
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
                                  sensitivity=True)
-            for l, d, e in zip(layers, drops, self.last_errors):
+            for l, d, e in zip(todo, drops, self.last_errors):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
+        res.inferred = inferred
         if self.timed_out:
             res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
                              f"s: candidates not measured are not chosen")
@@ -470,16 +588,22 @@ class Search:
         all_float = {l.name: "float" for l in layers}
         levels = ["base"] + (["A16"] if self.profile.wide_activation_bits == 16 and
                              self.ctx.options.act_bits != 16 else [])
-        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels])
-        rest_drops = dict(zip(levels, drops))
-        rest_drops["float"] = 0.0
-        for lv, d in rest_drops.items():
-            if lv != "float":
-                res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
-                                        self.weight_bytes(all_float, layers, lv), d))
+        # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
+        # is chosen once, and a level the held-out samples break would make every assignment fail
+        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
+        rest_drops, guarded = {}, {}
+        for lv, d, outs in zip(levels, drops, self.last_outs):
+            rest_drops[lv] = d
+            se, held = self.spread(outs)
+            guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
+            res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+                                    self.weight_bytes(all_float, layers, lv), d, held_out=held,
+                                    margin=VERIFY_MARGIN * se))
+        rest_drops["float"] = guarded["float"] = 0.0
         p = self.power
-        level = next((lv for lv, d in rest_drops.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
-            next(lv for lv, d in rest_drops.items() if d <= self.budget)
+        level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
+            next(lv for lv, d in guarded.items() if d <= self.budget)
+        rest_drops = {lv: guarded[lv] if lv == level else d for lv, d in rest_drops.items()}
         rest = rest_drops[level]
         res.rest, res.rest_drops = level, rest_drops
         # 3. greedy from the table, measured on the whole model; the estimate is then rescaled to what was
@@ -487,6 +611,7 @@ class Search:
         # times at most; then, if nothing was within the budget, back off from the last assignment
         p = self.power
         best: Optional[Tuple[Dict[str, str], float]] = None
+        best_scale = 1.0
         tried: List[Dict[str, str]] = []
         scale, low = 1.0, 0.0       # low: the largest scale whose assignment was measured above the budget
         assignment = dict(all_float)
@@ -506,7 +631,7 @@ class Search:
                 else 2 * scale
             if d <= self.budget:
                 if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
-                    best = (dict(assignment), d)
+                    best, best_scale = (dict(assignment), d), scale
                 if d > REFINE_BELOW * self.budget:
                     break
                 scale = max(fit, scale * REFINE_MIN_SCALE, low * 1.05 if low else 0.0)
@@ -525,10 +650,64 @@ class Search:
             if d <= self.budget:
                 best = (dict(assignment), d)
         if best is not None:
-            res.assignment, res.drop = best
+            res.assignment, res.search_drop = best
         else:   # every layer float at this rest level was measured within the budget
-            res.assignment, res.drop = dict(all_float), rest
+            res.assignment, res.search_drop = dict(all_float), rest
             res.notes.append("mixed precision: back-off reached every searched layer float")
+        # 4. verification on every kept sample, held-out ones included: drop + VERIFY_MARGIN x its standard
+        # error within the budget, and the held-out drop within it. Else tighten: the greedy again with the
+        # layers' estimate scaled up by (verified drop / budget)^p (at least x1.25); where that gives nothing
+        # new (layers of drop 0 under a coarse metric), back off (1, 2, 4, ... layers a candidate up)
+        assignment, k, ok = dict(res.assignment), 1, False
+        vscale, seen, what, tighten = best_scale, [], "verify", TIGHTEN_STEPS
+        for i in range(VERIFY_STEPS):
+            ok, t = self.verify(assignment, layers, level)
+            t.what = what
+            res.trials.append(t)
+            seen.append(dict(assignment))
+            if ok:
+                break
+            g = max(t.drop + t.margin, t.held_out or 0.0)
+            ratio = max((g / self.budget) ** p, 1.25) if math.isfinite(g) else 4.0
+            nxt = None
+            for _ in range(3 if tighten > 0 else 0):
+                vscale *= ratio
+                cand = self.greedy(layers, names, table, rest, scale=vscale)
+                if cand not in seen:
+                    nxt, what, tighten = cand, f"verify tightened x{vscale:.3g}", tighten - 1
+                    break
+                ratio = 1.25
+            if nxt is None:
+                if not self.back_off(assignment, layers, names, table, k):
+                    break
+                what, k = f"verify back-off {k}", k * 2
+            else:
+                assignment = nxt
+        # all W8A8 is a plan every user has: never return a costlier one that the same rule would not beat
+        w8 = {l.name: "W8A8" for l in layers}
+        if "W8A8" in names and layers and (not ok or self.weight_bytes(assignment, layers, level) >
+                                           self.weight_bytes(w8, layers, level)):
+            ok8, t8 = self.verify(w8, layers, level)
+            t8.what = "verify all W8A8"
+            res.trials.append(t8)
+            if ok8:
+                ok, t, assignment = True, t8, w8
+        if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
+            order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
+            for lv in order[order.index(level):]:
+                level, assignment = lv, dict(all_float)
+                ok, t = self.verify(assignment, layers, level)
+                t.what = f"verify layers float, rest {level}"
+                res.trials.append(t)
+                if ok:
+                    break
+            res.notes.append("mixed precision: the verification backed off to every searched layer float")
+        res.assignment, res.drop, res.held_out_drop, res.margin = assignment, t.drop, t.held_out, t.margin
+        res.rest = level
+        if self.unresolved:
+            res.notes.append(f"mixed precision: the metric moved on none of the {self.n_kept} samples: it cannot "
+                             f"see a drop below ~{300 / max(self.n_kept, 1):.2g} % (3/n) there, above the budget; "
+                             f"use a smooth metric or more calibration samples")
         if level != "base":
             res.notes.append(f"mixed precision: the nodes outside the searched layers drop "
                              f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
@@ -539,10 +718,32 @@ class Search:
         res.evaluations = self.evaluations
         return res
 
+    def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
+        """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
+        errors is within the budget and its drop on the held-out samples alone is within the budget."""
+        d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
+        se, held = self.spread(self.last_outs[0])
+        t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
+                  held_out=held, margin=VERIFY_MARGIN * se)
+        if self.metric is not None and se == 0.0 and d == 0.0 and self.n_kept < 3.0 / self.budget and \
+                assignment and any(c != "float" for c in assignment.values()):
+            self.unresolved = True
+        ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
+            (held is None or held <= self.budget)
+        return ok, t
+
+    def spread(self, outs) -> Tuple[float, Optional[float]]:
+        """(standard error of the drop on every kept sample, drop on the held-out ones or None)."""
+        if outs is None:
+            return math.inf, math.inf
+        se = self.standard_error(outs) if len(outs) > 1 else 0.0
+        held = self.drop_of(outs[self.n_search:], first=self.n_search) if self.n_kept > self.n_search else None
+        return se, held
+
     def reference(self, res: Result, name: str) -> None:
         """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
         a = {l.name: name for l in res.layers}
-        d = self.measure([self.config_for(a, res.layers, rest=res.rest)])[0]
+        d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d))
 
     def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
@@ -631,7 +832,12 @@ def format_table(mp: dict) -> str:
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
     d = mp["drop"]
-    lines.append(f"  mixed precision: drop {100 * d:.4g} % (budget {100 * mp['budget']:.4g} %, "
+    held = mp.get("held_out_drop")
+    m = mp.get("margin")
+    check = (f" + margin {100 * m:.3g} % ({mp.get('margin_k', 1):g} SE, {sum(mp['samples'].values())} samples)"
+             if isinstance(m, (int, float)) else "") + \
+        (f", held-out {100 * held:.4g} %" if isinstance(held, (int, float)) else "")
+    lines.append(f"  mixed precision: drop {100 * d:.4g} %{check} (budget {100 * mp['budget']:.4g} %, "
                  f"{mp['metric']}), weights {mp['weight_bytes']} bytes, {mp['evaluations']} evaluations on "
                  f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
                  f"  mixed precision: drop {d}")
