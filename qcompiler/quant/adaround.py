@@ -20,8 +20,10 @@ How it is made fast (AIMET-ONNX: 10,000 iterations per layer over minibatches of
   rows themselves are used instead (O(out · K · rows)).
 - Early stopping: every `check_every` iterations the hard rounding (h >= 0.5) is scored on the layer loss; the
   best seen is kept, starting from round-to-nearest (so the result is never worse than round-to-nearest on the
-  layer loss). Once past the warm-up, when almost every h has settled at 0 or 1 and the best hard loss has not
-  improved for `patience` checks, the layer stops.
+  layer loss). Once past the warm-up, when (almost) every h sits at 0 or 1 and the best hard loss gained less
+  than `min_gain` over the last `patience` checks, the layer stops; `max_iterations` (1,000, against AIMET's
+  10,000) sets the length of the beta schedule and is the cap. On digits_cnn W4A8 the summed layer loss is
+  0.887 after 1,000-iteration schedules, 0.862 after 2,000 and 0.861 after 4,000 (round-to-nearest: 3.06).
 - Rows per sample are subsampled to `max_rows` (a fixed seed) to bound the time spent building H.
 
 Layer inputs come from the float model, captured in one onnxruntime run over the calibration samples (every
@@ -52,14 +54,15 @@ OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 @dataclass
 class AdaRoundOptions:
-    max_iterations: int = 2000        # the annealing schedule's length; early stopping usually ends sooner
-    lr: float = 1e-2                  # Adam step (AIMET: 1e-3 over 10,000 minibatch steps)
+    max_iterations: int = 1000        # the annealing schedule's length; early stopping usually ends sooner
+    lr: float = 2e-2                  # Adam step (AIMET: 1e-3 over 10,000 minibatch steps)
     reg: float = 0.01                 # lambda, AIMET's value (its loss is scaled as ours: sum over outputs)
     warm_up: float = 0.2              # share of the schedule without the regulariser
     beta: Tuple[float, float] = (20.0, 2.0)
-    check_every: int = 50
-    patience: int = 4
-    settle_tol: float = 0.01          # share of weights whose h is not yet 0 or 1 below which a layer may stop
+    check_every: int = 25
+    patience: int = 3                 # checks without a gain of min_gain before a layer stops (after warm-up)
+    min_gain: float = 1e-3            # relative gain of the best hard rounding's layer loss over `patience` checks
+    settle_tol: float = 0.005         # share of weights whose h is still strictly between 0 and 1
     max_rows: int = 2048              # input rows (patches) per sample used for H
     seed: int = 0
 
@@ -302,7 +305,8 @@ def _beta(t: int, t_max: int, warm: int, beta: Tuple[float, float]) -> float:
 
 
 def optimise_rounding(w_lin: np.ndarray, scale: np.ndarray, zp: np.ndarray, qlo: float, qhi: float,
-                      nearest: np.ndarray, quad: _Quadratic, opts: AdaRoundOptions) -> Tuple[np.ndarray, dict]:
+                      nearest: np.ndarray, quad: _Quadratic, opts: AdaRoundOptions,
+                      trace: Optional[list] = None) -> Tuple[np.ndarray, dict]:
     """Learn the rounding of `w_lin` [G, O, K] on the grid (`scale`, `zp` broadcast to it, integers clipped to
     [qlo, qhi]); `nearest`: the round-to-nearest integers (the start and the floor of the result). Returns
     (integers [G, O, K] as float64, info)."""
@@ -325,7 +329,8 @@ def optimise_rounding(w_lin: np.ndarray, scale: np.ndarray, zp: np.ndarray, qlo:
     b1, b2, eps = 0.9, 0.999, 1e-8
     t_max = opts.max_iterations
     warm = int(opts.warm_up * t_max)
-    stale, t = 0, 0
+    history: List[float] = []
+    t = 0
     for t in range(1, t_max + 1):
         sig = 1.0 / (1.0 + np.exp(-v))
         hr = sig * f(ZETA - GAMMA) + f(GAMMA)
@@ -346,16 +351,17 @@ def optimise_rounding(w_lin: np.ndarray, scale: np.ndarray, zp: np.ndarray, qlo:
         if t % opts.check_every == 0 or t == t_max:
             qh = np.clip(fl + (v >= 0) + z, qlo, qhi)
             lh = hard_loss(qh)
-            if lh < best * (1 - 1e-6):
-                best, best_q, stale = lh, qh, 0
-            else:
-                stale += 1
-            if t > warm:
-                sig = 1.0 / (1.0 + np.exp(-v))
-                hcur = np.clip(sig * (ZETA - GAMMA) + GAMMA, 0.0, 1.0)
-                unsettled = float(np.mean((hcur > 0.0) & (hcur < 1.0)))
-                if unsettled < opts.settle_tol and stale >= opts.patience:
-                    break
+            unsettled = float(np.mean((h > 0) & (h < 1)))
+            if trace is not None:
+                trace.append((t, lh, unsettled))
+            if lh < best:
+                best, best_q = lh, qh
+            history.append(best)
+            # stop once past the warm-up when (almost) every h sits at 0 or 1 and the best hard rounding gained
+            # less than min_gain (relative) over the last `patience` checks: nothing is left to decide
+            if t > warm and unsettled <= opts.settle_tol and len(history) > opts.patience and \
+                    history[-opts.patience - 1] - best <= opts.min_gain * history[-opts.patience - 1]:
+                break
     return best_q, {"iterations": t, "loss_nearest": start, "loss": best}
 
 
