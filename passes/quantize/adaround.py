@@ -34,7 +34,7 @@ class AdaRound(QuantPass):
         if done:
             near = sum(r.loss_nearest for r in done)
             loss = sum(r.loss for r in done)
-            ctx.notes.append(f"adaround on {len(done)} layers ({sum(r.iterations for r in done)} iterations, "
+            ctx.notes.append(f"adaround on {len(done)} layer{'s' if len(done) != 1 else ''} ({sum(r.iterations for r in done)} iterations, "
                              f"{sum(r.seconds for r in done):.1f} s): summed layer loss {loss:.4g} against "
                              f"{near:.4g} for round-to-nearest, {sum(r.changed for r in done)} weights rounded "
                              f"the other way")

@@ -144,6 +144,23 @@ def test_never_worse_than_nearest(case):
     assert np.all(np.isfinite(out)) and out.shape == run(proto, feeds[0])[0].shape
 
 
+def test_per_block_int4_matmul():
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.normal(size=(64, 8)) * 0.3).astype(F), "w")
+    proto = make_model([helper.make_node("MatMul", ["x", "w"], ["y"], name="layer")], [tinfo("x", [2, 4, 64])],
+                       [tinfo("y", [2, 4, 8])], [w])
+    feeds = _feeds((2, 4, 64))
+    res = quantize(proto, feeds, weight_bits=4, weight_block=32, recipe="adaround", min_sqnr=float("-inf"))
+    layer = _stats(res)["per_layer"]["layer"]
+    assert layer["loss"] < 0.9 * layer["loss_nearest"]
+    spec = res.plan.uses[("layer", 1)]
+    assert spec.encoding.block_size == 32 and spec.rounded is not None
+    q = model_to_proto(res.model)
+    ints = next(numpy_helper.to_array(i) for i in q.graph.initializer if i.name == "w_quantized")
+    assert np.array_equal(np.asarray(ints).astype(np.int64), spec.rounded.astype(np.int64))
+    assert np.all(np.isfinite(run(q, feeds[0])[0]))
+
+
 def test_linear_forms_reject_what_they_do_not_model():
     proto, _ = _conv_model(np.random.default_rng(0), "ConvTranspose", output_shape=[9, 9])
     from qcompiler.onnx_io import model_from_proto
