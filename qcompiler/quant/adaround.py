@@ -16,8 +16,8 @@ How it is made fast (AIMET-ONNX: 10,000 iterations per layer over minibatches of
 - The reconstruction loss is a quadratic form in D = W~ - W: ||D X^T||^2 / P = tr(D H D^T) with H = X^T X / P,
   the Gram matrix of the layer's input patches (Conv: im2col rows; Gemm/MatMul: input rows), accumulated once
   over every calibration sample. One iteration costs O(out · K^2) whatever the number of samples, and uses all
-  of them (full batch, no sampling noise). When fewer rows than K are kept (a large MatMul on little data) the
-  rows themselves are used instead (O(out · K · rows)).
+  of them (full batch, no sampling noise). Above K = 2048 (a large MatMul) the Gram matrix is not formed: the
+  first `max_kept_rows` rows themselves are kept instead (O(out · K · rows) per iteration, bounded memory).
 - Early stopping: every `check_every` iterations the hard rounding (h >= 0.5) is scored on the layer loss; the
   best seen is kept, starting from round-to-nearest (so the result is never worse than round-to-nearest on the
   layer loss). Once past the warm-up, when (almost) every h sits at 0 or 1 and the best hard loss gained less
@@ -64,6 +64,8 @@ class AdaRoundOptions:
     min_gain: float = 1e-3            # relative gain of the best hard rounding's layer loss over `patience` checks
     settle_tol: float = 0.005         # share of weights whose h is still strictly between 0 and 1
     max_rows: int = 2048              # input rows (patches) per sample used for H
+    gram_max_k: int = 2048            # widest K for which H (K x K) is formed
+    max_kept_rows: int = 4096         # rows kept in all for a layer wider than gram_max_k
     seed: int = 0
 
 
@@ -271,7 +273,7 @@ def linear_form(node) -> Tuple[Optional[Layer], str]:
 
 class _Quadratic:
     """The layer loss L(D) = sum_g tr(D_g H_g D_g^T) and its gradient 2 D_g H_g (H = X^T X / P), or the same from
-    the kept rows X when they are fewer than K."""
+    kept rows X (layers too wide for H)."""
 
     def __init__(self, gram: np.ndarray = None, rows: np.ndarray = None, count: int = 1):
         self.count = max(count, 1)
@@ -309,7 +311,7 @@ def optimise_rounding(w_lin: np.ndarray, scale: np.ndarray, zp: np.ndarray, qlo:
                       trace: Optional[list] = None) -> Tuple[np.ndarray, dict]:
     """Learn the rounding of `w_lin` [G, O, K] on the grid (`scale`, `zp` broadcast to it, integers clipped to
     [qlo, qhi]); `nearest`: the round-to-nearest integers (the start and the floor of the result). Returns
-    (integers [G, O, K] as float64, info)."""
+    (integers [G, O, K] as float32, info)."""
     f = np.float32      # float32 throughout: half the memory traffic of float64, and the loss needs no more
     w32 = w_lin.astype(f)
     s, z = scale.astype(f), zp.astype(f)
@@ -461,12 +463,14 @@ def _capture(model, samples, targets, opts: AdaRoundOptions):
             p = rows.shape[1]
             if p > opts.max_rows:
                 rows = rows[:, np.sort(rng.choice(p, opts.max_rows, replace=False))]
-            rows64 = rows.astype(np.float64)
-            counts[k] += rows.shape[1]
-            if rows.shape[2] <= 2048:
+            if rows.shape[2] <= opts.gram_max_k:
+                counts[k] += rows.shape[1]
+                rows64 = rows.astype(np.float64)
                 gm = np.matmul(rows64.transpose(0, 2, 1), rows64)
                 grams[k] = gm if grams[k] is None else grams[k] + gm
-            else:
+            elif counts[k] < opts.max_kept_rows:
+                rows = rows[:, :opts.max_kept_rows - counts[k]]
+                counts[k] += rows.shape[1]
                 kept[k].append(rows)
     quads = []
     for k, (node, spec, layer, r) in enumerate(targets):

@@ -161,6 +161,16 @@ def test_per_block_int4_matmul():
     assert np.all(np.isfinite(run(q, feeds[0])[0]))
 
 
+def test_a_layer_too_wide_for_its_gram_matrix_uses_rows(monkeypatch):
+    import functools
+    import qcompiler.quant.adaround as A
+    monkeypatch.setattr(A, "AdaRoundOptions", functools.partial(AdaRoundOptions, gram_max_k=4, max_kept_rows=10))
+    proto, shape = _gemm_model(np.random.default_rng(0), 1)
+    res = quantize(proto, _feeds(shape), weight_bits=4, recipe="adaround", min_sqnr=float("-inf"))
+    layer = _stats(res)["per_layer"]["layer"]
+    assert layer["loss"] < layer["loss_nearest"]
+
+
 def test_linear_forms_reject_what_they_do_not_model():
     proto, _ = _conv_model(np.random.default_rng(0), "ConvTranspose", output_shape=[9, 9])
     from qcompiler.onnx_io import model_from_proto
