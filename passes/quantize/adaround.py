@@ -15,6 +15,7 @@ each skipped layer is named with its reason. Off by default: it costs seconds pe
 """
 from __future__ import annotations
 
+from qcompiler.errors import DataError
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.adaround import adaround
 from qcompiler.quant.context import QuantPass
@@ -29,7 +30,13 @@ class AdaRound(QuantPass):
     after = "assign-encodings"
 
     def run(self, ctx) -> PassResult:
-        results = adaround(ctx.model, ctx.plan, ctx.samples)
+        try:
+            results = adaround(ctx.model, ctx.plan, ctx.samples)
+        except DataError as e:
+            if "already read once" not in str(e):
+                raise
+            raise DataError(f"pass 'adaround' reads the calibration samples a second time (after calibrate): "
+                            f"{e}") from None
         done = [r for r in results if not r.skipped]
         if done:
             near = sum(r.loss_nearest for r in done)

@@ -241,6 +241,12 @@ def test_shared_weight_is_skipped_with_its_reason():
     assert np.all(np.isfinite(run(model_to_proto(res.model), _feeds((1, 3, 8, 8), 1)[0])[0]))
 
 
+def test_a_one_shot_iterator_is_one_clear_error():
+    from qcompiler.errors import DataError
+    with pytest.raises(DataError, match="pass 'adaround' reads the calibration samples a second time"):
+        quantize(_two_convs(), iter(_feeds((1, 3, 8, 8), 4)), recipe="adaround")
+
+
 def test_cli_recipe_adaround(tmp_path):
     src, calib = tmp_path / "m.onnx", tmp_path / "c.npz"
     onnx.save(_two_convs(), src)
