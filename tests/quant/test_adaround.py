@@ -241,6 +241,27 @@ def test_shared_weight_is_skipped_with_its_reason():
     assert np.all(np.isfinite(run(model_to_proto(res.model), _feeds((1, 3, 8, 8), 1)[0])[0]))
 
 
+def test_bias_correction_after_adaround_corrects_the_learned_weights():
+    """b' = b - (W_q - W)·E[x] with W_q the learned integers' values, not round-to-nearest's."""
+    proto, shape = _gemm_model(np.random.default_rng(0), 1)
+    feeds = _feeds(shape)
+    res = quantize(proto, feeds, weight_bits=4, recipe="adaround,bias-correction", min_sqnr=float("-inf"))
+    assert [n for n in res.report["pipeline"] if n in ("adaround", "bias-correction")] == ["adaround",
+                                                                                           "bias-correction"]
+    q = model_to_proto(res.model)
+    inits = {i.name: numpy_helper.to_array(i) for i in q.graph.initializer}
+    w = numpy_helper.to_array(next(i for i in proto.graph.initializer if i.name == "w")).astype(np.float64)
+    c = numpy_helper.to_array(next(i for i in proto.graph.initializer if i.name == "c")).astype(np.float64)
+    mu = np.mean(np.concatenate([f["x"] for f in feeds]), axis=0)
+    dq = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == "c_quantized")
+    c_new = inits["c_quantized"].astype(np.float64) * inits[dq.input[1]].astype(np.float64)
+    want = c - (_dequantized(q).astype(np.float64) - w) @ mu
+    assert np.allclose(c_new, want, atol=np.max(inits[dq.input[1]]) + 1e-4)
+    from qcompiler.quant.encoding import quantize_dequantize
+    rtn = quantize_dequantize(w, res.plan.uses[("layer", 1)].encoding)
+    assert not np.allclose(c_new, c - (rtn - w) @ mu, atol=np.max(inits[dq.input[1]]) + 1e-4)
+
+
 def test_a_one_shot_iterator_is_one_clear_error():
     from qcompiler.errors import DataError
     with pytest.raises(DataError, match="pass 'adaround' reads the calibration samples a second time"):
