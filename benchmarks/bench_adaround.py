@@ -62,12 +62,14 @@ def worker_aimet(model_path, calib_path, out, iterations):
     res["plain_seconds"] = time.perf_counter() - t
     del s
     per_layer = {}
+    producer = {o: n.name for n in model.graph.node for o in n.output}   # module output -> node name
     orig = opt_mod.AdaroundOptimizer.adaround_module.__func__
 
     def timed(cls, module, *a, **k):
         t0 = time.perf_counter()
         r = orig(cls, module, *a, **k)
-        per_layer[module.name] = time.perf_counter() - t0
+        out_name = module.outputs[0] if module.outputs else "?"
+        per_layer[producer.get(out_name, out_name)] = time.perf_counter() - t0
         return r
     opt_mod.AdaroundOptimizer.adaround_module = classmethod(timed)
     t = time.perf_counter()
