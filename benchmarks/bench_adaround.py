@@ -178,7 +178,8 @@ def main():
         if why:
             print(f"AIMET not run: {why}")
         print()
-        print(f"{'layer':28s} {'bits':>4s} {'iter.':>6s} {'loss RTN':>10s} {'loss ada':>10s} {'qc s':>7s} {'AIMET s':>8s}")
+        print(f"{'layer':28s} {'bits':>4s} {'iter.':>6s} {'loss RTN':>10s} {'loss ada':>10s} {'qc s':>7s} "
+              f"{'AIMET s':>8s}")
         aimet_layers = (am or {}).get("per_layer", {})
         for name, r in qc["per_layer"].items():
             a = aimet_layers.get(name)

@@ -41,7 +41,8 @@ class AdaRound(QuantPass):
         if done:
             near = sum(r.loss_nearest for r in done)
             loss = sum(r.loss for r in done)
-            ctx.notes.append(f"adaround on {len(done)} layer{'s' if len(done) != 1 else ''} ({sum(r.iterations for r in done)} iterations, "
+            layers = f"{len(done)} layer{'s' if len(done) != 1 else ''}"
+            ctx.notes.append(f"adaround on {layers} ({sum(r.iterations for r in done)} iterations, "
                              f"{sum(r.seconds for r in done):.1f} s): summed layer loss {loss:.4g} against "
                              f"{near:.4g} for round-to-nearest, {sum(r.changed for r in done)} weights rounded "
                              f"the other way")
