@@ -40,6 +40,8 @@ class QuantSpec:
     storage: Storage = INT              # weights and biases: how the lowering writes them
     storage_reason: str = ""            # why FLOAT_ON_GRID (the node's float kernel)
     param_name: str = ""                # the name a FLOAT_ON_GRID use's parameter is reported under
+    rounded: Optional[object] = None    # weights: learned integers (storage dtype, the weight's shape) that
+    #                                     insert-qdq writes instead of round-to-nearest (adaround; frozen encoding)
 
     def float_(self, reason: str) -> "QuantSpec":
         """Mark this spec float with `reason` (the first reason wins: it names the root cause)."""

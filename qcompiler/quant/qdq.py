@@ -299,16 +299,19 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         v = node.inputs[slot]
         enc = spec.encoding
         key = (id(v), id(node.graph), enc.axis, enc.bits, tuple(np.asarray(enc.scale).ravel().tolist()),
-               tuple(np.asarray(enc.zero_point).ravel().tolist()))
+               tuple(np.asarray(enc.zero_point).ravel().tolist()), id(spec.rounded))
         groups.setdefault(key, []).append((node, slot, v, enc, spec))
     for k, members in groups.items():
-        node0, _, v, enc, _ = members[0]
+        node0, _, v, enc, spec0 = members[0]
         wg = node0.graph
         if wg is not g:
             touched.add(id(wg))
-        w = v.const_value()
-        qarr = _quantize_array(w, enc)
-        del w
+        if spec0.rounded is not None:      # learned rounding (adaround): the integers as the plan holds them
+            qarr = np.asarray(spec0.rounded).astype(storage_dtype(enc))
+        else:
+            w = v.const_value()
+            qarr = _quantize_array(w, enc)
+            del w
         drop_cached(v)   # the float copy of an external weight: one held at a time (memory.py)
         on_int = [m for m in members if m[4].storage == INT]
         on_grid = [m for m in members if m[4].storage == FLOAT_ON_GRID]
@@ -403,6 +406,12 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
 
 # --------------------------------------------------------------------------- bias correction
 
+def learned_values(spec: QuantSpec, shape: tuple) -> np.ndarray:
+    """The float64 values of a weight use's learned integers (`spec.rounded`, adaround) on its grid."""
+    scale, zp = broadcast_qparams(spec.encoding, shape)
+    return (np.asarray(spec.rounded, np.float64) - zp) * scale
+
+
 def correct_biases(model, plan: QuantPlan, channel_mean, corrected: Optional[list] = None) -> int:
     """Empirical bias correction (Nagel et al. 2019, DFQ §4.2): b' = b - (W_q - W)·E[x].
 
@@ -427,7 +436,8 @@ def correct_biases(model, plan: QuantPlan, channel_mean, corrected: Optional[lis
             continue
         w = np.asarray(node.inputs[1].const_value(), np.float64)
         enc = spec.encoding
-        dq = quantize_dequantize(w, enc)          # what onnxruntime will compute from the exported Q/DQ
+        # what onnxruntime will compute from the exported Q/DQ (the learned integers when adaround ran)
+        dq = quantize_dequantize(w, enc) if spec.rounded is None else learned_values(spec, w.shape)
         dw = dq - w
         if node.op_type == "Conv":
             groups = int(node.attr("group", 1))
