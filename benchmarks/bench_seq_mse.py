@@ -1,6 +1,7 @@
 """Sequential MSE (issue 15 item 2): accuracy on minilm_l6 W4A16 per-block, search speed, and aimet-onnx.
 
 usage: python benchmarks/bench_seq_mse.py [--corpus DIR] [--block 32] [--skip-aimet] [--skip-synthetic]
+       python benchmarks/bench_seq_mse.py --search-only 4096 [--no-before]   (the search alone, before/after)
 
 1. minilm_l6, int4 weights per block (--block-size 32) and 16-bit activations: `qcompiler quantize` with and
    without `--recipe seq-mse`; the model's eval.py gives the mean cosine to the float embedding (target >= 0.98).
@@ -153,7 +154,8 @@ def ours(corpus, out, block, recipe):
 def synthetic(size=4096, old=False):
     """The search alone (seq_mse.choose) on a random size x size weight and `size` random input rows, per channel
     and per block 32. `old`: also time the search before the vectorised rewrite (old_*_losses above) on the same
-    data and check that it chose the same candidates."""
+    data (with BLAS at its default thread count, as it ran, and with one thread) and check that the new search
+    chose the same candidates."""
     import numpy as np
     from types import SimpleNamespace
     from qcompiler.quant import seq_mse
@@ -171,9 +173,14 @@ def synthetic(size=4096, old=False):
         enc = compute_encoding(w.min(0), w.max(0), bits=4, symmetric=True, signed=True, axis=1) \
             if mode == "per-channel" else block_encoding(w, 0, 32, 4, True)
         runs = {}
-        for which in (("before", "after") if old else ("after",)):
+        for which in (("before", "before, 1 BLAS thread", "after") if old else ("after",)):
             seq_mse.channel_losses, seq_mse.block_losses = \
-                (old_channel_losses, old_block_losses) if which == "before" else new
+                (old_channel_losses, old_block_losses) if which.startswith("before") else new
+            threads = seq_mse.BLAS_THREADS
+            if which == "before":               # the old search left BLAS at its default thread count
+                seq_mse.BLAS_THREADS = None
+            elif which == "before, 1 BLAS thread":
+                seq_mse.BLAS_THREADS = 1
             try:
                 w0, c0 = time.perf_counter(), time.process_time()
                 r = seq_mse.choose(Layer(node, SimpleNamespace(encoding=enc)), x)
@@ -182,6 +189,7 @@ def synthetic(size=4096, old=False):
                                "scale": np.asarray(r.encoding.scale)}
             finally:
                 seq_mse.channel_losses, seq_mse.block_losses = new
+                seq_mse.BLAS_THREADS = threads
         if old:
             runs["same"] = bool(np.array_equal(runs["before"]["scale"], runs["after"]["scale"]))
         out[mode] = runs
@@ -190,7 +198,7 @@ def synthetic(size=4096, old=False):
 
 def print_synthetic(size, old):
     for mode, runs in synthetic(size, old).items():
-        for which in ("before", "after"):
+        for which in ("before", "before, 1 BLAS thread", "after"):
             if which in runs:
                 r = runs[which]
                 print(f"  {size}x{size} MatMul search, {mode}, {which}: {r['wall']:.2f} s wall, {r['cpu']:.2f} s CPU "

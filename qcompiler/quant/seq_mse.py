@@ -6,7 +6,12 @@ For a MatMul/Gemm y = x W (W as [K, N]), the output error of channel n is X (W_n
 own candidate independently. Candidates are the assigned grid with its scale times f, f in
 `fractions` (default 20 values 0.5..1.0; zero points unchanged, so f = 1 is exactly the assigned encoding and the
 choice is never worse than it on the captured rows). All candidates are evaluated at once: the errors of every
-candidate for a chunk of channels form one [C, K, n] array, and one batched matmul gives all the losses.
+candidate for a chunk of m channels are built in place as one float32 [K, C, m] array (`candidate_errors`: the
+scales broadcast, never repeated; about CHUNK_BYTES so the element-wise passes stay in cache), and one float32
+GEMM F [r, K] @ E [K, C*m] gives every candidate's output error (BLAS is fine here: no onnxruntime session runs
+during the search; calibrate.py's einsum-not-dot note is about running beside one). A 4096 x 4096 MatMul
+(4096 rows, 20 candidates): ~20 s CPU per channel and ~23 s per block 32 before, ~1.5 s and ~3 s with one
+BLAS thread now (`python benchmarks/bench_seq_mse.py --search-only 4096`; same chosen scales).
 
 The losses use a factor F with F^T F = G (or an estimate of it), chosen by cost:
   - rows <= r: F = X itself (exact);
@@ -45,6 +50,7 @@ MIN_ROWS = 64
 SWEEPS = 2                # coordinate-descent sweeps over the blocks (refine_blocks)
 TARGET = "quantized"        # the output each layer matches: "float" (X_float W) or "quantized" (X W)
 CHUNK_BYTES = 8 << 20     # the [K, C, m] candidate errors are built this many bytes at a time
+BLAS_THREADS = 1          # BLAS threads during a layer's search (None: leave BLAS alone); see blas_threads
 
 
 @dataclass
@@ -70,6 +76,21 @@ class LayerResult:
                 "changed": f"{self.changed}/{self.groups}", "mse_before": float(f"{self.mse_before:.4g}"),
                 "mse_after": float(f"{self.mse_after:.4g}"), "rows": self.rows, "exact": self.exact,
                 "seconds": round(self.seconds, 3)}
+
+
+def blas_threads(limit: Optional[int]):
+    """A context that limits BLAS to `limit` threads (threadpoolctl), or does nothing when limit is None or
+    threadpoolctl is missing. Why 1: on a shared machine (and beside onnxruntime's spinning pool between the
+    captures) two OpenBLAS threads spin against each other; the 4096 x 4096 search took 6-13 s CPU with two
+    threads under load against 1.4 s with one, and the old stacked-matmul search 23 s against 2 s."""
+    import contextlib
+    if limit is None:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:                                  # pragma: no cover - an optional speed-up only
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=int(limit), user_api="blas")
 
 
 def gram_factor(x: np.ndarray, r: int, seed: int = 0):
@@ -228,6 +249,14 @@ def refine_blocks(x, w, scale, zp, qmin, qmax, block, lb, pick, base, h=None):
 
 def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLOP_BUDGET, seed: int = 0,
            x_float: Optional[np.ndarray] = None) -> LayerResult:
+    """The best candidate per channel (or block) of `layer` on its captured rows `x` [R, K] (see _choose), with
+    BLAS limited to BLAS_THREADS threads."""
+    with blas_threads(BLAS_THREADS):
+        return _choose(layer, x, fractions, budget, seed, x_float)
+
+
+def _choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLOP_BUDGET, seed: int = 0,
+            x_float: Optional[np.ndarray] = None) -> LayerResult:
     """The best candidate per channel (or block) of `layer` on its captured input rows `x` [R, K].
 
     `x_float`: the same rows from the float model; the target is then the float output X_float W instead of
