@@ -17,6 +17,9 @@ Measured 2026-11-24 (load average ~15 on 2 cores): min_max 0.9590, seq-mse 0.980
 ~73 s CPU for 36 layers (~2 CPU-s per layer); 4096 x 4096 search 23 s CPU per channel, 30 s CPU per block 32.
 aimet-onnx apply_seq_mse on the same model and samples: 10 layers in 54 min wall / 516 s CPU (~50 CPU-s per
 layer), stopped there (it would have needed ~3 h more under that load), so no AIMET cosine.
+`--search-only 4096`, 06:07 UTC (load ~2.5): per channel before 1.75 s wall / 3.32 s CPU (1 BLAS thread: 2.35 s),
+after 1.44 s / 1.44 s; per block 32 before 5.65 s / 8.04 s (1 thread: 4.47 s), after 1.79 s / 1.79 s; same
+chosen scales. At 05:58 (load ~3-4, before the thread limit): before 20.4 s / 25.5 s wall.
 """
 import argparse
 import json

@@ -9,9 +9,10 @@ choice is never worse than it on the captured rows). All candidates are evaluate
 candidate for a chunk of m channels are built in place as one float32 [K, C, m] array (`candidate_errors`: the
 scales broadcast, never repeated; about CHUNK_BYTES so the element-wise passes stay in cache), and one float32
 GEMM F [r, K] @ E [K, C*m] gives every candidate's output error (BLAS is fine here: no onnxruntime session runs
-during the search; calibrate.py's einsum-not-dot note is about running beside one). A 4096 x 4096 MatMul
-(4096 rows, 20 candidates): ~20 s CPU per channel and ~23 s per block 32 before, ~1.5 s and ~3 s with one
-BLAS thread now (`python benchmarks/bench_seq_mse.py --search-only 4096`; same chosen scales).
+during the search; calibrate.py's einsum-not-dot note is about running beside one), with BLAS held to
+BLAS_THREADS = 1 thread (`blas_threads`). A 4096 x 4096 MatMul (4096 rows, 20 candidates), quiet machine:
+1.4 s per channel and 1.8 s per block 32 (before: 1.8 s wall / 3.3 s CPU and 5.7 s / 8.0 s; under load
+20 s / 26 s), `python benchmarks/bench_seq_mse.py --search-only 4096`, same chosen scales.
 
 The losses use a factor F with F^T F = G (or an estimate of it), chosen by cost:
   - rows <= r: F = X itself (exact);
