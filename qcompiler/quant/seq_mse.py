@@ -6,7 +6,13 @@ For a MatMul/Gemm y = x W (W as [K, N]), the output error of channel n is X (W_n
 own candidate independently. Candidates are the assigned grid with its scale times f, f in
 `fractions` (default 20 values 0.5..1.0; zero points unchanged, so f = 1 is exactly the assigned encoding and the
 choice is never worse than it on the captured rows). All candidates are evaluated at once: the errors of every
-candidate for a chunk of channels form one [C, K, n] array, and one batched matmul gives all the losses.
+candidate for a chunk of m channels are built in place as one float32 [K, C, m] array (`candidate_errors`: the
+scales broadcast, never repeated; about CHUNK_BYTES so the element-wise passes stay in cache), and one float32
+GEMM F [r, K] @ E [K, C*m] gives every candidate's output error (BLAS is fine here: no onnxruntime session runs
+during the search; calibrate.py's einsum-not-dot note is about running beside one), with BLAS held to
+BLAS_THREADS = 1 thread (`blas_threads`). A 4096 x 4096 MatMul (4096 rows, 20 candidates), quiet machine:
+1.4 s per channel and 1.8 s per block 32 (before: 1.8 s wall / 3.3 s CPU and 5.7 s / 8.0 s; under load
+20 s / 26 s), `python benchmarks/bench_seq_mse.py --search-only 4096`, same chosen scales.
 
 The losses use a factor F with F^T F = G (or an estimate of it), chosen by cost:
   - rows <= r: F = X itself (exact);
@@ -44,7 +50,8 @@ FLOP_BUDGET = 4e10        # per layer, for the candidate search (a few seconds o
 MIN_ROWS = 64
 SWEEPS = 2                # coordinate-descent sweeps over the blocks (refine_blocks)
 TARGET = "quantized"        # the output each layer matches: "float" (X_float W) or "quantized" (X W)
-CHUNK_BYTES = 64 << 20    # the [C, K, n] candidate errors are built this many bytes at a time
+CHUNK_BYTES = 8 << 20     # the [K, C, m] candidate errors are built this many bytes at a time
+BLAS_THREADS = 1          # BLAS threads during a layer's search (None: leave BLAS alone); see blas_threads
 
 
 @dataclass
@@ -72,6 +79,21 @@ class LayerResult:
                 "seconds": round(self.seconds, 3)}
 
 
+def blas_threads(limit: Optional[int]):
+    """A context that limits BLAS to `limit` threads (threadpoolctl), or does nothing when limit is None or
+    threadpoolctl is missing. Why 1: on a shared machine (and beside onnxruntime's spinning pool between the
+    captures) two OpenBLAS threads spin against each other; the 4096 x 4096 search took 6-13 s CPU with two
+    threads under load against 1.4 s with one, and the old stacked-matmul search 23 s against 2 s."""
+    import contextlib
+    if limit is None:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:                                  # pragma: no cover - an optional speed-up only
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=int(limit), user_api="blas")
+
+
 def gram_factor(x: np.ndarray, r: int, seed: int = 0):
     """(F, exact): F^T F = X^T X exactly when `exact`, else an unbiased estimate from r scaled rows. The exact
     factor is the cheaper of X itself and cholesky(X^T X)^T (K x K) when either has at most r rows."""
@@ -91,24 +113,64 @@ def gram_factor(x: np.ndarray, r: int, seed: int = 0):
     return np.ascontiguousarray(x[pick] * np.float32(np.sqrt(rows / r))), False
 
 
-def _chunk(c: int, k: int, n: int) -> int:
-    return int(max(1, min(n, CHUNK_BYTES // max(4 * c * k, 1))))
+def candidate_errors(w: np.ndarray, scale: np.ndarray, zp: np.ndarray, qmin: int, qmax: int,
+                     block: Optional[int], out: Optional[np.ndarray] = None) -> np.ndarray:
+    """E[k, c, j] = Q_c(W)[k, j] - W[k, j] for every candidate c at once, laid out [Kp, C, n] (Kp = K rounded up
+    to whole blocks; padded rows are 0) so that one GEMM F @ E.reshape(K, C*n) gives every candidate's output
+    error and a block's rows E[b*B:(b+1)*B] are one contiguous [B, C*n] matrix. scale/zp [C, nb, n].
+
+    Element for element the same float32 arithmetic as `fake_quant_kn` (w / s, rint, + z, clip, - z, * s), with
+    the scales broadcast instead of repeated, in place in `out`; the zero point steps are skipped when every zero
+    point is 0 (adding and subtracting 0.0 changes no value)."""
+    k, n = w.shape
+    c, nb = scale.shape[0], scale.shape[1]
+    bsz = k if nb == 1 else int(block)
+    kp = nb * bsz
+    if out is None:
+        out = np.empty((kp, c, n), np.float32)
+    wb = w if kp == k else np.pad(w, ((0, kp - k), (0, 0)))
+    wb = wb.reshape(nb, bsz, 1, n)
+    o = out.reshape(nb, bsz, c, n)
+    s = np.ascontiguousarray(scale.transpose(1, 0, 2), np.float32)[:, None]     # [nb, 1, C, n]
+    np.divide(wb, s, out=o)
+    np.rint(out, out=out)
+    if np.any(zp):
+        z = np.ascontiguousarray(zp.transpose(1, 0, 2), np.float32)[:, None]
+        o += z
+        np.clip(out, qmin, qmax, out=out)
+        o -= z
+    else:
+        np.clip(out, qmin, qmax, out=out)
+    o *= s
+    o -= wb
+    return out
+
+
+def _col_chunk(c: int, kp: int, n: int) -> int:
+    """Columns per chunk: the [Kp, C, m] errors stay about CHUNK_BYTES (a few MB: in cache for the in-place
+    passes, and one GEMM still spans C*m columns)."""
+    return int(max(1, min(n, CHUNK_BYTES // max(4 * c * kp, 1))))
 
 
 def channel_losses(f: np.ndarray, w: np.ndarray, scale: np.ndarray, zp: np.ndarray, qmin: int, qmax: int,
                    block: Optional[int], h: Optional[np.ndarray] = None) -> np.ndarray:
-    """||F e||^2 - 2 h.e per candidate and channel, e = Q_c(W) - W: scale/zp [C, nb, N] -> [C, N]."""
+    """||F e||^2 - 2 h.e per candidate and channel, e = Q_c(W) - W: scale/zp [C, nb, N] -> [C, N].
+    One float32 GEMM F [r, K] @ E [K, C*m] per chunk of m columns (BLAS: no onnxruntime session runs here)."""
     c, k, n = scale.shape[0], w.shape[0], w.shape[1]
+    nb = scale.shape[1]
+    kp = k if nb == 1 else nb * int(block)
     out = np.empty((c, n), np.float64)
-    step = _chunk(c, max(k, f.shape[0]), n)
+    step = _col_chunk(c, max(kp, f.shape[0]), n)
+    buf = np.empty(kp * c * step, np.float32)
     for j in range(0, n, step):
-        sl = slice(j, j + step)
-        e = fake_quant_kn(w[:, sl], scale[:, :, sl], zp[:, :, sl], qmin, qmax, block)
-        e -= w[:, sl]
-        y = np.matmul(f, e)                                    # [C, r, n]
-        out[:, sl] = np.einsum("crn,crn->cn", y, y, dtype=np.float64)
+        sl = slice(j, min(n, j + step))
+        m = sl.stop - sl.start
+        e = candidate_errors(w[:, sl], scale[:, :, sl], zp[:, :, sl], qmin, qmax, block,
+                             buf[:kp * c * m].reshape(kp, c, m))[:k]
+        y = f @ e.reshape(k, c * m)                                         # [r, C*m]
+        out[:, sl] = np.einsum("rj,rj->j", y, y, dtype=np.float64).reshape(c, m)
         if h is not None:
-            out[:, sl] -= 2.0 * np.einsum("ckn,kn->cn", e, h[:, sl], dtype=np.float64)
+            out[:, sl] -= 2.0 * np.einsum("kcm,km->cm", e, h[:, sl], dtype=np.float64)
     return out
 
 
@@ -124,21 +186,20 @@ def block_losses(x: np.ndarray, w: np.ndarray, scale: np.ndarray, zp: np.ndarray
     del xb
     hb = None if h is None else (np.pad(h, ((0, pad), (0, 0))) if pad else h).reshape(nb, block, n)
     out = np.empty((c, nb, n), np.float64)
-    step = _chunk(c, nb * block, n)
+    step = _col_chunk(c, nb * block, n)
+    buf = np.empty(nb * block * c * step, np.float32)
     for j in range(0, n, step):
-        sl = slice(j, j + step)
-        m = len(range(*sl.indices(n)))
-        e = fake_quant_kn(w[:, sl], scale[:, :, sl], zp[:, :, sl], qmin, qmax, block)
-        e -= w[:, sl]
-        if pad:
-            e = np.pad(e, ((0, 0), (0, pad), (0, 0)))
-        # NOTE: one [B, B] @ [B, C*n] product per block: a broadcast stack (gb[None] @ e[C, nb, B, n]) makes
+        sl = slice(j, min(n, j + step))
+        m = sl.stop - sl.start
+        e = candidate_errors(w[:, sl], scale[:, :, sl], zp[:, :, sl], qmin, qmax, block,
+                             buf[:nb * block * c * m].reshape(nb * block, c, m))
+        e = e.reshape(nb, block, c * m)                                 # block b: one [B, C*m] matrix, no copy
+        # NOTE: one [B, B] @ [B, C*m] product per block: a broadcast stack (gb[None] @ e[C, nb, B, n]) makes
         # numpy leave BLAS for its plain loop (2.4 s against 0.05 s for a 384 x 1536 layer)
-        e = np.ascontiguousarray(e.reshape(c, nb, block, m).transpose(1, 2, 0, 3)).reshape(nb, block, c * m)
-        t = np.matmul(gb, e)                                            # [nb, B, C*n]
+        t = np.matmul(gb, e)                                            # [nb, B, C*m]
         if hb is not None:
             t.reshape(nb, block, c, m)[...] -= 2.0 * hb[:, :, None, sl]
-        q = np.einsum("bik,bik->bk", t, e)                              # [nb, C*n]
+        q = np.einsum("bik,bik->bk", t, e)                              # [nb, C*m]
         out[:, :, sl] = q.reshape(nb, c, m).transpose(1, 0, 2)
     return out
 
@@ -189,6 +250,14 @@ def refine_blocks(x, w, scale, zp, qmin, qmax, block, lb, pick, base, h=None):
 
 def choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLOP_BUDGET, seed: int = 0,
            x_float: Optional[np.ndarray] = None) -> LayerResult:
+    """The best candidate per channel (or block) of `layer` on its captured rows `x` [R, K] (see _choose), with
+    BLAS limited to BLAS_THREADS threads."""
+    with blas_threads(BLAS_THREADS):
+        return _choose(layer, x, fractions, budget, seed, x_float)
+
+
+def _choose(layer: Layer, x: np.ndarray, fractions=FRACTIONS, budget: float = FLOP_BUDGET, seed: int = 0,
+            x_float: Optional[np.ndarray] = None) -> LayerResult:
     """The best candidate per channel (or block) of `layer` on its captured input rows `x` [R, K].
 
     `x_float`: the same rows from the float model; the target is then the float output X_float W instead of
