@@ -258,6 +258,31 @@ def fp16_model():
     return p, [{"x": rng.standard_normal((1, 4, 8)).astype(np.float16)} for _ in range(N_CALIB)]
 
 
+def transformer_block():
+    """Two LayerNormalizations sharing one gamma (no beta), each read by two MatMuls (4-D activations); a Gemm ->
+    Relu -> Gemm pair; a grouped ConvTranspose with output_padding; all-zero calibration on one sample."""
+    nodes = [helper.make_node("LayerNormalization", ["x", "gamma"], ["n1"], name="ln1", axis=-1),
+             helper.make_node("MatMul", ["n1", "wq"], ["q"], name="q_proj"),
+             helper.make_node("MatMul", ["n1", "wk"], ["k"], name="k_proj"),
+             helper.make_node("Add", ["q", "k"], ["s"], name="add"),
+             helper.make_node("LayerNormalization", ["s", "gamma"], ["n2"], name="ln2", axis=-1),
+             helper.make_node("MatMul", ["n2", "wo"], ["o"], name="o_proj"),
+             helper.make_node("Reshape", ["o", "flat"], ["of"], name="flatten"),
+             helper.make_node("Gemm", ["of", "g1", "gb1"], ["h"], name="gemm1", transB=1),
+             helper.make_node("Relu", ["h"], ["hr"], name="relu"),
+             helper.make_node("Gemm", ["hr", "g2", "gb2"], ["y"], name="gemm2"),
+             helper.make_node("ConvTranspose", ["img", "wt", "bt"], ["z"], name="deconv_g", group=2, strides=[2, 2],
+                              output_padding=[1, 1])]
+    p = make_model(nodes, [tinfo("x", [1, 2, 3, 8]), tinfo("img", [1, 4, 3, 3])], [tinfo("y", [6, 5]), tinfo("z", None)],
+                   [_w("gamma", (8,), 1, 1.0), _w("wq", (8, 8), 2), _w("wk", (8, 8), 3), _w("wo", (8, 8), 4),
+                    numpy_helper.from_array(np.array([6, 8], np.int64), "flat"), _w("g1", (7, 8), 5),
+                    _w("gb1", (7,), 6, 0.1), _w("g2", (7, 5), 7), _w("gb2", (5,), 8, 0.1),
+                    _w("wt", (4, 3, 3, 3), 9), _w("bt", (6,), 10, 0.1)])
+    feeds = _feeds([("x", (1, 2, 3, 8), "f"), ("img", (1, 4, 3, 3), "f")])
+    feeds[0] = {k: np.zeros_like(v) for k, v in feeds[0].items()}
+    return p, feeds
+
+
 def _body(name):
     def build():
         proto, calib, evals = BODY_MODELS[name]()
@@ -270,7 +295,7 @@ FAMILIES = {f.__name__: f for f in (two_in_two_out, dynamic_batch, embedding, ls
                                     grouped_depthwise, batched_weight, shared_weight, constant_weights,
                                     gemm_trans_a, int64_gather, left_weight, dead_channels, wide_matmul,
                                     only_float_ops, unnamed_nodes, residual_branches, recurrent_main, odd_blocks,
-                                    fp16_model)}
+                                    fp16_model, transformer_block)}
 FAMILIES.update({n: _body(n) for n in BODY_MODELS})
 
 RECIPES = {
@@ -288,12 +313,14 @@ RECIPES = {
     "mixed-precision": dict(max_drop="5%"),
     "mirror": dict(untaken_branches="mirror"),
     "latency": dict(optimize="latency"),
+    "all-int4": dict(recipe=["cle", "smoothquant", "adaround", "seq-mse", "bias-correction"], max_drop="5%",
+                     untaken_branches="mirror", optimize="latency", weight_bits=4, weight_block=32),
 }
 
 # (family, recipe) -> reason. fp16: the base pipeline (qdq.py: float32 scales for float16 values) makes a QDQ
-# model onnxruntime refuses even with no recipe; mixed-precision passes only because it keeps every layer float.
+# model onnxruntime refuses even with no recipe; a max_drop run passes only because it keeps every layer float.
 FP16_REASON = "float16 model: Q/DQ scales are float32 (qdq.py), onnxruntime refuses the model with or without a recipe"
-XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if r != "mixed-precision"}
+XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if "max_drop" not in RECIPES[r]}
 
 
 def _case(fam, rec):
