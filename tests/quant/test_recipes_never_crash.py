@@ -5,7 +5,11 @@ an LSTM, ConvTranspose, Conv1d, grouped and depthwise Conv, a batched 3-D MatMul
 MatMuls, Constant-node weights, Gemm transA=1, an int64 input feeding Gather. A pass that cannot handle a layer
 leaves it as it is and says why; it never raises. Each run finishes and its model runs in onnxruntime with finite
 outputs."""
+import subprocess
+import sys
+
 import numpy as np
+import onnx
 import pytest
 from onnx import TensorProto as T
 from onnx import helper, numpy_helper
@@ -339,3 +343,20 @@ def test_recipe_never_crashes(family, recipe):
             out = np.asarray(out)
             if out.dtype.kind == "f":
                 assert np.isfinite(out).all()
+
+
+def test_cli_every_switch_exits_0(tmp_path):
+    """The switches (`--smoothquant-alpha 0.5 --max-drop 5% --untaken-branches mirror --optimize latency`) and the
+    recipes at once, int4 blocks, on the transformer block: exit 0 and a model onnxruntime runs."""
+    proto, feeds = transformer_block()
+    onnx.save(proto, str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "c.npz", **{k: np.stack([f[k] for f in feeds]) for k in feeds[0]})
+    r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(tmp_path / "m.onnx"), "--calib",
+                        str(tmp_path / "c.npz"), "-o", str(tmp_path / "q.onnx"), "--recipe",
+                        "adaround,seq-mse,cle,bias-correction", "--smoothquant-alpha", "0.5", "--max-drop", "5%",
+                        "--untaken-branches", "mirror", "--optimize", "latency", "--weight-bits", "4",
+                        "--block-size", "32", "--min-sqnr", "-inf"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    for out in run(onnx.load(str(tmp_path / "q.onnx")), feeds[1]):
+        assert np.isfinite(out).all()
