@@ -287,6 +287,26 @@ def transformer_block():
     return p, feeds
 
 
+def shared_params():
+    """Two Convs share one weight, two more share one bias, all four named "layer"; a Conv whose weight is a graph
+    input (no constant); a MatMul weight behind Transpose; an input passed straight to an output."""
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["a1"], name="layer", pads=[1, 1, 1, 1]),
+             helper.make_node("Conv", ["x", "w", "b"], ["a2"], name="layer", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["a1"], ["r1"], name="relu"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c1"], name="layer"),
+             helper.make_node("Conv", ["a2", "w3", "b2"], ["c2"], name="layer"),
+             helper.make_node("Conv", ["x", "wd"], ["d"], name="dyn_conv"),
+             helper.make_node("Transpose", ["wt"], ["wtt"], name="tw", perm=[1, 0]),
+             helper.make_node("Flatten", ["c2"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "wtt"], ["m"], name="mm"),
+             helper.make_node("Identity", ["x"], ["xo"], name="pass")]
+    p = make_model(nodes, [tinfo("x", [1, 4, 6, 6]), tinfo("wd", [2, 4, 1, 1])],
+                   [tinfo("c1", None), tinfo("m", None), tinfo("d", None), tinfo("xo", None)],
+                   [_w("w", (5, 4, 3, 3), 1), _w("b", (5,), 2, 0.1), _w("w2", (3, 5, 1, 1), 3), _w("w3", (3, 5, 1, 1), 4),
+                    _w("b2", (3,), 5, 0.1), _w("wt", (4, 27), 6)])
+    return p, _feeds([("x", (1, 4, 6, 6), "f"), ("wd", (2, 4, 1, 1), "f")])
+
+
 def _body(name):
     def build():
         proto, calib, evals = BODY_MODELS[name]()
@@ -299,7 +319,7 @@ FAMILIES = {f.__name__: f for f in (two_in_two_out, dynamic_batch, embedding, ls
                                     grouped_depthwise, batched_weight, shared_weight, constant_weights,
                                     gemm_trans_a, int64_gather, left_weight, dead_channels, wide_matmul,
                                     only_float_ops, unnamed_nodes, residual_branches, recurrent_main, odd_blocks,
-                                    fp16_model, transformer_block)}
+                                    fp16_model, transformer_block, shared_params)}
 FAMILIES.update({n: _body(n) for n in BODY_MODELS})
 
 RECIPES = {
