@@ -307,6 +307,19 @@ def shared_params():
     return p, _feeds([("x", (1, 4, 6, 6), "f"), ("wd", (2, 4, 1, 1), "f")])
 
 
+def zero_output():
+    """An output that is always zero (signal power 0 for SQNR and relative error) next to an ordinary one, and a
+    constant output that does not depend on the input."""
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["a"], name="mm"),
+             helper.make_node("Mul", ["a", "zero"], ["y0"], name="times_zero"),
+             helper.make_node("MatMul", ["a", "w2"], ["y"], name="mm2"),
+             helper.make_node("MatMul", ["ones", "w3"], ["k"], name="const_mm")]
+    p = make_model(nodes, [tinfo("x", [2, 8])], [tinfo("y0", [2, 6]), tinfo("y", [2, 4]), tinfo("k", [1, 4])],
+                   [_w("w", (8, 6), 1), numpy_helper.from_array(np.zeros((1,), F), "zero"), _w("w2", (6, 4), 2),
+                    numpy_helper.from_array(np.ones((1, 3), F), "ones"), _w("w3", (3, 4), 3)])
+    return p, _feeds([("x", (2, 8), "f")])
+
+
 def _body(name):
     def build():
         proto, calib, evals = BODY_MODELS[name]()
@@ -319,7 +332,7 @@ FAMILIES = {f.__name__: f for f in (two_in_two_out, dynamic_batch, embedding, ls
                                     grouped_depthwise, batched_weight, shared_weight, constant_weights,
                                     gemm_trans_a, int64_gather, left_weight, dead_channels, wide_matmul,
                                     only_float_ops, unnamed_nodes, residual_branches, recurrent_main, odd_blocks,
-                                    fp16_model, transformer_block, shared_params)}
+                                    fp16_model, transformer_block, shared_params, zero_output)}
 FAMILIES.update({n: _body(n) for n in BODY_MODELS})
 
 RECIPES = {
