@@ -360,8 +360,11 @@ FP16_REASON = "float16 model: Q/DQ scales are float32 (qdq.py), onnxruntime refu
 XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if "max_drop" not in RECIPES[r]}
 
 
+SLOW = {"all-int4"}
+
+
 def _case(fam, rec):
-    marks = []
+    marks = [pytest.mark.slow] if rec in SLOW else []   # every pass at once is also run by the CLI test
     if (fam, rec) in XFAIL:
         marks.append(pytest.mark.xfail(reason=XFAIL[(fam, rec)], strict=True))
     return pytest.param(fam, rec, id=f"{fam}-{rec}", marks=marks)
