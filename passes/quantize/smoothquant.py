@@ -356,9 +356,11 @@ class SmoothQuant(QuantPass):
                     gain = scores[NO_SMOOTHING] / max(scores[alpha], 1e-30) if alpha is not NO_SMOOTHING else 1.0
                     if alpha is NO_SMOOTHING or (gr["target"] is None and gain < MUL_MIN_GAIN):
                         best = min((a for a in scores if a is not None), key=scores.get)
+                        # an all-zero weight or activation has MSE 0 with and without smoothing: 0 dB
+                        db = 10 * np.log10(max(scores[NO_SMOOTHING], 1e-30) / max(scores[best], 1e-30))
                         for r, _, _ in readers:
                             skipped[r.name] = f"smoothing lowers the layer's quantization MSE by " \
-                                              f"{10 * np.log10(scores[NO_SMOOTHING] / scores[best]):.2f} dB " \
+                                              f"{db:.2f} dB " \
                                               f"(alpha {best})" + (", not worth an inserted Mul"
                                                                    if alpha is not NO_SMOOTHING else "")
                         continue
