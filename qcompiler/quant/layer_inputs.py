@@ -276,26 +276,23 @@ def fake_quant_kn(w: np.ndarray, scale: np.ndarray, zp: np.ndarray, qmin: int, q
                   block: Optional[int]) -> np.ndarray:
     """Q then DQ of a [K, n] weight in float32 as onnxruntime computes it, for any number of candidate grids at
     once: `scale`/`zp` [..., nb, n] give [..., K, n]. nb = 1 (per channel / per tensor) or ceil(K / block)."""
-    k = w.shape[0]
+    k, n = w.shape[0], w.shape[-1]
     nb = scale.shape[-2]
-    if nb > 1 and nb * block == k:          # whole blocks: broadcast the scales over each block's rows, no copy
-        n = w.shape[-1]
+    whole = nb > 1 and nb * block == k     # whole blocks: broadcast the scales over each block's rows, no copy
+    if whole:
         s = scale.astype(np.float32, copy=False)[..., :, None, :]
         z = zp.astype(np.float32)[..., :, None, :]
-        q = np.rint(w.reshape(nb, block, n) / s)
-        q += z
-        np.clip(q, qmin, qmax, out=q)
-        q -= z
-        q *= s
-        return q.reshape(q.shape[:-3] + (k, n))
-    if nb > 1:
-        scale = np.repeat(scale, block, axis=-2)[..., :k, :]
-        zp = np.repeat(zp, block, axis=-2)[..., :k, :]
-    s = scale.astype(np.float32, copy=False)
-    z = zp.astype(np.float32)
-    q = np.rint(w / s)
+        x = w.reshape(nb, block, n)
+    else:
+        if nb > 1:
+            scale = np.repeat(scale, block, axis=-2)[..., :k, :]
+            zp = np.repeat(zp, block, axis=-2)[..., :k, :]
+        s = scale.astype(np.float32, copy=False)
+        z = zp.astype(np.float32)
+        x = w
+    q = np.rint(x / s)
     q += z
     np.clip(q, qmin, qmax, out=q)
     q -= z
     q *= s
-    return q
+    return q.reshape(q.shape[:-3] + (k, n)) if whole else q

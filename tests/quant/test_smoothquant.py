@@ -94,16 +94,23 @@ def test_float_outputs_unchanged_and_qkv_share_one_scale():
         np.testing.assert_allclose(w1[3], w0[3] * s, rtol=1e-4)
 
 
-def test_w8a8_per_tensor_sqnr_rises():
-    rng = np.random.default_rng(0)
+def _sqnr_without_and_with(seed, **kw):
+    """Per-output SQNR on one fresh sample of the Q/K/V block quantized without and with `smoothquant` (keys
+    False/True), and the smoothed run's result."""
+    rng = np.random.default_rng(seed)
     p = _qkv(rng)
     calib = _data(rng, p)
     ev = _data(rng, p, 1)[0]
     ref = run(p, ev)
-    got = {}
+    got, r = {}, None
     for recipe in (None, ["smoothquant"]):
-        r = quantize(p, calib, recipe=recipe, optimize="accuracy", act_bits=8, weight_bits=8)
+        r = quantize(p, calib, recipe=recipe, optimize="accuracy", **kw)
         got[bool(recipe)] = [sqnr_db(w, o) for w, o in zip(ref, run(r.model, ev))]
+    return got, r
+
+
+def test_w8a8_per_tensor_sqnr_rises():
+    got, _ = _sqnr_without_and_with(0, act_bits=8, weight_bits=8)
     # measured: 28.6 / 30.6 / 30.7 dB -> 36.1 / 36.7 / 36.7 dB
     for before, after in zip(got[False], got[True]):
         assert after >= before + 3.0, got
@@ -272,18 +279,8 @@ def test_alpha_argument_checked():
 
 @pytest.mark.parametrize("block", [None, 16])
 def test_int4_weights_compose(block):
-    rng = np.random.default_rng(12)
-    p = _qkv(rng)
-    calib = _data(rng, p)
-    ev = _data(rng, p, 1)[0]
-    ref = run(p, ev)
-    got = {}
-    for recipe in (None, ["smoothquant"]):
-        r = quantize(p, calib, recipe=recipe, weight_bits=4, weight_block=block, optimize="accuracy",
-                     min_sqnr=float("-inf"))
-        got[bool(recipe)] = [sqnr_db(w, o) for w, o in zip(ref, run(r.model, ev))]
-        if recipe:
-            assert _sq_stats(r)["smoothed"] == 3
+    got, smoothed = _sqnr_without_and_with(12, weight_bits=4, weight_block=block, min_sqnr=float("-inf"))
+    assert _sq_stats(smoothed)["smoothed"] == 3
     # the search scores alpha at 4-bit weights: never much worse than without smoothing (measured: it rises)
     for before, after in zip(got[False], got[True]):
         assert after >= before - 0.5, got
