@@ -32,6 +32,13 @@ def require_bool(value, what: str) -> bool:
     return value
 
 
+def require_choice(value, what: str, choices) -> str:
+    """One of the names in `choices` (a str: never a number or a list that happens to compare equal)."""
+    if not isinstance(value, str) or value not in choices:
+        raise ArgumentError(f"{what} must be one of {', '.join(choices)}, got {got(value)}")
+    return value
+
+
 def require_int(value, what: str, lo: "int | None" = None, hi: "int | None" = None, choices=None) -> int:
     """An int (never a bool, a float or a str) in [lo, hi] or among `choices`."""
     ok_type = isinstance(value, int) and not isinstance(value, bool)

@@ -136,14 +136,10 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     if opset is not None:
         from ..arguments import require_int
         require_int(opset, "opset", lo=13, hi=1 << 16)
-    if optimize not in OPTIMIZE:
-        from ..arguments import got
-        raise ArgumentError(f"optimize must be one of {', '.join(OPTIMIZE)}, got {got(optimize)}")
+    from ..arguments import require_choice
     from .body_probe import UNTAKEN_BRANCHES
-    if untaken_branches not in UNTAKEN_BRANCHES:
-        from ..arguments import got
-        raise ArgumentError(f"untaken_branches must be one of {', '.join(UNTAKEN_BRANCHES)}, "
-                            f"got {got(untaken_branches)}")
+    require_choice(optimize, "optimize", OPTIMIZE)
+    require_choice(untaken_branches, "untaken_branches", UNTAKEN_BRANCHES)
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
     if smoothquant_alpha is not None:
         from ..arguments import got

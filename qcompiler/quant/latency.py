@@ -81,8 +81,8 @@ CLOCKS = ("wall", "cpu")
 
 
 def _check(runs, warmup, threads, clock="wall") -> None:
-    if clock not in CLOCKS:
-        raise ArgumentError(f"clock must be one of {', '.join(CLOCKS)}, got {str(clock)[:40]!r}")
+    from ..arguments import require_choice
+    require_choice(clock, "clock", CLOCKS)
     if clock == "cpu" and threads != 1:
         raise ArgumentError("clock='cpu' needs threads=1 (the CPU time of the one thread that runs the model)")
     for name, v, lo in (("runs", runs, 1), ("warmup", warmup, 0)):
