@@ -26,6 +26,12 @@ MAX_BYTES = {
 }
 
 
+def _file_noun(what: str) -> str:
+    """'a model file', 'an encodings file': the kinds are named as MAX_BYTES names them, some with 'file'."""
+    noun = what if what.endswith("file") else f"{what} file"
+    return f"{'an' if noun[0] in 'aeiou' else 'a'} {noun}"
+
+
 def check_path_text(path, what: str, error: Type[Exception] = QCompilerError) -> str:
     """`path` as a str; a non-path, an empty path or one holding a NUL byte is one line."""
     if isinstance(path, os.PathLike):
@@ -51,13 +57,13 @@ def open_regular(path, what: str, error: Type[Exception] = QCompilerError,
     except FileNotFoundError:
         raise error(f"{path}: no such file") from None
     except IsADirectoryError:
-        raise error(f"{path}: is a folder, not a {what}") from None
+        raise error(f"{path}: is a folder, not {_file_noun(what)}") from None
     except OSError as e:
         raise error(f"{path}: cannot read {what} ({e.strerror or e})") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise error(f"{path}: is {file_kind(st.st_mode)}, not a {what} file")
+            raise error(f"{path}: is {file_kind(st.st_mode)}, not {_file_noun(what)}")
         if limit is not None and st.st_size > limit:
             raise error(f"{path}: {what} of {st.st_size} bytes is over the {limit}-byte limit for that kind of file")
         if hasattr(os, "set_blocking"):
