@@ -273,11 +273,19 @@ def _switch(name, default, check, doc, flag=None, **kw) -> Switch:
 
 
 SWITCHES: Tuple[Switch, ...] = (
-    # --- the grid ---
+    # --- files beside the model and the data ---
     _switch("config", None, _config,
             "a path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits "
             "arguments)",
             Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config", type=_path_type)),
+    # NOTE: before max_drop: two passes a switch adds after the same pass run in table order (load-encodings,
+    # then mixed-precision, both after place)
+    _switch("load_encodings", None, _optional(_path),
+            "an AIMET encodings file whose encodings are frozen; everything else is calibrated (the "
+            "`load-encodings` pass)",
+            Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type),
+            enables="load-encodings"),
+    # --- the grid ---
     _switch("target", "ort_cpu", _target,
             "the target profile: a name (ort_cpu, trt, qnn_htp, aimet), a profile YAML path or a dict; None: the "
             "config's target, else ort_cpu",
@@ -390,17 +398,13 @@ SWITCHES: Tuple[Switch, ...] = (
             Flag(("--ray",), "run the --max-drop evaluations on a Ray cluster (pip install 'qcompiler[ray]'); "
                  "default: local processes", metavar="auto|ADDRESS")),
     _switch("executor", None, _executor,
-            "or on an object with `map(fn, items)` (qcompiler.quant.executor; default: local processes)",
+            "run the mixed-precision evaluations on this object's `map(fn, items)` instead "
+            "(qcompiler.quant.executor; default: local processes, or Ray with `ray`)",
             api_only="a Python object"),
     _switch("opset", None, _optional(_int(13, 1 << 16)), "pin the output opset",
             Flag(("--opset",), "pin the output opset (default: 13, or 21 when int4/int16 grids, per-block "
                  "weights or the target's 16-bit widening need it)", type=int)),
-    # --- inputs beside the model and the data ---
-    _switch("load_encodings", None, _optional(_path),
-            "an AIMET encodings file whose encodings are frozen; everything else is calibrated (the "
-            "`load-encodings` pass)",
-            Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type),
-            enables="load-encodings"),
+    # --- the calibration data ---
     _switch("limit", None, _optional(_int(lo=1)), "use at most this many calibration samples",
             Flag(("--limit",), "use at most this many calibration samples", type=int)),
     # --- the output SQNR floor ---
