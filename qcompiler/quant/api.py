@@ -20,7 +20,7 @@ from ..passmanager.instrumentation import Timing
 from .pipeline import DEFAULT_PIPELINE, pipeline_for, quantization_manager, run_quantization
 from .placement import PlacementOptions
 from .profiles import get_profile
-from .report import build_report
+from .report import build_report, pass_stats
 from .selection import Selection
 from .switches import BY_NAME, OPTIMIZE, api_doc, check_switches
 
@@ -216,9 +216,10 @@ def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
     # a loaded file's FLOAT entries have no quantizer; the encodings (and a file written from them) keep them
     encodings = {k: {**getattr(ctx, k), **ctx.float_encodings[k]} if ctx.float_encodings.get(k) else getattr(ctx, k)
                  for k in ("activations", "params")}
-    return QuantizeResult(model=ctx.model, encodings=encodings,
-                          report=_report(ctx, seconds, [p.name for p, _ in results]),
-                          stats=_stats(ctx), plan=ctx.plan, passes=results)
+    report = _report(ctx, seconds, [p.name for p, _ in results])
+    report["passes"] = pass_stats(results, timing.rows)
+    return QuantizeResult(model=ctx.model, encodings=encodings, report=report, stats=_stats(ctx), plan=ctx.plan,
+                          passes=results)
 
 
 def _clip_warnings(ctx, report: dict) -> list:
