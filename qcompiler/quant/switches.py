@@ -67,7 +67,8 @@ def _given(value) -> bool:
 class Switch:
     """One switch. `check(value) -> value`: the checked value `QuantSettings` keeps (raises ArgumentError naming
     `name`); `doc`: its paragraph in `quantize()`'s docstring; `flag`: its CLI option, or None with the reason in
-    `api_only`; `enables`: the pass it adds when `enabled(value)`; `config_key`: the config-file key that sets
+    `api_only`; `enables`: the pass it adds when `enabled(value)`; `configures`: the passes whose work it changes
+    (documentation; registered names, checked by the tests); `config_key`: the config-file key that sets
     the same thing (a dotted path of our YAML format); `setting_default`: QuantSettings' default when it is not
     check(default) (the value is resolved later, e.g. the scheme from a config)."""
 
@@ -79,6 +80,7 @@ class Switch:
     api_only: str = ""
     enables: str = ""
     enabled: Callable[[Any], bool] = _given
+    configures: Tuple[str, ...] = ()
     config_key: str = ""
     setting_default: Any = _SAME
 
@@ -277,14 +279,16 @@ SWITCHES: Tuple[Switch, ...] = (
     _switch("config", None, _config,
             "a path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits "
             "arguments)",
-            Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config", type=_path_type)),
+            Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config", type=_path_type),
+            configures=("place", "assign-encodings")),
     # NOTE: before max_drop: two passes a switch adds after the same pass run in table order (load-encodings,
     # then mixed-precision, both after place)
     _switch("load_encodings", None, _optional(_path),
             "an AIMET encodings file whose encodings are frozen; everything else is calibrated (the "
             "`load-encodings` pass)",
             Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type),
-            enables="load-encodings"),
+            enables="load-encodings",
+            configures=("load-encodings",)),
     # --- the grid ---
     _switch("target", "ort_cpu", _target,
             "the target profile: a name (ort_cpu, trt, qnn_htp, aimet), a profile YAML path or a dict; None: the "
@@ -296,40 +300,50 @@ SWITCHES: Tuple[Switch, ...] = (
             "the calibration scheme or one of its aliases (quant/schemes.py); None: the config's, else min_max",
             Flag(("--scheme",), "min_max (default; aliases post_training_tf, tf), tf_enhanced "
                  "(post_training_tf_enhanced), percentile, entropy (kl), mse"),
-            config_key="scheme", setting_default="min_max"),
+            config_key="scheme", setting_default="min_max",
+            configures=("calibrate", "assign-encodings", "mixed-precision")),
     _switch("per_channel", True, _bool, "weights per output channel (True) or per tensor",
             Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor"),
-            config_key="weights.per_channel"),
+            config_key="weights.per_channel",
+            configures=("place", "cle")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; quant/bitwidths.py)",
-            Flag(("--weight-bits",), type=int, show_default=True), config_key="weights.bits"),
+            Flag(("--weight-bits",), type=int, show_default=True), config_key="weights.bits",
+            configures=("place", "cle")),
     _switch("act_bits", 8, _bits, "activation grid bits (4, 8 or 16)",
-            Flag(("--act-bits",), type=int, show_default=True), config_key="activations.bits"),
+            Flag(("--act-bits",), type=int, show_default=True), config_key="activations.bits",
+            configures=("calibrate", "place", "cle")),
     _switch("weight_block", None, _optional(_block),
             "per-block weight scales of this many elements along the reduction axis (placement.block_axis; "
             "opset 21)",
             Flag(("--block-size",), "per-block weight scales: this many elements along each weight's reduction "
                  "axis (MatMul K); opset 21 DequantizeLinear block_size", type=int),
-            config_key="weights.per_block"),
+            config_key="weights.per_block",
+            configures=("place", "cle")),
     # --- what is quantized (issue 11 item 7) ---
     _switch("exclude", None, _names,
             "node names or regexes whose nodes stay float (qcompiler.quant.selection)",
             Flag(("--exclude",), "keep this node float: a node name, or (when no node has that name) a regular "
                  "expression searched in node names; repeatable", metavar="NODE|REGEX", multiple=True,
-                 default=(), to_api=_list_or_none)),
+                 default=(), to_api=_list_or_none),
+            configures=("place",)),
     _switch("op_types", None, _names,
             "only nodes of these op types are quantized (added after the config's rules, so they win)",
             Flag(("--op-types",), "quantize only nodes of these op types (comma list, e.g. Conv,MatMul); the "
-                 "others keep float weights and outputs", metavar="OP[,OP...]", to_api=_op_types)),
+                 "others keep float weights and outputs", metavar="OP[,OP...]", to_api=_op_types),
+            configures=("place",)),
     _switch("nodes", None, _names, "only the nodes with these names are quantized",
-            api_only="no flag yet: --exclude and --op-types cover the command line's needs"),
+            api_only="no flag yet: --exclude and --op-types cover the command line's needs",
+            configures=("place",)),
     _switch("act_symmetric", None, _optional(_bool),
             "symmetric activation grids (None: the target's choice); overrides a config",
             Flag(("--symmetric-activations",), "symmetric activation grids (zero point 0), whatever the "
                  "target's default", is_flag=True, default=False, to_api=_true_or_none),
-            config_key="activations.symmetric"),
+            config_key="activations.symmetric",
+            configures=("place",)),
     _switch("weight_symmetric", None, _optional(_bool),
             "symmetric weight grids (None: the target's choice); overrides a config",
-            api_only="no flag yet: the target profile or a config sets it", config_key="weights.symmetric"),
+            api_only="no flag yet: the target profile or a config sets it", config_key="weights.symmetric",
+            configures=("place",)),
     # --- the pipeline (issue 12): passes, recipes, opset ---
     _switch("bias_correction", False, _bool,
             "empirical bias correction of Conv/Gemm weights (qdq.correct_biases; the `bias-correction` pass); off "
@@ -356,11 +370,13 @@ SWITCHES: Tuple[Switch, ...] = (
             Flag(("--optimize",), "accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
                  "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs "
                  "between float kernels and narrows 16-bit values to 8 bits for integer kernels while the output "
-                 "SQNR loses at most --latency-budget-db", type=_choice_type(OPTIMIZE), show_default=True)),
+                 "SQNR loses at most --latency-budget-db", type=_choice_type(OPTIMIZE), show_default=True),
+            configures=("place", "latency-search")),
     _switch("latency_budget_db", None, _latency_budget,
             "with optimize='latency': the output SQNR (dB) the search may give up (default 1)",
             Flag(("--latency-budget-db",), "with --optimize latency: output SQNR (dB) the search may give up for "
-                 "speed (default 1)", type=float, metavar="DB")),
+                 "speed (default 1)", type=float, metavar="DB"),
+            configures=("latency-search",)),
     _switch("untaken_branches", "float", _choice(UNTAKEN_BRANCHES),
             "an If branch calibration never took keeps float activations (\"float\", default) or, \"mirror\", is "
             "calibrated from the other branch where the values are the same tensors "
@@ -368,14 +384,16 @@ SWITCHES: Tuple[Switch, ...] = (
             Flag(("--untaken-branches",), "an If branch the calibration data never takes: float activations, or "
                  "mirror: calibrated from the other branch where the values are the same tensors (the report's "
                  "notes say which)", type=_choice_type(UNTAKEN_BRANCHES), show_default=True),
-            enables="mirror-untaken-branches", enabled=lambda v: v == "mirror"),
+            enables="mirror-untaken-branches", enabled=lambda v: v == "mirror",
+            configures=("mirror-untaken-branches",)),
     _switch("smoothquant_alpha", None, _optional(_alpha),
             "SmoothQuant's alpha (0 < alpha < 1) for every layer; adds the `smoothquant` pass (without it, "
             "recipe=[\"smoothquant\"] searches alpha per layer)",
             Flag(("--smoothquant-alpha",), "SmoothQuant's alpha for every layer (adds --recipe smoothquant; "
                  "without it the recipe searches alpha per layer on the calibration data)", type=_alpha_type,
                  metavar="ALPHA"),
-            enables="smoothquant"),
+            enables="smoothquant",
+            configures=("smoothquant",)),
     _switch("measure_latency", False, _bool,
             "add the `measure-latency` pass (report['latency'] and report['kernels'])",
             Flag(("--measure-latency",), "time the quantized model against float in onnxruntime (default "
@@ -390,23 +408,29 @@ SWITCHES: Tuple[Switch, ...] = (
                  "on the calibration samples stays within X%% (relative output error; see "
                  "qcompiler.quant.mixed_precision); a table is printed, a Pareto PNG written beside --report",
                  metavar="X%"),
-            enables="mixed-precision"),
+            enables="mixed-precision",
+            configures=("mixed-precision",)),
     _switch("metric", None, _metric,
             "the mixed-precision search's `metric(outputs, reference) -> score` (default: relative output error)",
-            api_only="a Python callable"),
+            api_only="a Python callable",
+            configures=("mixed-precision",)),
     _switch("ray", None, _ray, "run the mixed-precision evaluations on Ray (\"auto\" or an address)",
             Flag(("--ray",), "run the --max-drop evaluations on a Ray cluster (pip install 'qcompiler[ray]'); "
-                 "default: local processes", metavar="auto|ADDRESS")),
+                 "default: local processes", metavar="auto|ADDRESS"),
+            configures=("mixed-precision",)),
     _switch("executor", None, _executor,
             "run the mixed-precision evaluations on this object's `map(fn, items)` instead "
             "(qcompiler.quant.executor; default: local processes, or Ray with `ray`)",
-            api_only="a Python object"),
+            api_only="a Python object",
+            configures=("mixed-precision",)),
     _switch("opset", None, _optional(_int(13, 1 << 16)), "pin the output opset",
             Flag(("--opset",), "pin the output opset (default: 13, or 21 when int4/int16 grids, per-block "
-                 "weights or the target's 16-bit widening need it)", type=int)),
+                 "weights or the target's 16-bit widening need it)", type=int),
+            configures=("convert-opset",)),
     # --- the calibration data ---
     _switch("limit", None, _optional(_int(lo=1)), "use at most this many calibration samples",
-            Flag(("--limit",), "use at most this many calibration samples", type=int)),
+            Flag(("--limit",), "use at most this many calibration samples", type=int),
+            configures=("calibrate",)),
     # --- the output SQNR floor ---
     _switch("min_sqnr", None, _min_sqnr,
             "the output SQNR floor in dB (default safety_net.DEFAULT_MIN_SQNR_DB; -inf turns it off): below it "
@@ -414,12 +438,14 @@ SWITCHES: Tuple[Switch, ...] = (
             "below it are listed in report['below_floor'] (never raised: the CLI exits 3 on them)",
             Flag(("--min-sqnr",), "output SQNR floor in dB (default 15): below it the safety net keeps float or "
                  "widens the quantizers that break the output, and an output still below it exits 3 (after "
-                 "writing)", type=float, metavar="DB")),
+                 "writing)", type=float, metavar="DB"),
+            configures=("safety-net",)),
     # --- terminal ---
     _switch("progress", None, _optional(_bool),
             "progress bars on stderr (None: on a terminal only)",
             Flag(("--progress/--no-progress",), "progress bars on stderr for loading, calibration and the report "
-                 "pass (default: on a terminal only; plain lines in logs)")),
+                 "pass (default: on a terminal only; plain lines in logs)"),
+            configures=("calibrate", "measure-sqnr", "seq-mse")),
 )
 
 BY_NAME = {s.name: s for s in SWITCHES}

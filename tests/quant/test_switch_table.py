@@ -53,6 +53,9 @@ def test_quantize_keywords_are_the_table():
 def test_every_switch_has_a_flag_a_check_and_a_readme_row(s):
     assert callable(s.check) and s.doc
     s.check(s.default)                          # the default passes its own check
+    from qcompiler.passmanager import get_pass
+    for name in (s.enables,) * bool(s.enables) + s.configures:
+        assert get_pass(name).name == name
     params = {p.name: p for p in quantize_cmd.params}
     if s.flag is None:
         assert s.api_only, f"{s.name}: no CLI flag and no reason given"
