@@ -279,6 +279,9 @@ def format_summary(report: dict) -> str:
         reasons[key] = reasons.get(key, 0) + 1
     for r, k in sorted(reasons.items(), key=lambda t: -t[1])[:8]:
         lines.append(f"  float x{k}: {r}")
+    for p in report.get("passes", ()):
+        for op, why in (p["stats"].get("skipped_op_types") or {}).items():
+            lines.append(f"  {p['name']} left alone {op}: {why}")
     lat, kern = report.get("latency"), report.get("kernels")
     if lat:
         lines.append(f"  latency: quantized {lat['quant_ms']:.3g} ms, float {lat['float_ms']:.3g} ms "

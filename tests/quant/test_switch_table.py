@@ -222,3 +222,6 @@ def test_seq_mse_names_the_op_types_it_leaves_alone():
     assert stats["skipped_op_types"] == {"Conv": "1 node: seq-mse handles MatMul, Gemm only; their weights keep "
                                                   "the assigned grids"}
     assert any(n.startswith("seq-mse left alone: Conv (1 node") for n in res.report["notes"])
+    from qcompiler.quant.report import format_summary
+    assert "  seq-mse left alone Conv: 1 node: seq-mse handles MatMul, Gemm only; their weights keep the assigned " \
+           "grids" in format_summary(res.report).splitlines()
