@@ -1,5 +1,7 @@
 """`qcompiler quantize`: a thin click wrapper over `qcompiler.quant.api.quantize`.
 
+The switches' options (`--weight-bits`, `--optimize`, `--max-drop`, ...) come from the table in
+qcompiler/quant/switches.py (`switch_options`); the options here are the data, the outputs and the terminal.
 Register it on the main group with `main.add_command(quantize_cmd)` (qcompiler/cli.py); the group turns
 QCompilerError into one line on stderr and exit code 2.
 

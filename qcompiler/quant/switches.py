@@ -13,7 +13,12 @@ config can set the same thing. Everything else is derived from the table:
 
 `quantize()` keeps its keywords written out, so `help()`, `inspect.signature` and an IDE show them;
 tests/quant/test_switch_table.py checks that they are exactly the table's names and defaults, that each switch
-has a flag (or says why not), a README row and a check, and that a bad value reads the same from each door.
+has a flag (or says why not), a README row and a check, and that a bad value reads the same from each door: the
+CLI runs the same `check_switches` before it reads a file, so `--weight-bits 7` and `weight_bits=7` give the same
+line, and a config key sets the same thing with the same words after the file and the key (bit widths, scheme).
+Three flags keep a click type built from the table (`--optimize` and `--untaken-branches`: click.Choice of the
+table's tuple; `--smoothquant-alpha`: the same open range): the command line refuses their bad values while
+parsing, in click's form, naming the flag.
 
 Adding a switch: one entry here, one keyword in `quantize()`'s signature (the test names a missing one), one
 README row; the pass reads it as `ctx.settings.<name>`.
