@@ -16,8 +16,8 @@
 convert-opset fold-conv-bias-add; after fuse-hardswish cle, smoothquant; after calibrate mirror-untaken-branches;
 after place load-encodings, mixed-precision; after assign-encodings bias-correction, seq-mse, adaround; after
 safety-net measure-latency. A flag that asks for a pass adds it the same way (SWITCHES, from the `enables` of
-quant/switches.py); `--pipeline` replaces the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point
-(passmanager/registry.py) and work the same way.
+quant/switches.py); `--pipeline` replaces the whole list for experts. Third-party passes join through the
+`qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
 """
 from __future__ import annotations
 
