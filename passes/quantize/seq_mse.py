@@ -19,7 +19,8 @@ once through the input's Gram matrix or a factor of it; a 4096 x 4096 MatMul tak
 The report's `layers` entry of each optimised node gets `seq_mse`: mean and least fraction chosen, how many
 channels (or blocks) changed, and the layer output MSE on the captured rows under the assigned grid and under the
 chosen one (never larger: f = 1 is a candidate). Skipped nodes (shared, frozen or non-float32 weights, Gemm
-with transA) are listed in the pass's stats. Conv is not handled (its encodings stay as assigned).
+with transA) are listed in the pass's stats. Conv is not handled (its encodings stay as assigned): the stats'
+`skipped_op_types` and a note name each op type left alone and why.
 
 Order with bias correction: `--recipe seq-mse,bias-correction` (bias correction must see the final grid);
 named the other way round, the biases are corrected for the grid seq-mse then replaces, and a note says so.
@@ -77,7 +78,12 @@ class SequentialMse(QuantPass):
             ctx.notes.append(f"seq-mse on {len(results)} MatMul/Gemm layers: summed layer output MSE "
                              f"{before:.4g} -> {after:.4g}; {sum(r.changed for r in results)} of "
                              f"{sum(r.groups for r in results)} channel/block ranges narrowed")
-        stats = {"layers": len(results), "skipped": dict(list(skipped.items())[:20]),
+        from qcompiler.quant.layer_inputs import LAYER_OPS
+        from qcompiler.quant.report import skipped_op_types
+        other = skipped_op_types(ctx.model, ctx.plan, LAYER_OPS, self.name)
+        if other:
+            ctx.notes.append("seq-mse left alone: " + "; ".join(f"{op} ({why})" for op, why in other.items()))
+        stats = {"layers": len(results), "skipped": dict(list(skipped.items())[:20]), "skipped_op_types": other,
                  "capture_seconds": round(capture_s, 3),
                  "search_seconds": round(sum(r.seconds for r in results), 3)}
         return PassResult(bool(results), stats)

@@ -20,12 +20,11 @@ from ..passmanager.instrumentation import Timing
 from .pipeline import DEFAULT_PIPELINE, pipeline_for, quantization_manager, run_quantization
 from .placement import PlacementOptions
 from .profiles import get_profile
-from .report import build_report
+from .report import build_report, pass_stats
+from .selection import Selection
+from .switches import BY_NAME, OPTIMIZE, api_doc, check_switches
 
 __all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE", "OPTIMIZE"]
-# what placement trades (placement/float_regions.py): every quantizer; none that only costs time at 16 bits
-# (default); none that only costs time at all, and float weights where the kernel is float
-OPTIMIZE = ("accuracy", "balanced", "latency")
 
 
 @dataclass
@@ -87,102 +86,48 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
     batch-dim rule), an .npy path (single-input model), a folder of them, an iterable of feed dicts, or an object
-    with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked). `config`: a
-    path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits arguments).
-    `exclude`: node names or regexes whose nodes stay float; `op_types` / `nodes`: only nodes of these op types /
-    with these names are quantized (qcompiler.quant.selection; added after the config's rules, so they win).
-    `act_symmetric` / `weight_symmetric`: symmetric grids (None: the target's choice); they also override a
-    config. A selector, config rule or frozen encoding that matches nothing is listed in report['warnings'].
-    `load_encodings`: an AIMET encodings file whose encodings are frozen; everything else is calibrated.
-    `bias_correction`:
-    empirical bias correction of Conv/Gemm weights (qdq.correct_biases); off by default because on ppocr_cls it
-    helped weight-only quantization (49 -> 56 dB) but hurt W8A8 (43 -> 32 dB output SQNR). `weight_block`:
-    per-block weight scales of this many elements along the reduction axis (placement.block_axis; opset 21).
-    `min_sqnr`: the output SQNR floor in dB (default safety_net.DEFAULT_MIN_SQNR_DB; -inf turns it off): below
-    it the safety net keeps float or widens the quantizers that break the output, and the outputs still below
-    it are listed in report['below_floor'] (never raised: the CLI exits 3 on them).
-
-    The work is a pipeline of registered passes (qcompiler.quant.pipeline.DEFAULT_PIPELINE). `recipe`: optional
-    passes to add, each where it belongs ("bias-correction", or a plug-in's pass with an `after`); `pipeline`: the
-    whole list instead (experts; the passes' contracts are checked before any work); `opset`: pin the output
-    opset; `optimize`: accuracy keeps every quantizer; balanced (default) leaves float the 16-bit quantizers no
-    integer kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes out,
-    by a measured search (report['latency_search']), the Q/DQ pairs between float kernels and narrows widened
-    16-bit values to 8 bits where an integer kernel then runs, while the output SQNR stays at most
-    `latency_budget_db` dB (default 1) below its starting value (quant/latency_search.py); `measure_latency`:
-    add the `measure-latency` pass (report['latency'] and report['kernels']); `untaken_branches`: an If branch
-    calibration never took keeps float activations ("float", default) or, "mirror", is calibrated from the other
-    branch where the values are the same tensors (passes/quantize/untaken_branches.py; the notes say what each
-    idle branch got); `smoothquant_alpha`: SmoothQuant's alpha (0 < alpha < 1) for every layer, and adds the
-    `smoothquant` pass (without it, `recipe=["smoothquant"]` searches alpha per layer); `max_drop`: a budget
-    (0.01 or "1%") switches on the `mixed-precision` pass: the cheapest per-layer precision whose drop on the
-    calibration samples stays within it (qcompiler.quant.mixed_precision; report['mixed_precision']); `metric`:
-    its `metric(outputs, reference) -> score` (default: relative output error); `ray`: run its evaluations on
-    Ray ("auto" or an address), `executor`: or on an object with `map(fn, items)` (qcompiler.quant.executor;
-    default: local processes);
+    with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked).
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
-    every pass.
+    every pass. The other keywords are the switches of qcompiler/quant/switches.py, one entry each (listed
+    below; `qcompiler quantize` has a flag for each). A selector, config rule or frozen encoding that matches
+    nothing is listed in report['warnings']. The work is a pipeline of registered passes
+    (qcompiler.quant.pipeline.DEFAULT_PIPELINE); a switch that asks for a pass adds it like a `recipe` entry.
 
     Errors (all subclasses of qcompiler.errors.QCompilerError, one line naming the file, argument or sample):
-    ArgumentError for an argument of the wrong type or out of range (`_check_arguments`); UnknownPassError /
+    ArgumentError for an argument of the wrong type or out of range (the switch table's checks); UnknownPassError /
     PipelineError for an unknown pass name or a pipeline whose order breaks a pass's `requires`; ModelLoadError /
     InvalidModelError for a model that cannot be read or is not a valid graph; OnnxRuntimeError when
     onnxruntime refuses the model (its reason); DataError for calibration data that does not fit the model or
     that onnxruntime cannot run (names the sample); ConfigError for a bad config, profile or encodings file.
     Anything else is a bug.
+
     """
-    _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
-                     load_encodings, progress, limit, bias_correction, weight_block)
-    if opset is not None:
-        from ..arguments import require_int
-        require_int(opset, "opset", lo=13, hi=1 << 16)
-    from ..arguments import require_choice
-    from .body_probe import UNTAKEN_BRANCHES
-    require_choice(optimize, "optimize", OPTIMIZE)
-    require_choice(untaken_branches, "untaken_branches", UNTAKEN_BRANCHES)
+    given = {k: v for k, v in locals().items() if k in BY_NAME}   # the switches, as the caller gave them
+    _check_inputs(model_or_path, calib)
+    s = check_switches(given)
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
-    if smoothquant_alpha is not None:
-        from ..arguments import got
-        if isinstance(smoothquant_alpha, bool) or not isinstance(smoothquant_alpha, (int, float)) or \
-                not 0.0 < float(smoothquant_alpha) < 1.0:
-            raise ArgumentError(f"smoothquant_alpha must be a number between 0 and 1 (exclusive), "
-                                f"got {got(smoothquant_alpha)}")
-    from .mixed_precision.budget import check_budget
-    max_drop, metric, ray = check_budget(max_drop, metric, ray, executor)
-    pm = quantization_manager(pipeline_for(recipe, pipeline, bias_correction=bias_correction,
-                                           load_encodings=load_encodings, measure_latency=measure_latency,
-                                           untaken_branches=untaken_branches == "mirror",
-                                           smoothquant_alpha=smoothquant_alpha, max_drop=max_drop),
-                              instrumentations)
-    from .safety_net import check_min_sqnr
-    min_sqnr = check_min_sqnr(min_sqnr)
-    from .latency_search import check_latency_budget
-    latency_budget_db = check_latency_budget(latency_budget_db)
-    sel = _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric)
+    pm = quantization_manager(pipeline_for(**s), instrumentations)
+    sel = Selection(exclude=s["exclude"] or (), op_types=s["op_types"], nodes=s["nodes"],
+                    act_symmetric=s["act_symmetric"], weight_symmetric=s["weight_symmetric"])
     # paths as str from here on (a bytes or Path model, data, config, profile or encodings path)
-    model_or_path, calib, target, config, load_encodings = (
-        os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a
-        for a in (model_or_path, calib, target, config, load_encodings))
+    model_or_path, calib = (os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a
+                            for a in (model_or_path, calib))
+    for k in ("target", "config", "load_encodings"):
+        if isinstance(s[k], (bytes, os.PathLike)):
+            s[k] = os.fsdecode(s[k])
     from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
-        return _quantize(model_or_path, calib, pm,
-                         QuantSettings(target=target, scheme=scheme, per_channel=per_channel, weight_bits=weight_bits,
-                                       act_bits=act_bits, config=config, load_encodings=load_encodings,
-                                       progress=progress, limit=limit, weight_block=weight_block,
-                                       min_sqnr=min_sqnr, selection=sel, opset=opset, optimize=optimize,
-                                       smoothquant_alpha=None if smoothquant_alpha is None
-                                       else float(smoothquant_alpha),
-                                       max_drop=max_drop, metric=metric, ray=ray, executor=executor,
-                                       latency_budget_db=latency_budget_db))
+        return _quantize(model_or_path, calib, pm, QuantSettings(**s, selection=sel))
 
 
-def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_bits, act_bits, config,
-                     load_encodings, progress, limit, bias_correction, weight_block) -> None:
-    """Every argument of `quantize`, by type and range, before any work: one ArgumentError line naming it."""
-    from ..arguments import got, require_bool, require_int, require_path
+if quantize.__doc__:    # (python -OO strips docstrings)
+    quantize.__doc__ += api_doc() + "\n"
+
+
+def _check_inputs(model_or_path, calib) -> None:
+    """The model and the data arguments of `quantize`, by type, before any work: one ArgumentError line."""
+    from ..arguments import got, require_path
     from ..ir.model import Model
-    from .bitwidths import check_bits
-    from .schemes import canonical_scheme
     import onnx
     if isinstance(model_or_path, (str, bytes, os.PathLike)):
         require_path(model_or_path, "model")
@@ -194,39 +139,6 @@ def _check_arguments(model_or_path, calib, target, scheme, per_channel, weight_b
         hint = " (a single feed dict: wrap it in a list)" if isinstance(calib, dict) else ""
         raise ArgumentError(f"calib must be an .npz/.npy path, a folder, an iterable of feed dicts or a reader "
                             f"with get_next(), got {got(calib)}{hint}")
-    if target is not None and not isinstance(target, (str, dict, os.PathLike)):
-        raise ArgumentError(f"target must be a profile name, a profile YAML path or a dict, got {got(target)}")
-    if scheme is not None and not isinstance(scheme, str):
-        raise ArgumentError(f"scheme must be a scheme name (e.g. 'min_max'), got {got(scheme)}")
-    if scheme is not None:
-        canonical_scheme(scheme, error=ArgumentError)
-    require_bool(per_channel, "per_channel")
-    check_bits(weight_bits, "weight_bits", error=ArgumentError)
-    check_bits(act_bits, "act_bits", error=ArgumentError)
-    if config is not None and not hasattr(config, "settings_for"):
-        require_path(config, "config")
-    if load_encodings is not None:
-        require_path(load_encodings, "load_encodings")
-    if progress is not None:
-        require_bool(progress, "progress")
-    if limit is not None:
-        require_int(limit, "limit", lo=1)
-    require_bool(bias_correction, "bias_correction")
-    if weight_block is not None and (isinstance(weight_block, bool) or not isinstance(weight_block, int)
-                                     or weight_block < 1):
-        raise ArgumentError(f"block size {got(weight_block)}: must be a positive number of elements")
-
-
-def _check_selection(exclude, op_types, nodes, act_symmetric, weight_symmetric):
-    """The selection and symmetry arguments of `quantize`, checked: one ArgumentError line naming the argument."""
-    from ..arguments import require_bool
-    from .selection import Selection, check_names
-    for v, what in ((act_symmetric, "act_symmetric"), (weight_symmetric, "weight_symmetric")):
-        if v is not None:
-            require_bool(v, what)
-    return Selection(exclude=check_names(exclude, "exclude") or (), op_types=check_names(op_types, "op_types"),
-                     nodes=check_names(nodes, "nodes"), act_symmetric=act_symmetric,
-                     weight_symmetric=weight_symmetric)
 
 
 def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_bits, weight_block):
@@ -304,9 +216,10 @@ def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
     # a loaded file's FLOAT entries have no quantizer; the encodings (and a file written from them) keep them
     encodings = {k: {**getattr(ctx, k), **ctx.float_encodings[k]} if ctx.float_encodings.get(k) else getattr(ctx, k)
                  for k in ("activations", "params")}
-    return QuantizeResult(model=ctx.model, encodings=encodings,
-                          report=_report(ctx, seconds, [p.name for p, _ in results]),
-                          stats=_stats(ctx), plan=ctx.plan, passes=results)
+    report = _report(ctx, seconds, [p.name for p, _ in results])
+    report["passes"] = pass_stats(results, timing.rows)
+    return QuantizeResult(model=ctx.model, encodings=encodings, report=report, stats=_stats(ctx), plan=ctx.plan,
+                          passes=results)
 
 
 def _clip_warnings(ctx, report: dict) -> list:

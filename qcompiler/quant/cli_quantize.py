@@ -1,5 +1,7 @@
 """`qcompiler quantize`: a thin click wrapper over `qcompiler.quant.api.quantize`.
 
+The switches' options (`--weight-bits`, `--optimize`, `--max-drop`, ...) come from the table in
+qcompiler/quant/switches.py (`switch_options`); the options here are the data, the outputs and the terminal.
 Register it on the main group with `main.add_command(quantize_cmd)` (qcompiler/cli.py); the group turns
 QCompilerError into one line on stderr and exit code 2.
 
@@ -24,80 +26,39 @@ FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node"
                "frozen encoding": "--load-encodings entry"}
 
 
+def switch_options(f):
+    """Add one option per switch of the table (quant/switches.py) that has a flag, in table order; the command
+    receives each under the switch's keyword (`--block-size` as `weight_block`)."""
+    from .switches import cli_switches
+    for s in reversed(cli_switches()):
+        fl = s.flag
+        kw = dict(help=fl.help or None, default=s.cli_default, metavar=fl.metavar, show_default=fl.show_default,
+                  multiple=fl.multiple)
+        if fl.is_flag:
+            kw["is_flag"] = True
+        if fl.type is not None:
+            kw["type"] = fl.type if isinstance(fl.type, type) else fl.type()
+        f = click.option(*fl.decls, s.name, **kw)(f)
+    return f
+
+
 @click.command("quantize")
 @click.argument("model_path", metavar="MODEL")
 @click.option("--calib", required=True, help="calibration data: .npz (one key per graph input, samples along "
               "axis 0; a sample may carry its own batch dim of 1), .npy (single-input model), or a folder of them")
 @click.option("-o", "--output", required=True, help="where to write the QDQ model")
-@click.option("--config", "config_path", type=click.Path(), help="AIMET quantsim JSON or qcompiler YAML/JSON config")
-@click.option("--target", default=None, help="backend profile: ort_cpu (default), trt, qnn_htp, aimet (encodings "
-              "for AIMET's default config), or a profile YAML")
-@click.option("--scheme", default=None, help="min_max (default; aliases post_training_tf, tf), tf_enhanced "
-              "(post_training_tf_enhanced), percentile, entropy (kl), mse")
-@click.option("--per-channel/--per-tensor", default=True, help="weights per output channel (default) or per tensor")
-@click.option("--weight-bits", type=int, default=8, show_default=True)
-@click.option("--act-bits", type=int, default=8, show_default=True)
-@click.option("--block-size", type=int, default=None, help="per-block weight scales: this many elements along "
-              "each weight's reduction axis (MatMul K); opset 21 DequantizeLinear block_size")
-# --- what is quantized (issue 11 item 7) ---
-@click.option("--exclude", multiple=True, metavar="NODE|REGEX", help="keep this node float: a node name, or "
-              "(when no node has that name) a regular expression searched in node names; repeatable")
-@click.option("--op-types", default=None, metavar="OP[,OP...]", help="quantize only nodes of these op types "
-              "(comma list, e.g. Conv,MatMul); the others keep float weights and outputs")
-@click.option("--symmetric-activations", is_flag=True, default=False,
-              help="symmetric activation grids (zero point 0), whatever the target's default")
-@click.option("--bias-correction/--no-bias-correction", default=False, show_default=True,
-              help="empirical bias correction of Conv/Gemm weights (helps weight-only, may hurt W8A8); the same as "
-              "--recipe bias-correction")
-# --- the pipeline (issue 12): passes, recipes, opset ---
-@click.option("--recipe", default=None, metavar="PASS[,PASS...]", help="optional quantization passes to add, "
-              "each where it belongs in the default pipeline (see `qcompiler list-passes`)")
-@click.option("--pipeline", "pipeline", default=None, metavar="PASS[,PASS...]",
-              help="replace the whole default pipeline (experts; each pass's requirements are checked first)")
-@click.option("--optimize", type=click.Choice(["accuracy", "balanced", "latency"]), default="balanced",
-              show_default=True, help="accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
-              "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs between "
-              "float kernels and narrows 16-bit values to 8 bits for integer kernels while the output SQNR loses "
-              "at most --latency-budget-db")
-@click.option("--latency-budget-db", "latency_budget_db", type=float, default=None, metavar="DB",
-              help="with --optimize latency: output SQNR (dB) the search may give up for speed (default 1)")
-@click.option("--untaken-branches", type=click.Choice(["float", "mirror"]), default="float", show_default=True,
-              help="an If branch the calibration data never takes: float activations, or mirror: calibrated from "
-              "the other branch where the values are the same tensors (the report's notes say which)")
-@click.option("--smoothquant-alpha", type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True), default=None,
-              metavar="ALPHA", help="SmoothQuant's alpha for every layer (adds --recipe smoothquant; without it the "
-              "recipe searches alpha per layer on the calibration data)")
-@click.option("--measure-latency", is_flag=True, help="time the quantized model against float in onnxruntime "
-              "(default session options, interleaved) and list which nodes run on integer kernels and why not")
-@click.option("--max-drop", "max_drop", default=None, metavar="X%", help="mixed precision: the cheapest per-layer "
-              "precision (W4A8 .. float) whose drop on the calibration samples stays within X%% (relative output "
-              "error; see qcompiler.quant.mixed_precision); a table is printed, a Pareto PNG written beside --report")
-@click.option("--ray", default=None, metavar="auto|ADDRESS", help="run the --max-drop evaluations on a Ray cluster "
-              "(pip install 'qcompiler[ray]'); default: local processes")
-@click.option("--opset", type=int, default=None, help="pin the output opset (default: 13, or 21 when int4/int16 "
-              "grids, per-block weights or the target's 16-bit widening need it)")
+@switch_options
 # --- outputs ---
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
-@click.option("--load-encodings", type=click.Path(), help="AIMET encodings to freeze; the rest is calibrated")
 @click.option("--report", "report_path", type=click.Path(), help="write the JSON report here ('-': to stdout)")
-@click.option("--limit", type=int, default=None, help="use at most this many calibration samples")
-# --- the output SQNR floor: the safety net below it; exit 3 when an output stays below it ---
-@click.option("--min-sqnr", "min_sqnr", type=float, default=None, metavar="DB",
-              help="output SQNR floor in dB (default 15): below it the safety net keeps float or widens the "
-              "quantizers that break the output, and an output still below it exits 3 (after writing)")
 @click.option("--allow-low-sqnr", is_flag=True, help="exit 0 even when an output's SQNR stays below the floor")
 # --- terminal ---
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout (nothing else)")
-@click.option("--progress/--no-progress", default=None, help="progress bars on stderr for loading, calibration "
-              "and the report pass (default: on a terminal only; plain lines in logs)")
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
-def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_channel, weight_bits, act_bits,
-                 block_size, exclude, op_types, symmetric_activations, bias_correction, recipe, pipeline, optimize,
-                 latency_budget_db, measure_latency, opset, untaken_branches, smoothquant_alpha, max_drop, ray,
-                 encodings_path, encodings_version, load_encodings, report_path, limit, min_sqnr, allow_low_sqnr,
-                 as_json, progress, quiet, **flags):
+def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, allow_low_sqnr,
+                 as_json, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
 
     The work is a pipeline of passes (`qcompiler list-passes`): the flags of `qcompiler run` (--time-passes,
@@ -105,18 +66,20 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
     from ..onnx_io import save_model
     from ..onnx_io.files import check_output_paths
     from .api import quantize
+    from .switches import api_from_cli, check_switches, cli_switches
     report_stdout = report_path == "-"
     if as_json and report_stdout:
         raise click.UsageError("--json and --report - both write to stdout; give --report a file")
-    ops = _op_types(op_types)
-    inputs = (model_path, calib, config_path, load_encodings, target)
-    from .mixed_precision.budget import parse_max_drop
-    max_drop = parse_max_drop(max_drop)
-    names = pipeline_for(recipe, pipeline, bias_correction=bias_correction, load_encodings=load_encodings,
-                         measure_latency=measure_latency, untaken_branches=untaken_branches == "mirror",
-                         smoothquant_alpha=smoothquant_alpha, max_drop=max_drop)
+    # the switches as quantize() takes them, checked here by the same table (one line naming the keyword)
+    given = api_from_cli({s.name: flags.pop(s.name) for s in cli_switches()})
+    if quiet:
+        given["progress"] = False
+    switches = check_switches(given)
+    inputs = (model_path, calib, given["config"], given["load_encodings"], given["target"])
+    names = pipeline_for(**switches)
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
-    pareto = f"{report_path}.pareto.png" if max_drop is not None and report_path and not report_stdout else None
+    pareto = f"{report_path}.pareto.png" if switches["max_drop"] is not None and report_path and not report_stdout \
+        else None
     outputs = [("-o", output), ("--encodings", encodings_path),
                ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto)] + \
         Instruments.dump_outputs(passes, flags["dump_dir"])
@@ -124,14 +87,7 @@ def quantize_cmd(model_path, calib, output, config_path, target, scheme, per_cha
                        new_folders={"--dump-dir": flags["dump_dir"]})
     instruments = Instruments(passes, inputs, feeds_name=calib, feeds_factory=first_sample(calib, "calibration data"),
                               **flags)
-    res = quantize(model_path, calib, target=target, scheme=scheme, per_channel=per_channel,
-                   weight_bits=weight_bits, act_bits=act_bits, config=config_path, load_encodings=load_encodings,
-                   progress=False if quiet else progress, limit=limit, weight_block=block_size,
-                   exclude=list(exclude) or None, op_types=ops,
-                   act_symmetric=True if symmetric_activations else None, min_sqnr=min_sqnr,
-                   pipeline=names, opset=opset, optimize=optimize, latency_budget_db=latency_budget_db,
-                   smoothquant_alpha=smoothquant_alpha, max_drop=max_drop, ray=ray,
-                   instrumentations=instruments.list)
+    res = quantize(model_path, calib, **dict(given, recipe=None, pipeline=names), instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
@@ -165,15 +121,6 @@ def _mixed_precision_plot(report: dict, path, inputs):
         return "mixed precision: no Pareto plot without --report FILE (it goes beside the report)"
     from .mixed_precision.plot import write_pareto_png
     return write_pareto_png(mp, path, protect=inputs)
-
-
-def _op_types(text):
-    if text is None:
-        return None
-    ops = [t.strip() for t in text.split(",") if t.strip()]
-    if not ops:
-        raise click.BadParameter("expected a comma list of op types, e.g. Conv,MatMul", param_hint="--op-types")
-    return ops
 
 
 def _write_report(report: dict, path, inputs) -> None:

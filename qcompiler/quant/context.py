@@ -8,36 +8,28 @@ against the pipeline before anything runs.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Dict, List, Optional
 
 from ..passmanager.base import Pass, PassResult
 
 
-@dataclass
-class QuantSettings:
-    """The arguments of one `quantize` run, checked and resolved (config file read, scheme canonical)."""
+def _settings_class():
+    """QuantSettings: one field per switch (quant/switches.py), holding its checked value, plus `selection`."""
+    from .switches import SWITCHES
+    fields = [(s.name, Any, field(default_factory=s.settings_default)) for s in SWITCHES]
+    fields.append(("selection", Any, field(default=None)))     # quant.selection.Selection
+    return make_dataclass("QuantSettings", fields, namespace={
+        "__doc__": "The switches of one `quantize` run, checked (one field per entry of "
+                   "qcompiler/quant/switches.py, e.g. `weight_bits`, `optimize`, `max_drop` as a fraction, "
+                   "`min_sqnr` and `latency_budget_db` with their defaults filled in) and resolved by "
+                   "api._context (config file read into a QuantConfig, scheme canonical, target chosen); "
+                   "`selection`: the quant.selection.Selection of exclude/op_types/nodes and the symmetry "
+                   "overrides.",
+        "__module__": __name__})
 
-    target: Any = "ort_cpu"             # profile name, YAML path or dict (as given)
-    scheme: str = "min_max"
-    per_channel: bool = True
-    weight_bits: int = 8
-    act_bits: int = 8
-    config: Any = None                  # QuantConfig or None
-    load_encodings: Optional[str] = None
-    progress: Optional[bool] = None
-    limit: Optional[int] = None
-    weight_block: Optional[int] = None
-    min_sqnr: float = 15.0
-    selection: Any = None               # quant.selection.Selection
-    opset: Optional[int] = None         # pinned output opset (`--opset N`), None: chosen (quant.opset)
-    optimize: str = "balanced"          # accuracy | balanced | latency (placement/float_regions.py)
-    smoothquant_alpha: Optional[float] = None   # smoothquant's alpha for every layer; None: searched per layer
-    max_drop: Optional[float] = None    # mixed-precision budget (a fraction: 0.01 = 1 %)
-    metric: Any = None                  # mixed-precision: metric(outputs, reference) -> score; None: relative error
-    ray: Optional[str] = None           # mixed-precision: run the evaluations on Ray ("auto" or an address)
-    executor: Any = None                # mixed-precision: an executor object (tests; overrides `ray`)
-    latency_budget_db: float = 1.0      # --optimize latency: output SQNR it may lose (quant/latency_search.py)
+
+QuantSettings = _settings_class()
 
 
 @dataclass

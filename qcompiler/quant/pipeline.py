@@ -15,15 +15,16 @@
 `--recipe a,b` adds optional passes, each right after the pass named by its `after` (README's table): after
 convert-opset fold-conv-bias-add; after fuse-hardswish cle, smoothquant; after calibrate mirror-untaken-branches;
 after place load-encodings, mixed-precision; after assign-encodings bias-correction, seq-mse, adaround; after
-safety-net measure-latency. A flag that asks for a pass adds it the same way (SWITCHES); `--pipeline`
-replaces the whole list for experts. Third-party passes join through the `qcompiler.passes` entry point
-(passmanager/registry.py) and work the same way.
+safety-net measure-latency. A flag that asks for a pass adds it the same way (SWITCHES, from the `enables` of
+quant/switches.py); `--pipeline` replaces the whole list for experts. Third-party passes join through the
+`qcompiler.passes` entry point (passmanager/registry.py) and work the same way.
 """
 from __future__ import annotations
 
 from typing import Iterable, List, Sequence
 
 from ..errors import PipelineError
+from .switches import pass_switches, wanted_passes
 
 PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
 DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
@@ -77,15 +78,14 @@ def run_quantization(ctx, pm) -> list:
     return pm.run(ctx.model, ctx)
 
 
-SWITCHES = {"load_encodings": "load-encodings", "bias_correction": "bias-correction",
-            "measure_latency": "measure-latency", "smoothquant_alpha": "smoothquant",
-            "untaken_branches": "mirror-untaken-branches", "max_drop": "mixed-precision"}   # argument -> its pass
+SWITCHES = pass_switches()   # keyword -> the pass it asks for (the `enables` of quant/switches.py's table)
 
 
 def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
-    """The pass names for `quantize`'s arguments: a switch that asks for a pass (`bias_correction=True`,
-    `load_encodings=FILE`) adds it like a recipe entry; a full `pipeline` must already name it."""
-    wanted = [SWITCHES[k] for k, v in switches.items() if v not in (None, False)]
+    """The pass names for `quantize`'s switches: a switch that asks for a pass (`bias_correction=True`,
+    `load_encodings=FILE`, `untaken_branches="mirror"`; the table's `enabled`) adds it like a recipe entry; a
+    full `pipeline` must already name it. Switches that ask for no pass are ignored."""
+    wanted = wanted_passes(switches)
     if pipeline is not None:
         names = build_pipeline(recipe, pipeline)
         for name in wanted:

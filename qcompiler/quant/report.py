@@ -145,6 +145,74 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
     }
 
 
+PASS_STATS_MAX_ITEMS = 50      # a pass's list or mapping in report['passes'] keeps at most this many entries
+
+
+def pass_stats(results, rows) -> list:
+    """report['passes']: per pass run, in pipeline order, its name, wall seconds (`rows`: Timing.rows), whether it
+    changed the model and its counters (PassResult.stats: what it changed, what it kept and why; the same
+    numbers `--stats` prints), made JSON-friendly and bounded (PASS_STATS_MAX_ITEMS entries per list or mapping).
+    A pass that leaves some nodes alone names them by op type with the reason in `skipped_op_types`."""
+    out = []
+    for (p, r), (_, seconds) in zip(results, rows):
+        out.append({"name": p.name, "seconds": round(seconds, 3), "modified": bool(r.modified),
+                    "stats": _bounded(r.stats)})
+    return out
+
+
+def _bounded(o, depth: int = 0):
+    """A JSON-friendly copy of a pass's stats: numbers, strings, lists and mappings (long ones cut, the cut
+    counted), anything else as a short string."""
+    if isinstance(o, (bool, int, str)) or o is None:
+        return o
+    if isinstance(o, float):
+        return round(o, 6)
+    if hasattr(o, "item") and not isinstance(o, (list, tuple, dict)):
+        try:
+            return _bounded(o.item(), depth)
+        except (AttributeError, ValueError, TypeError):
+            pass
+    if depth > 3:
+        return str(o)[:80]
+    if isinstance(o, dict):
+        items = list(o.items())
+        d = {str(k)[:80]: _bounded(v, depth + 1) for k, v in items[:PASS_STATS_MAX_ITEMS]}
+        if len(items) > PASS_STATS_MAX_ITEMS:
+            d["..."] = f"{len(items) - PASS_STATS_MAX_ITEMS} more"
+        return d
+    if isinstance(o, (list, tuple, set, frozenset)):
+        items = list(o)
+        out = [_bounded(v, depth + 1) for v in items[:PASS_STATS_MAX_ITEMS]]
+        if len(items) > PASS_STATS_MAX_ITEMS:
+            out.append(f"... {len(items) - PASS_STATS_MAX_ITEMS} more")
+        return out
+    return str(o)[:80]
+
+
+def skipped_op_types(model, plan, handled_ops, what: str) -> Dict[str, str]:
+    """{op type: why, with how many}: the nodes with a quantized weight that a pass handling only `handled_ops`
+    in the main graph leaves with their assigned grids (`what`: the pass's name, for the reason), e.g.
+    {"Conv": "3 nodes: seq-mse handles MatMul, Gemm only; their weights keep the assigned grids"}.
+    Nodes inside If/Loop/Scan bodies are counted under "<op type> in bodies"."""
+    main = {id(n) for n in model.graph.nodes}
+    counts: Dict[str, int] = {}
+    for g in model.graph.all_graphs():
+        for n in g.nodes:
+            spec = plan.uses.get((n.name, 1))
+            if spec is None or spec.kind != "weight" or spec.keep_float or spec.encoding is None:
+                continue
+            if id(n) in main and n.op_type in handled_ops:
+                continue
+            key = n.op_type if id(n) in main else f"{n.op_type} in bodies"
+            counts[key] = counts.get(key, 0) + 1
+    out = {}
+    for key, k in sorted(counts.items()):
+        why = (f"{what} does not reach into If/Loop/Scan bodies" if key.endswith(" in bodies")
+               else f"{what} handles {', '.join(handled_ops)} only")
+        out[key] = f"{k} node{'s' if k > 1 else ''}: {why}; their weights keep the assigned grids"
+    return out
+
+
 def _grid(enc: Encoding) -> str:
     kind = f"{'int' if enc.signed else 'uint'}{enc.bits}"
     if enc.block_size:
@@ -211,6 +279,9 @@ def format_summary(report: dict) -> str:
         reasons[key] = reasons.get(key, 0) + 1
     for r, k in sorted(reasons.items(), key=lambda t: -t[1])[:8]:
         lines.append(f"  float x{k}: {r}")
+    for p in report.get("passes", ()):
+        for op, why in (p["stats"].get("skipped_op_types") or {}).items():
+            lines.append(f"  {p['name']} left alone {op}: {why}")
     lat, kern = report.get("latency"), report.get("kernels")
     if lat:
         lines.append(f"  latency: quantized {lat['quant_ms']:.3g} ms, float {lat['float_ms']:.3g} ms "
