@@ -68,8 +68,6 @@ def test_every_switch_has_a_flag_a_check_and_a_readme_row(s):
     assert any(name in row for row in rows for name in s.flag.names), f"README has no row for {s.flag.name}"
 
 
-@pytest.mark.xfail(strict=True, reason="README rows for the API-only keywords nodes, weight_symmetric, executor: "
-                                       "the lead adds them (then delete this marker)")
 def test_api_only_switches_are_in_the_readme():
     readme = _readme()
     missing = [s.name for s in SWITCHES if s.flag is None and f"{s.name}=" not in readme]
