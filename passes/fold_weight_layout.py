@@ -8,9 +8,10 @@ not an initializer: its weight gets no per-channel grid and stays float (the lay
 nothing says so. Folding those nodes makes the weight an initializer again.
 
 Only ops that move or relabel elements (and a Cast between float types) are folded, so a result is never larger
-than its input: no size bound is needed and nothing a hostile constant asks for is allocated. The folded
-constant gets a fresh name (`<output>_folded`); the original initializer goes when nothing else reads it (a
-shared one stays, unchanged). Nodes whose output is a graph output, and constants that are graph inputs
+than its input: no size bound is needed and nothing a hostile constant asks for is allocated. When nothing
+else reads the original initializer it goes and the folded one takes its name (`fc1.weight`: the parameter's
+name, which encodings files and reports then show); a shared one stays unchanged and the folded copy is
+`<output>_folded`. Nodes whose output is a graph output, and constants that are graph inputs
 (overridable), are left alone; Identity is canonicalize's (it runs first). fold-constants is the general pass (any op, reference evaluator, size-bounded).
 """
 from __future__ import annotations
@@ -108,6 +109,9 @@ def _fold_node(g, node) -> bool:
         return False   # a malformed node: onnxruntime says why, in its own words
     if r is None:
         return False
+    src = node.inputs[0]
     c = g.add_constant(np.ascontiguousarray(r), out.name + "_folded")
     g.substitute(out, c, remove=[node])
+    if src.graph is g and g.initializers.get(src.name) is not src and src.name not in g.names:
+        g.rename_value(c, src.name)   # the weight read nowhere else: its (exporter's parameter) name
     return True
