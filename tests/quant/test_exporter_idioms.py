@@ -212,3 +212,23 @@ def test_folder_of_one_npy_per_input(tmp_path):
     import json
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["calibration_samples"] == len(feeds)
+
+
+# --- outputs that are graph inputs --------------------------------------------------------------------------------
+def test_graph_input_passed_through_to_an_output_keeps_its_name_and_value():
+    """Before: an input that is also a graph output (optimum passes encoder_hidden_states through; a tf2onnx
+    Identity output once canonicalize drops the Identity) came out renamed 'input_quantizelinear' and quantized
+    (42 dB instead of exact); an input only passed through got a dangling Q/DQ. After: the output is the input,
+    by name and bit for bit, and the rest of the model is quantized as before."""
+    m, feeds = em.torchscript()
+    m.graph.output.append(helper.make_tensor_value_info("input", T.FLOAT, ["batch_size", 3, 8, 8]))
+    m.graph.input.append(helper.make_tensor_value_info("extra", T.FLOAT, [1, 4]))
+    m.graph.output.append(helper.make_tensor_value_info("extra", T.FLOAT, [1, 4]))
+    feeds = [dict(f, extra=np.full((1, 4), i, np.float32)) for i, f in enumerate(feeds)]
+    res = quantize(m, feeds, progress=False)
+    q = model_to_proto(res.model)
+    assert [o.name for o in q.graph.output] == ["output", "input", "extra"]
+    got = run(q, feeds[0])
+    assert np.array_equal(got[1], feeds[0]["input"]) and np.array_equal(got[2], feeds[0]["extra"])
+    assert not any("extra" in n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear")
+    assert sqnr_db(run(m, feeds[0])[0], got[0]) >= FLOOR_DB
