@@ -319,3 +319,106 @@ def yolo(seed=0, opset=13):
 
 FAMILIES = {"dynamo": dynamo, "torchscript": torchscript, "tf2onnx": tf2onnx, "paddle": paddle,
             "optimum": optimum, "yolo": yolo}
+
+
+# --- Hugging Face optimum, encoder (BERT-style) ------------------------------------------------------------------
+def bert(seed=0, opset=14, vocab=40, d=16, ff=32, seq=6):
+    """input_ids / token_type_ids / attention_mask (int64, dynamic batch and sequence), position ids from
+    Shape -> Gather -> Range -> Unsqueeze, embeddings summed, decomposed LayerNorm (ReduceMean), the mask as
+    optimum writes it for BERT: Where(Equal(mask, 0), finfo.min, 0) unsqueezed to [b, 1, 1, s], Erf GELU,
+    last_hidden_state and pooler_output outputs."""
+    rng = np.random.default_rng(seed)
+
+    def ln(x, y, p):
+        return [helper.make_node("ReduceMean", [x], [f"{p}/mu"], axes=[-1], name=f"{p}/ReduceMean"),
+                helper.make_node("Sub", [x, f"{p}/mu"], [f"{p}/d"], name=f"{p}/Sub"),
+                helper.make_node("Pow", [f"{p}/d", "two"], [f"{p}/d2"], name=f"{p}/Pow"),
+                helper.make_node("ReduceMean", [f"{p}/d2"], [f"{p}/var"], axes=[-1], name=f"{p}/ReduceMean_1"),
+                helper.make_node("Add", [f"{p}/var", "eps"], [f"{p}/ve"], name=f"{p}/Add"),
+                helper.make_node("Sqrt", [f"{p}/ve"], [f"{p}/sd"], name=f"{p}/Sqrt"),
+                helper.make_node("Div", [f"{p}/d", f"{p}/sd"], [f"{p}/n"], name=f"{p}/Div"),
+                helper.make_node("Mul", [f"{p}/n", f"{p}.weight"], [f"{p}/m"], name=f"{p}/Mul"),
+                helper.make_node("Add", [f"{p}/m", f"{p}.bias"], [y], name=f"{p}/Add_1")]
+
+    nodes = [
+        helper.make_node("Shape", ["input_ids"], ["/emb/Shape"], name="/emb/Shape"),
+        helper.make_node("Gather", ["/emb/Shape", "i1"], ["/emb/len"], name="/emb/Gather", axis=0),
+        helper.make_node("Range", ["i0", "/emb/len", "i1"], ["/emb/pos"], name="/emb/Range"),
+        helper.make_node("Unsqueeze", ["/emb/pos", "ax0"], ["position_ids"], name="/emb/Unsqueeze"),
+        helper.make_node("Gather", ["embeddings.word_embeddings.weight", "input_ids"], ["/emb/w"], name="/emb/word"),
+        helper.make_node("Gather", ["embeddings.token_type_embeddings.weight", "token_type_ids"], ["/emb/t"],
+                         name="/emb/type"),
+        helper.make_node("Gather", ["embeddings.position_embeddings.weight", "position_ids"], ["/emb/p"],
+                         name="/emb/pos_emb"),
+        helper.make_node("Add", ["/emb/w", "/emb/t"], ["/emb/wt"], name="/emb/Add"),
+        helper.make_node("Add", ["/emb/wt", "/emb/p"], ["/emb/sum"], name="/emb/Add_1"),
+        *ln("/emb/sum", "/emb/out", "embeddings.LayerNorm"),
+        # mask: Where(mask == 0, finfo.min, 0) -> [b, 1, 1, s]
+        helper.make_node("Equal", ["attention_mask", "i0"], ["/mask/eq"], name="/mask/Equal"),
+        helper.make_node("Where", ["/mask/eq", "fmin", "zero"], ["/mask/add"], name="/mask/Where"),
+        helper.make_node("Unsqueeze", ["/mask/add", "ax12"], ["/mask/add4"], name="/mask/Unsqueeze"),
+        helper.make_node("MatMul", ["/emb/out", "q.weight"], ["/q"], name="/attn/q/MatMul"),
+        helper.make_node("Add", ["/q", "q.bias"], ["/qb"], name="/attn/q/Add"),
+        helper.make_node("MatMul", ["/emb/out", "k.weight"], ["/k"], name="/attn/k/MatMul"),
+        helper.make_node("MatMul", ["/emb/out", "v.weight"], ["/v"], name="/attn/v/MatMul"),
+        helper.make_node("Unsqueeze", ["/qb", "ax1"], ["/q4"], name="/attn/q/Unsqueeze"),
+        helper.make_node("Unsqueeze", ["/k", "ax1"], ["/k4"], name="/attn/k/Unsqueeze"),
+        helper.make_node("Unsqueeze", ["/v", "ax1"], ["/v4"], name="/attn/v/Unsqueeze"),
+        helper.make_node("Transpose", ["/k4"], ["/kT"], name="/attn/k/Transpose", perm=[0, 1, 3, 2]),
+        helper.make_node("MatMul", ["/q4", "/kT"], ["/s"], name="/attn/MatMul"),
+        helper.make_node("Div", ["/s", "sqrt_d"], ["/sd"], name="/attn/Div"),
+        helper.make_node("Add", ["/sd", "/mask/add4"], ["/sm"], name="/attn/Add"),
+        helper.make_node("Softmax", ["/sm"], ["/p"], name="/attn/Softmax", axis=-1),
+        helper.make_node("MatMul", ["/p", "/v4"], ["/c4"], name="/attn/MatMul_1"),
+        helper.make_node("Squeeze", ["/c4", "ax1"], ["/c"], name="/attn/Squeeze"),
+        helper.make_node("MatMul", ["/c", "o.weight"], ["/o"], name="/attn/o/MatMul"),
+        helper.make_node("Add", ["/o", "/emb/out"], ["/res"], name="/attn/Add_res"),
+        *ln("/res", "/h1", "attention.output.LayerNorm"),
+        helper.make_node("MatMul", ["/h1", "fc1.weight"], ["/f1"], name="/ffn/fc1/MatMul"),
+        helper.make_node("Div", ["/f1", "sqrt2"], ["/g1"], name="/ffn/gelu/Div"),
+        helper.make_node("Erf", ["/g1"], ["/g2"], name="/ffn/gelu/Erf"),
+        helper.make_node("Add", ["/g2", "one"], ["/g3"], name="/ffn/gelu/Add"),
+        helper.make_node("Mul", ["/f1", "/g3"], ["/g4"], name="/ffn/gelu/Mul"),
+        helper.make_node("Mul", ["/g4", "half"], ["/g5"], name="/ffn/gelu/Mul_1"),
+        helper.make_node("MatMul", ["/g5", "fc2.weight"], ["/f2"], name="/ffn/fc2/MatMul"),
+        helper.make_node("Add", ["/f2", "/h1"], ["/res2"], name="/ffn/Add"),
+        *ln("/res2", "last_hidden_state", "output.LayerNorm"),
+        helper.make_node("Gather", ["last_hidden_state", "i0"], ["/cls"], name="/pooler/Gather", axis=1),
+        helper.make_node("Gemm", ["/cls", "pooler.dense.weight", "pooler.dense.bias"], ["/pd"], name="/pooler/Gemm",
+                         transB=1),
+        helper.make_node("Tanh", ["/pd"], ["pooler_output"], name="/pooler/Tanh"),
+    ]
+    inits = [init("embeddings.word_embeddings.weight", _w(rng, vocab, d, s=1.0)),
+             init("embeddings.token_type_embeddings.weight", _w(rng, 2, d, s=0.3)),
+             init("embeddings.position_embeddings.weight", _w(rng, 32, d, s=0.3)),
+             init("i0", np.array(0, np.int64)), init("i1", np.array(1, np.int64)),
+             init("ax0", np.array([0], np.int64)), init("ax1", np.array([1], np.int64)),
+             init("ax12", np.array([1, 2], np.int64)),
+             init("two", np.array(2.0, np.float32)), init("eps", np.array(1e-12, np.float32)),
+             init("fmin", np.array(F32_MIN, np.float32)), init("zero", np.array(0.0, np.float32)),
+             init("sqrt_d", np.array(np.sqrt(d), np.float32)), init("sqrt2", np.array(np.sqrt(2), np.float32)),
+             init("one", np.array(1.0, np.float32)), init("half", np.array(0.5, np.float32)),
+             init("q.weight", _w(rng, d, d)), init("q.bias", _w(rng, d, s=0.1)), init("k.weight", _w(rng, d, d)),
+             init("v.weight", _w(rng, d, d)), init("o.weight", _w(rng, d, d)),
+             init("fc1.weight", _w(rng, d, ff)), init("fc2.weight", _w(rng, ff, d, s=0.2)),
+             init("pooler.dense.weight", _w(rng, d, d)), init("pooler.dense.bias", _w(rng, d, s=0.1))]
+    for p in ("embeddings.LayerNorm", "attention.output.LayerNorm", "output.LayerNorm"):
+        inits += [init(f"{p}.weight", rng.uniform(0.8, 1.2, d).astype(np.float32)),
+                  init(f"{p}.bias", _w(rng, d, s=0.05))]
+    ids = ["batch_size", "sequence_length"]
+    inputs = [helper.make_tensor_value_info(n, T.INT64, ids) for n in ("input_ids", "attention_mask",
+                                                                        "token_type_ids")]
+    outputs = [helper.make_tensor_value_info("last_hidden_state", T.FLOAT, ids + [d]),
+               helper.make_tensor_value_info("pooler_output", T.FLOAT, ["batch_size", d])]
+    m = _model(nodes, inputs, outputs, inits, opset)
+    feeds = []
+    for i in range(16):
+        s = seq if i % 2 else seq - 2            # two sequence lengths: a dynamic dim really varies
+        mask = np.ones((1, s), np.int64)
+        mask[0, s - rng.integers(0, 3):] = 0      # right padding
+        feeds.append({"input_ids": rng.integers(0, vocab, (1, s)).astype(np.int64), "attention_mask": mask,
+                      "token_type_ids": (np.arange(s) >= s // 2).astype(np.int64)[None]})
+    return m, feeds
+
+
+FAMILIES["bert"] = bert

@@ -232,3 +232,56 @@ def test_graph_input_passed_through_to_an_output_keeps_its_name_and_value():
     assert np.array_equal(got[1], feeds[0]["input"]) and np.array_equal(got[2], feeds[0]["extra"])
     assert not any("extra" in n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear")
     assert sqnr_db(run(m, feeds[0])[0], got[0]) >= FLOOR_DB
+
+
+# --- half-precision exports and double islands -------------------------------------------------------------------
+def _to_float16(m, feeds):
+    from onnx import numpy_helper
+    for t in m.graph.initializer:
+        if t.data_type == T.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+    for vi in list(m.graph.input) + list(m.graph.output) + list(m.graph.value_info):
+        if vi.type.tensor_type.elem_type == T.FLOAT:
+            vi.type.tensor_type.elem_type = T.FLOAT16
+    return m, [{k: v.astype(np.float16) if v.dtype == np.float32 else v for k, v in f.items()} for f in feeds]
+
+
+@pytest.mark.parametrize("family", ["torchscript", "bert"])
+def test_float16_model_is_quantized_with_a_float16_interface(family):
+    """Before: exit 1, 'onnxruntime refuses the quantized model: Type parameter (T1) of QuantizeLinear bound to
+    different types (tensor(float16) and tensor(float))' (a ProducedModelError after all the work). After:
+    float32 inside (upcast-float16, a note says so), float16 inputs and outputs as before, weights quantized."""
+    m, feeds = em.FAMILIES[family]()
+    if family == "bert":   # finfo(float32).min overflows float16: half exports use float16's own min
+        for t in m.graph.initializer:
+            if t.name == "fmin":
+                t.CopyFrom(em.init("fmin", np.array(np.finfo(np.float16).min, np.float32)))
+    m, feeds = _to_float16(m, feeds)
+    res = quantize(m, feeds, progress=False)
+    q = check(m, res, feeds, min_weight_dqs=2)
+    assert [(i.name, i.type.tensor_type.elem_type) for i in q.graph.input] == \
+        [(i.name, i.type.tensor_type.elem_type) for i in m.graph.input]
+    assert all(o.type.tensor_type.elem_type == T.FLOAT16 for o in q.graph.output)
+    assert run(q, feeds[0])[0].dtype == np.float16
+    assert any(n.startswith("float16 model") for n in res.report["notes"])
+
+
+def test_a_double_island_stays_float():
+    """A float64 value (a Cast to double around a reduction, as some exporters write for numerics) is left float:
+    QuantizeLinear takes no double input (before: a quantizer on it, so exit 1: 'onnxruntime refuses the
+    quantized model ... a bug in qcompiler')."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("Cast", ["h"], ["h64"], to=T.DOUBLE, name="to64"),
+             helper.make_node("Mul", ["h64", "h64"], ["sq64"], name="sq"),
+             helper.make_node("Cast", ["sq64"], ["sq"], to=T.FLOAT, name="to32"),
+             helper.make_node("Add", ["sq", "h"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", T.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", T.FLOAT, [1, 4])],
+                          [em.init("w", rng.normal(0, 0.3, (8, 4)).astype(np.float32))])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    feeds = [{"x": rng.normal(0, 1, (1, 8)).astype(np.float32)} for _ in range(8)]
+    res = quantize(m, feeds, progress=False)
+    q = check(m, res, feeds)
+    assert not any(n.op_type == "QuantizeLinear" and n.input[0] in ("h64", "sq64") for n in q.graph.node)
