@@ -314,3 +314,28 @@ def test_external_data_in_the_model_folder(tmp_path):
     for feed in feeds[:2]:
         for r, g in zip(run(ref, feed), run(q, feed)):
             assert sqnr_db(r, g) >= FLOOR_DB
+
+
+# --- a model onnxruntime's default session options fail on ---------------------------------------------------------
+def test_default_session_refusal_is_a_warning_not_silent(monkeypatch):
+    """Before: when onnxruntime's default graph fusions failed on the quantized model, the SQNR pass quietly
+    measured it at ORT_ENABLE_BASIC and quantize exited 0: the user's first InferenceSession failed (seen with
+    ORT 1.32 on optimum's decoder for --target qnn_htp: QDQPropagation + QDQS8ToU8 write a QuantizeLinear
+    '/kT_q' whose output_dtype INT8 does not match its uint8 zero point). After: report['warnings'] says so
+    (a `qcompiler: warning:` line on the CLI)."""
+    import qcompiler.quant.calibrate as cal
+    from qcompiler.errors import OnnxRuntimeError
+    real = cal.make_session
+
+    def failing_default(model, *a, **kw):
+        if kw.get("role") == "quantized" and kw.get("opt_level") is None:
+            raise OnnxRuntimeError("onnxruntime refuses the quantized model: Node (/kT_q) Op (QuantizeLinear) "
+                                   "output_dtype INT8 does not match y_zero_point type UINT8")
+        return real(model, *a, **kw)
+
+    monkeypatch.setattr(cal, "make_session", failing_default)
+    m, feeds = em.torchscript()
+    res = quantize(m, feeds[:4], progress=False)
+    (w,) = [w for w in res.report["warnings"] if w["kind"] == "onnxruntime"]
+    assert "output_dtype INT8" in w["problem"] and "ORT_ENABLE_BASIC" in w["problem"]
+    assert res.report["output_sqnr_db"]["output"] > FLOOR_DB
