@@ -271,13 +271,11 @@ class SampleSet:
         rest = [k for k in keys if k not in alias.values()]
         missing = [name for name in self.inputs if name not in alias]
         if missing and rest:
-            by_norm: dict = {}
-            for k in rest:
-                by_norm.setdefault(_norm(k), []).append(k)
-            norms = [_norm(name) for name in self.inputs]
+            spellings = {name: _spellings(name) for name in self.inputs}
             for name in missing:
-                cand = by_norm.get(_norm(name), [])
-                if len(cand) == 1 and norms.count(_norm(name)) == 1:
+                cand = [k for k in rest if _norm(k) in spellings[name]]
+                rivals = [n for n in self.inputs if cand and _norm(cand[0]) in spellings[n]]
+                if len(cand) == 1 and rivals == [name]:
                     alias[name] = cand[0]
             if len(self.inputs) == 1 and not alias and rest == [POSITIONAL_KEY]:
                 alias[missing[0]] = POSITIONAL_KEY
@@ -529,10 +527,14 @@ class _NpyFolderSamples(_NpzSamples):
 
 
 def _norm(name: str) -> str:
-    """A name without tf2onnx's `:0` output suffix and with each run of punctuation as one `_`."""
-    if name.endswith(":0"):
-        name = name[:-2]
+    """A name with each run of punctuation as one `_` (`past_key_values.0.key` -> `past_key_values_0_key`)."""
     return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
+
+
+def _spellings(name: str) -> set:
+    """How a data file may spell input `name`: normalized, with or without tf2onnx's `:0` output suffix
+    (`input/x:0` -> `input_x_0`, `input_x`)."""
+    return {_norm(name), _norm(name[:-2]) if name.endswith(":0") else _norm(name)}
 
 
 _key = short_value   # an input name from the data file, quoted (qcompiler/shorten.py)

@@ -165,6 +165,7 @@ def test_initializers_listed_as_inputs_are_quantized(ir):
 @pytest.mark.parametrize("family, rename, note", [
     ("tf2onnx", lambda k: k[:-2], "key 'input_1' read as input 'input_1:0'"),
     ("optimum", lambda k: k.replace(".", "_"), "key 'past_key_values_0_key' read as input 'past_key_values.0.key'"),
+    ("tf2onnx", lambda k: k.replace(":", "_"), "key 'input_1_0' read as input 'input_1:0'"),
 ])
 def test_npz_keys_spelled_like_their_inputs(tmp_path, family, rename, note):
     """Before: exit 2 'missing input 'input_1:0'' for an .npz keyed without tf2onnx's :0 (or with '_' for '.').
