@@ -13,6 +13,8 @@ THE RULE (how arrays map to samples), for a graph input of rank r:
     files store `(N, 1, ...)`, i.e. N samples that each carry their own batch dim of 1.
   - array rank r: axis 0 is both the sample axis and the batch axis; sample i is `a[i:i+1]` (batch 1).
     This only fits a model whose batch dim is dynamic or 1; for a static batch k > 1 add a leading sample axis.
+  - array rank r-1 (r >= 2): ONE sample saved without its batch dim (`np.save("img_017.npy", chw)` for each
+    image of a folder); the batch dim of 1 is added, with a note. Only for a dynamic or 1 batch dim.
   - input of unknown rank: axis 0 indexes samples.
 An iterable of dicts (API) is different: each dict is ONE feed. Its arrays have rank r (used as is) or rank
 r+1 with a leading 1 (dropped).
@@ -251,6 +253,12 @@ class SampleSet:
                     raise DataError(f"{path}: input '{name}': rank-{r} array means batch-1 samples along axis 0, "
                                     f"but the model's batch dim is {shape[0]}; add a leading sample axis")
                 self._check_dims(path, name, (1,) + tuple(info.shape[1:]), shape)
+            elif len(info.shape) == r - 1 and r >= 2 and _static(shape[0]) in (None, 1):
+                counts[name] = 1   # one sample saved without its batch dim (a folder of per-sample files)
+                self._check_dims(path, name, (1,) + tuple(info.shape), shape)
+                note = f"input '{name}': a rank-{r - 1} array is one sample (batch dim of 1 added)"
+                if note not in self.notes:
+                    self.notes.append(note)
             else:
                 raise DataError(f"{path}: input '{name}': rank {len(info.shape)} array {tuple(info.shape)}, "
                                 f"expected rank {r + 1} (samples, {_fmt(shape)[1:-1]}) or rank {r}")
@@ -448,6 +456,8 @@ class _NpzSamples:
         if dtype.hasobject:
             raise DataError(f"{path}: input {_key(key)}: object arrays are not accepted")
         want = self.inputs.get(key, (None, None))[1]
+        if want is not None and len(shape) == len(want) - 1:
+            shape = (1,) + tuple(shape)   # one sample without its batch dim (_check_header): a leading 1
         per = shape[1:] if (want is None or len(shape) == len(want) + 1) else (1,) + shape[1:]
         nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         st = {"f": f, "dtype": dtype, "per": per, "nbytes": nbytes, "next": 0, "whole": None}

@@ -340,3 +340,22 @@ def test_default_session_refusal_is_a_warning_not_silent(monkeypatch):
     (w,) = [w for w in res.report["warnings"] if w["kind"] == "onnxruntime"]
     assert "output_dtype INT8" in w["problem"] and "ORT_ENABLE_BASIC" in w["problem"]
     assert res.report["output_sqnr_db"]["output"] > FLOOR_DB
+
+
+def test_folder_of_per_sample_files_without_the_batch_dim(tmp_path):
+    """Before: exit 2 'rank 3 array (8, 8, 3), expected rank 5 ... or rank 4' for a folder holding one
+    np.save(chw) per image (the usual preprocessing dump). After: a rank r-1 array is one sample (a batch dim of
+    1 added, one note); a static batch of 2 still refuses it with one line."""
+    m, feeds = em.tf2onnx()
+    d = tmp_path / "imgs"
+    d.mkdir()
+    for i, f in enumerate(feeds):
+        np.save(d / f"img_{i:03d}.npy", f["input_1:0"][0])
+    spec = {"input_1:0": (np.dtype(np.float32), ("unk__21", 8, 8, 3))}
+    s = load_samples(str(d), spec)
+    got = list(s)
+    assert len(got) == len(feeds) and np.array_equal(got[3]["input_1:0"], feeds[3]["input_1:0"])
+    assert s.notes == ["input 'input_1:0': a rank-3 array is one sample (batch dim of 1 added)"]
+    from qcompiler.errors import DataError
+    with pytest.raises(DataError, match="rank 3 array"):
+        load_samples(str(d), {"input_1:0": (np.dtype(np.float32), (2, 8, 8, 3))})
