@@ -1,5 +1,7 @@
 """`measure-sqnr`: each graph output's SQNR and max abs error against float, on the calibration samples kept
-during calibration (their float outputs were kept then; quant/report.py)."""
+during calibration (their float outputs were kept then; quant/report.py). A quantized model onnxruntime's
+default session options fail on (one of its graph fusions) is a warning, never silent: a user's first session
+would fail."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,7 +20,14 @@ class MeasureSQNR(QuantPass):
     ensures = ("output-errors",)
 
     def run(self, ctx) -> PassResult:
-        ctx.errors = output_errors(ctx.model, ctx.calibration.kept, ctx.settings.progress)
+        refusals: list = []
+        ctx.errors = output_errors(ctx.model, ctx.calibration.kept, ctx.settings.progress, refusals)
+        if refusals:
+            from qcompiler.quant.selection import warning
+            ctx.warnings.append(warning(
+                "onnxruntime", "default session options",
+                f"fail on the quantized model ({refusals[0]}); it runs with graph_optimization_level="
+                f"ORT_ENABLE_BASIC, at which its SQNR was measured"))
         release()
         worst = min((e.sqnr_db() for e in ctx.errors.values()), default=float("inf"))
         return PassResult(False, {"outputs": len(ctx.errors),

@@ -471,6 +471,14 @@ class Graph:
         del self._values[value.name]
         self.names.release(value.name)
 
+    def unlist_input(self, value: Value) -> None:
+        """An initializer also listed as a graph input (IR < 4 files, torch's keep_initializers_as_inputs) leaves
+        the input list and becomes a constant; its name, tensor and uses stay."""
+        if not value.is_input or value.tensor is None or self.initializers.get(value.name) is not value:
+            raise ValueError(f"'{value.name}' is not an initializer listed as an input of graph '{self.name}'")
+        self.inputs.remove(value)
+        value.is_input = False
+
     def rename_value(self, value: Value, new_name: str) -> None:
         """Give `value` an exact new name (which must be free model-wide); index keys follow."""
         if new_name == value.name:

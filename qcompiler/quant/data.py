@@ -13,6 +13,8 @@ THE RULE (how arrays map to samples), for a graph input of rank r:
     files store `(N, 1, ...)`, i.e. N samples that each carry their own batch dim of 1.
   - array rank r: axis 0 is both the sample axis and the batch axis; sample i is `a[i:i+1]` (batch 1).
     This only fits a model whose batch dim is dynamic or 1; for a static batch k > 1 add a leading sample axis.
+  - array rank r-1 (r >= 2): ONE sample saved without its batch dim (`np.save("img_017.npy", chw)` for each
+    image of a folder); the batch dim of 1 is added, with a note. Only for a dynamic or 1 batch dim.
   - input of unknown rank: axis 0 indexes samples.
 An iterable of dicts (API) is different: each dict is ONE feed. Its arrays have rank r (used as is) or rank
 r+1 with a leading 1 (dropped).
@@ -36,6 +38,7 @@ never a pickle and never the whole array at once.
 from __future__ import annotations
 
 import os
+import re
 import zipfile
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Mapping, Optional
@@ -48,6 +51,7 @@ from ..input_files import open_regular
 from ..shorten import short_value
 
 IGNORED_KEYS = ("labels",)
+POSITIONAL_KEY = "arr_0"           # np.savez(f, x): an unnamed array
 KIND = "calibration data"           # input_files.MAX_BYTES kind of every file read here
 MAX_SAMPLE_BYTES = 2 << 30          # one sample of one input
 MAX_FORTRAN_BYTES = 256 << 20       # a Fortran-ordered member is read whole, so only a small one
@@ -98,6 +102,7 @@ class SampleSet:
         if limit is not None and limit < 0:
             raise DataError(f"sample limit must be >= 0, got {limit}")
         self._passes = 0
+        self._aliases: dict = {}   # file -> {input name: key in that file} (_match_keys)
         if isinstance(source, (str, os.PathLike, bytes)):
             from ..input_files import check_path_text
             path = check_path_text(source, what, DataError)
@@ -109,6 +114,8 @@ class SampleSet:
                 if not names:
                     raise DataError(f"{path}: folder holds no .npz files (nor .npy files, for a single-input model)")
                 files = [os.path.join(path, n) for n in names]
+                if len(self.inputs) > 1 and all(_is_npy(n) for n in names):
+                    files = [path]   # one .npy per input (a multi-input model): the folder is one archive
             elif os.path.lexists(path):
                 files = [path]     # open_regular refuses a FIFO, a device, a socket with one line
             else:
@@ -167,10 +174,12 @@ class SampleSet:
 
     def _iter_files(self) -> Iterator[dict]:
         for path, n in self._files:
-            opener = _NpySamples if _is_npy(path) else _NpzSamples
-            with opener(path, self.inputs, self.what) as reader:
+            opener = _NpyFolderSamples if os.path.isdir(path) else _NpySamples if _is_npy(path) else _NpzSamples
+            alias = self._aliases.get(path, {})
+            inputs = {alias.get(k, k): spec for k, spec in self.inputs.items()}
+            with opener(path, inputs, self.what) as reader:
                 for i in range(n):
-                    feed = {k: self._convert(path, k, reader.sample(k, i)) for k in self.inputs}
+                    feed = {k: self._convert(path, k, reader.sample(alias.get(k, k), i)) for k in self.inputs}
                     self._check_finite(path, feed, i)
                     yield feed
 
@@ -209,14 +218,19 @@ class SampleSet:
 
     def _check_header(self, path: str) -> int:
         """Validate one file from its .npy headers (no array data read); returns its sample count."""
-        if _is_npy(path):
+        if os.path.isdir(path):
+            infos = {n[:-4]: _npy_header(os.path.join(path, n), self.what)
+                     for n in sorted(os.listdir(path)) if _is_npy(n)}
+        elif _is_npy(path):
             if len(self.inputs) != 1:
                 raise DataError(f"{path}: an .npy file holds one array, but the model has {len(self.inputs)} "
                                 f"inputs ({', '.join(list(self.inputs)[:5])}); use an .npz with one key per input")
             infos = {next(iter(self.inputs)): _npy_header(path, self.what)}
         else:
             infos = _npz_headers(path, self.what)
-        self._check_keys(path, list(infos))
+        alias = self._match_keys(path, list(infos))
+        infos = {name: infos[key] for name, key in alias.items()}
+        self._aliases[path] = alias
         counts = {}
         for name, (dt, shape) in self.inputs.items():
             info = infos[name]
@@ -239,6 +253,12 @@ class SampleSet:
                     raise DataError(f"{path}: input '{name}': rank-{r} array means batch-1 samples along axis 0, "
                                     f"but the model's batch dim is {shape[0]}; add a leading sample axis")
                 self._check_dims(path, name, (1,) + tuple(info.shape[1:]), shape)
+            elif len(info.shape) == r - 1 and r >= 2 and _static(shape[0]) in (None, 1):
+                counts[name] = 1   # one sample saved without its batch dim (a folder of per-sample files)
+                self._check_dims(path, name, (1,) + tuple(info.shape), shape)
+                note = f"input '{name}': a rank-{r - 1} array is one sample (batch dim of 1 added)"
+                if note not in self.notes:
+                    self.notes.append(note)
             else:
                 raise DataError(f"{path}: input '{name}': rank {len(info.shape)} array {tuple(info.shape)}, "
                                 f"expected rank {r + 1} (samples, {_fmt(shape)[1:-1]}) or rank {r}")
@@ -247,6 +267,33 @@ class SampleSet:
             raise DataError(f"{path}: keys hold different sample counts ({desc})")
         n = next(iter(counts.values()), 0)
         return n
+
+    def _match_keys(self, path: str, keys: list) -> dict:
+        """`{input name: key in the file}`. A key spelled differently from its input still matches when the match
+        is unique: the same name up to tf2onnx's `:0` suffix and punctuation (`input_1` for `input_1:0`,
+        `past_key_values_0_key` for `past_key_values.0.key`), or, for a single-input model, a file whose one
+        array has no name (`np.savez(f, x)` writes `arr_0`): the same information as an .npy. Each such match
+        is a note; anything else (another name) is the missing-input / unknown-key line."""
+        keys = [k for k in keys if k not in IGNORED_KEYS]
+        alias = {name: name for name in self.inputs if name in keys}
+        rest = [k for k in keys if k not in alias.values()]
+        missing = [name for name in self.inputs if name not in alias]
+        if missing and rest:
+            spellings = {name: _spellings(name) for name in self.inputs}
+            for name in missing:
+                cand = [k for k in rest if _norm(k) in spellings[name]]
+                rivals = [n for n in self.inputs if cand and _norm(cand[0]) in spellings[n]]
+                if len(cand) == 1 and rivals == [name]:
+                    alias[name] = cand[0]
+            if len(self.inputs) == 1 and not alias and rest == [POSITIONAL_KEY]:
+                alias[missing[0]] = POSITIONAL_KEY
+        for name, key in alias.items():
+            if key != name:
+                note = f"{path}: key {_key(key)} read as input {_key(name)}"
+                if note not in self.notes:
+                    self.notes.append(note)
+        self._check_keys(path, list(alias) + [k for k in keys if k not in alias.values()])
+        return alias
 
     def _check_dims(self, where: str, name: str, got: tuple, shape: tuple, sample: str = "") -> None:
         for d, (g, want) in enumerate(zip(got, shape)):
@@ -409,6 +456,8 @@ class _NpzSamples:
         if dtype.hasobject:
             raise DataError(f"{path}: input {_key(key)}: object arrays are not accepted")
         want = self.inputs.get(key, (None, None))[1]
+        if want is not None and len(shape) == len(want) - 1:
+            shape = (1,) + tuple(shape)   # one sample without its batch dim (_check_header): a leading 1
         per = shape[1:] if (want is None or len(shape) == len(want) + 1) else (1,) + shape[1:]
         nbytes = int(np.prod(shape[1:], dtype=np.int64)) * dtype.itemsize
         st = {"f": f, "dtype": dtype, "per": per, "nbytes": nbytes, "next": 0, "whole": None}
@@ -470,6 +519,32 @@ class _NpySamples(_NpzSamples):
     def _member(self, key: str):
         self.fh.seek(0)
         return self.fh
+
+
+class _NpyFolderSamples(_NpzSamples):
+    """A folder holding one .npy per input (`input_ids.npy`, `attention_mask.npy`) read like an .npz's members."""
+
+    def __init__(self, path: str, inputs: Mapping[str, tuple], what: str):
+        self.path, self.inputs, self.what = path, inputs, what
+        self.streams = {}
+
+    def __exit__(self, *exc):
+        for st in self.streams.values():
+            st["f"].close()
+
+    def _member(self, key: str):
+        return open_regular(os.path.join(self.path, key + ".npy"), self.what, DataError)
+
+
+def _norm(name: str) -> str:
+    """A name with each run of punctuation as one `_` (`past_key_values.0.key` -> `past_key_values_0_key`)."""
+    return re.sub(r"[^0-9A-Za-z]+", "_", name).strip("_")
+
+
+def _spellings(name: str) -> set:
+    """How a data file may spell input `name`: normalized, with or without tf2onnx's `:0` output suffix
+    (`input/x:0` -> `input_x_0`, `input_x`)."""
+    return {_norm(name), _norm(name[:-2]) if name.endswith(":0") else _norm(name)}
 
 
 _key = short_value   # an input name from the data file, quoted (qcompiler/shorten.py)

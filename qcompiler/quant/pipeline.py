@@ -1,6 +1,7 @@
 """The quantization pipeline: the default list of pass names, recipes and the one runner.
 
-    constant-to-initializer, fold-batchnorm, simplify-shape-of, canonicalize   (preparation: model passes)
+    initializers-as-constants, inline-functions, constant-to-initializer, upcast-float16, fold-batchnorm,
+    simplify-shape-of, canonicalize, fold-weight-layout   (preparation; what exporters leave, see tests/quant/exporter_models.py)
     convert-opset        the output opset, chosen before the pipeline (quant/opset.py)
     fuse-hardswish       decomposed HardSwish becomes one op at opset >= 14 (after convert-opset; issue 13)
     calibrate            one streaming pass over the calibration data
@@ -26,7 +27,8 @@ from typing import Iterable, List, Sequence
 from ..errors import PipelineError
 from .switches import pass_switches, wanted_passes
 
-PREPARE_PASSES = ("constant-to-initializer", "fold-batchnorm", "simplify-shape-of", "canonicalize")
+PREPARE_PASSES = ("initializers-as-constants", "inline-functions", "constant-to-initializer", "upcast-float16",
+                  "fold-batchnorm", "simplify-shape-of", "canonicalize", "fold-weight-layout")
 DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
                                      "insert-qdq", "float16-islands", "measure-sqnr", "latency-search",
                                      "safety-net")

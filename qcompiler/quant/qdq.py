@@ -153,10 +153,16 @@ def _write_on_grid(g, members: list, values: np.ndarray, dq_name: str) -> None:
 
 
 def insert_activation_qdq(g, value, enc: Encoding):
-    """Q→DQ after `value` for all its uses; returns the DQ node."""
+    """Q→DQ after `value` for all its uses; returns the DQ node.
+
+    A graph input that is also a graph output (a pass-through some exporters write) stays that output: its name
+    cannot move to the DQ (it is the input's), and the caller gets back exactly what it fed."""
     scale, zp = _qparams(g, enc, value.name)
     attrs = {"axis": enc.axis} if enc.per_channel else None
-    q = g.insert_after(value, "QuantizeLinear", [scale, zp], attrs=attrs)
+    uses = None
+    if value.is_input or value.tensor is not None:
+        uses = [u for u in value.uses() if not u.is_graph_output]
+    q = g.insert_after(value, "QuantizeLinear", [scale, zp], attrs=attrs, uses=uses)
     dq = g.insert_after(q.outputs[0], "DequantizeLinear", [scale, zp], attrs=attrs)
     return dq
 
@@ -383,6 +389,8 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         v = g.value(name) or local.get(name)
         if v is None or not v.uses():
             continue
+        if (v.is_input or v.tensor is not None) and all(u.is_graph_output for u in v.uses()):
+            continue   # an input only passed through to the outputs: nothing reads a quantized copy
         if v.graph is not g:
             touched.add(id(v.graph))
         dq = insert_activation_qdq(v.graph, v, spec.encoding)

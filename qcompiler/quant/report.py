@@ -2,7 +2,7 @@
 float with its reason (issue 3 item 7; field notes §1 and §6 ask that nothing is left float silently)."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -58,13 +58,15 @@ class OutputError:
         return db_from_powers(self.signal, self.noise)
 
 
-def output_errors(quant_model, kept: list, progress=False) -> Dict[str, OutputError]:
+def output_errors(quant_model, kept: list, progress=False, refusals: Optional[list] = None) -> Dict[str, OutputError]:
     """Per float graph output, the quantized model's error against the float outputs kept during calibration.
 
     `quant_model`: the quantized IR model (or a ModelProto). The float references come from the calibration
     pass itself (no second float run); only the quantized model runs here, and each sample's error is reduced
     into sums as it arrives. Two single-threaded runs in flight beat one run on two intra-op threads (minilm,
-    64 samples: 3.4 s vs 7.1 s on a busy 2-core box).
+    64 samples: 3.4 s vs 7.1 s on a busy 2-core box). When onnxruntime's default session options fail on the
+    model (one of its graph fusions), it is measured at ORT_ENABLE_BASIC and, given a `refusals` list, the
+    failure's first line is appended to it.
     """
     if not kept:
         return {}
@@ -73,8 +75,9 @@ def output_errors(quant_model, kept: list, progress=False) -> Dict[str, OutputEr
     try:
         sess = make_session(quant_model, threads=1, role="quantized")
         return _output_errors(sess, kept, progress)
-    except Exception:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
-        pass
+    except Exception as e:   # noqa: BLE001 - onnxruntime's own fusions can fail where the plain QDQ graph runs
+        if refusals is not None:   # a user's default session would fail the same way: the caller says so
+            refusals.append((str(e).splitlines() or [type(e).__name__])[0][:160])
     # NOTE: the failed session is dropped before the second one is built (outside the except block, whose
     # traceback would keep it alive): two sessions at once doubled the model in memory
     sess = None

@@ -354,10 +354,9 @@ RECIPES = {
                      untaken_branches="mirror", optimize="latency", weight_bits=4, weight_block=32),
 }
 
-# (family, recipe) -> reason. fp16: the base pipeline (qdq.py: float32 scales for float16 values) makes a QDQ
-# model onnxruntime refuses even with no recipe; a max_drop run passes only because it keeps every layer float.
-FP16_REASON = "float16 model: Q/DQ scales are float32 (qdq.py), onnxruntime refuses the model with or without a recipe"
-XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if "max_drop" not in RECIPES[r]}
+# (family, recipe) -> reason for a known failure. fp16_model used to be one with every recipe (float32 scales on
+# float16 values); the upcast-float16 pass (passes/quantize/upcast_float16.py) made it pass.
+XFAIL: dict = {}
 
 
 SLOW = {"all-int4"}

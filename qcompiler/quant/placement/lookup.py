@@ -50,5 +50,7 @@ def nodes_by_name(g) -> Dict[str, object]:
 
 
 def float_check(dtypes: Dict[str, np.dtype]):
-    """`is float(v)` for values calibration saw with a float runtime dtype (others are never quantized)."""
-    return lambda v: v is not None and v.name in dtypes and np.issubdtype(dtypes[v.name], np.floating)
+    """`is float(v)` for values calibration saw as float32 at run time (others are never quantized: every scale
+    here is float32, and QuantizeLinear's input must have its scale's type; a float16 or float64 value stays
+    float, upcast-float16 lifts a float16 model first)."""
+    return lambda v: v is not None and v.name in dtypes and dtypes[v.name] == np.float32
