@@ -216,6 +216,11 @@ class PercentileObserver(RangeObserver):
     with t the p-th percentile of |x| (onnxruntime's symmetric histogram of |x|). Exact zeros count as values, as
     in onnxruntime. Two rules keep it from clipping what it cannot resolve (`resolved_clip`): a tail that holds
     less than one whole value is not cut, and a cut shorter than half a step of the grid it makes is not made.
+
+    NOTE: the old rule moved a bounded end's share to the other end, so a ReLU output's top was cut twice as deep as
+    onnxruntime cuts it (AIMET cuts (100 - p)% at each end, deeper still). The percentile is taken over the whole
+    histogram, as both do: on ppocr_cls the values beyond each cut come from 6 to 17 of the 64 images, so no single
+    image sets it, and per-batch percentiles would only add the batching as a parameter.
     """
 
     scheme = "percentile"
