@@ -4,7 +4,8 @@ unknown one with the same one-line message.
 
 - `min_max` (AIMET `post_training_tf`, `tf`; onnxruntime `MinMax`): the observed min and max.
 - `tf_enhanced` (AIMET `post_training_tf_enhanced`): the range minimising expected quantization noise.
-- `percentile` (AIMET `post_training_percentile`; onnxruntime `Percentile`): the 99.999th percentile (ORT's default).
+- `percentile` (AIMET `post_training_percentile`; onnxruntime `Percentile`): onnxruntime's equal-tailed interval at
+  99.999 (its default): 0.0005% cut from each end, never less than one value nor less than half a grid step.
 - `entropy` (`kl`; onnxruntime `Entropy`): TensorRT's KL-divergence threshold.
 - `mse`: the range minimising the mean squared error of the fake-quantized values.
 """

@@ -81,7 +81,8 @@ def test_percentile_one_sided_and_configurable():
     obs = make_observer("percentile", percentile=99.0)
     obs.update(x)
     lo, hi = obs.range()
-    assert lo == pytest.approx(x.min()) and hi == pytest.approx(9.9, abs=0.02)
+    # equal-tailed, as onnxruntime: the top 0.5% is cut (the bounded side's 0.5% is not moved to the top)
+    assert lo == pytest.approx(x.min()) and hi == pytest.approx(9.95, abs=0.02)
 
 
 def test_entropy_nonnegative_data_uses_unsigned_levels():
@@ -120,7 +121,8 @@ def test_weight_range_per_channel():
                 assert np.all(err <= err_mm * 1.0001)
             assert err.sum() < err_mm.sum()
     lo_p, hi_p = weight_range(w, 0, "percentile", 8, True)
-    assert hi_p[3] < 40.0 and lo_p.shape == (16,)
+    # 72 values per channel: the 0.001% tail holds no whole value, so the outlier is kept (nearest rank)
+    assert hi_p[3] == 40.0 and lo_p.shape == (16,)
     lo_e, hi_e = weight_range(w[:4], 0, "entropy", 8, True)
     assert lo_e.shape == (4,)
 
