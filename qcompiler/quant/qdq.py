@@ -103,6 +103,9 @@ def _qparams(g, enc: Encoding, hint: str, scale_dtype=F32):
     scale_arr, zp_arr = qparam_arrays(enc, f"encoding of '{hint[:80]}'")
     if np.dtype(scale_dtype) != F32:   # float16 (float_route checked the range; the safety net's widening did not)
         scale_arr = np.clip(scale_arr, FP16_TINY, None).astype(scale_dtype)
+        # the encoding holds the scale the model computes with (reports, encodings files, the safety net's match)
+        enc.scale = scale_arr.astype(np.float32).reshape(np.shape(enc.scale)) if np.size(enc.scale) == \
+            scale_arr.size else enc.scale
     scale = g.add_constant(scale_arr, f"{hint}_scale")
     zp_arr = zp_arr.astype(storage_dtype(enc))
     if enc.bits < 8:
@@ -222,6 +225,28 @@ def insert_activation_qdq(g, value, enc: Encoding, elem: Optional[int] = None, o
     q = g.insert_after(x, "QuantizeLinear", [scale, zp], attrs=attrs)
     dq = g.insert_after(q.outputs[0], "DequantizeLinear", [scale, zp], attrs=attrs)
     return g.insert_after(dq.outputs[0], "Cast", attrs={"to": route.elem}) if route.cast else dq
+
+
+def cast_ends(q, dq):
+    """(value the pair quantizes, value its readers read) of an activation Q→DQ: through the Casts of the Cast
+    route (float_route) when they surround it, else (Q's input, DQ's output)."""
+    x, out = q.inputs[0], dq.outputs[0]
+    uses = out.uses()
+    # NOTE: a user's own float16 -> float32 -> float16 Casts matched here are lossless: taking them out with the
+    # pair changes no value
+    if x is not None and x.producer is not None and x.producer.op_type == "Cast" and len(x.uses()) == 1 \
+            and x.producer.attr("to") == TensorProto.FLOAT and x.producer.inputs[0] is not None \
+            and len(uses) == 1 and not uses[0].is_graph_output and uses[0].user.op_type == "Cast" \
+            and uses[0].user.attr("to") in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return x.producer.inputs[0], uses[0].user.outputs[0]
+    return x, out
+
+
+def remove_qdq(g, q, dq) -> None:
+    """Take an activation Q→DQ pair out (and the Casts of the Cast route around it): its readers read the value."""
+    x, out = cast_ends(q, dq)
+    remove = [dq, q] if out is dq.outputs[0] else [out.producer, dq, q, q.inputs[0].producer]
+    g.substitute(out, x, remove=remove)
 
 
 def dequantizer_of(tail):
@@ -569,7 +594,7 @@ def correct_biases(model, plan: QuantPlan, channel_mean, corrected: Optional[lis
                 continue   # Gemm's C broadcasts; adding one would change shapes it may rely on
             while len(node.inputs) < bslot:
                 g.append_input(node, None)
-            nb = g.add_constant((-delta).astype(np.float32), f"{node.name}_bias")
+            nb = g.add_constant((-delta).astype(np_float(float_elem(node.inputs[1]))), f"{node.name}_bias")
             g.append_input(node, nb)
             if node.op_type in bias_slot and (node_name, bslot) not in plan.uses:
                 plan.set_use(node_name, bslot, QuantSpec(kind="bias", bits=32, symmetric=True, signed=True,
