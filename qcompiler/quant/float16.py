@@ -6,7 +6,13 @@ fp16 copies of its float constant inputs (the shared fp32 constant is never rewr
 Cast(to fp32) after each float output, so its neighbours (and their Q/DQ) still see fp32.
 
 Runtimes differ in their fp16 kernels: for `ort_cpu` each op type is probed once with a one-node fp16 model in
-onnxruntime; an op it cannot run stays fp32 and the report says so.
+onnxruntime; an op it cannot run stays fp32 and the report says so. A node that already computes in float16 (an
+fp16 model: torch `.half()`, onnxconverter-common's float16 converter) is left as it is and the report says so.
+
+Models whose values are float16 or bfloat16 to begin with quantize through qdq.float_route (Q/DQ in float16 at
+opset >= 19, else between Casts to float32). bfloat16: onnxruntime's CPU provider has no bfloat16 kernel for
+MatMul, Conv, Relu, Softmax, ... (1.32), so such a model cannot be calibrated here: `check_bfloat16` turns
+onnxruntime's refusal into one line naming bfloat16 (exit 2).
 """
 from __future__ import annotations
 
@@ -19,6 +25,7 @@ from onnx import TensorProto
 
 FLOAT = TensorProto.FLOAT
 FLOAT16 = TensorProto.FLOAT16
+BFLOAT16 = TensorProto.BFLOAT16
 
 
 def float16_nodes(model, config, dtypes: Dict[str, np.dtype]) -> List[tuple]:
@@ -44,7 +51,8 @@ def apply_float16(model, chosen: List[tuple], probe_ort: bool = True) -> Dict[st
     done: Dict[str, str] = {}
     for n, in_slots, out_vals in chosen:
         if not in_slots or not out_vals:
-            done[n.name] = "kept float32: no float32 inputs/outputs to convert"
+            done[n.name] = ("already float16: the model computes it in float16" if _reads_float16(n) else
+                            "kept float32: no float32 inputs/outputs to convert")
             continue
         if probe_ort and not _ort_runs_fp16(n.op_type, len(n.inputs), model.opset):
             done[n.name] = f"kept float32: onnxruntime CPU has no float16 {n.op_type} kernel"
@@ -62,6 +70,42 @@ def apply_float16(model, chosen: List[tuple], probe_ort: bool = True) -> Dict[st
             v.set_tensor_type(FLOAT16, list(shape) if shape is not None else None)
         done[n.name] = "float16 (Cast to fp16 before, back to fp32 after)"
     return done
+
+
+def _reads_float16(n) -> bool:
+    return any(v is not None and v.dtype == FLOAT16 for v in list(n.inputs) + list(n.outputs))
+
+
+def bfloat16_value(model):
+    """The first bfloat16 value of the main graph's interface, initializers or declared types, or a Cast to
+    bfloat16 (its output); None. O(values); reads no tensor data."""
+    g = model.graph
+    for v in list(g.inputs) + list(g.outputs) + list(g.initializers.values()) + g.local_values():
+        if v is not None and v.dtype == BFLOAT16:
+            return v.name
+    for n in g.nodes:
+        if n.op_type == "Cast" and n.attr("to") == BFLOAT16 and n.outputs and n.outputs[0] is not None:
+            return n.outputs[0].name
+    return None
+
+
+def check_bfloat16(model) -> None:
+    """A model holding bfloat16 values that onnxruntime's CPU provider refuses: one OnnxRuntimeError line naming
+    bfloat16 and the value (instead of onnxruntime's "no implementation for MatMul(13)" alone). A float model
+    without bfloat16 costs one pass over its values; one with bfloat16 one session creation."""
+    name = bfloat16_value(model)
+    if name is None:
+        return
+    from ..errors import OnnxRuntimeError
+    from ..ort_session import create_session
+    from .untrusted import short
+    try:
+        create_session(model, threads=None)
+    except OnnxRuntimeError as e:
+        err = OnnxRuntimeError(f"{e} (the model computes in bfloat16, e.g. value {short(name)}, and onnxruntime's "
+                               f"CPU provider has no bfloat16 kernel for that op: export it in float16 or float32)")
+        err.reason = getattr(e, "reason", str(e))
+        raise err from None
 
 
 def _is_float32(v, dtypes) -> bool:

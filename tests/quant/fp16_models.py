@@ -13,7 +13,7 @@ from onnx import TensorProto as T
 from onnx import helper, numpy_helper
 
 N_SAMPLES = 8
-ELEM = {"fp16": T.FLOAT16, "keep_io": T.FLOAT16, "bf16": T.BFLOAT16}
+ELEM = {"fp16": T.FLOAT16, "keep_io": T.FLOAT16, "bf16": T.BFLOAT16, "fp32": T.FLOAT}
 NP = {T.FLOAT16: np.float16, T.BFLOAT16: ml_dtypes.bfloat16, T.FLOAT: np.float32}
 
 
@@ -122,3 +122,71 @@ def build(family: str, opset: int, io: str = "fp16", seed: int = 0):
     rng = np.random.default_rng(seed)
     feeds = [{k: rng.standard_normal(s).astype(NP[io_elem]) for k, s in ins.items()} for _ in range(N_SAMPLES)]
     return m, feeds
+
+
+def to_float16(model, keep_io_types: bool = False):
+    """A float32 ModelProto converted to float16 as onnxconverter-common's float16 converter does (a copy):
+    initializers, Constant values, declared types, Cast(to=float) and the bodies of If/Loop/Scan become
+    float16; `keep_io_types`: float32 graph inputs/outputs with a Cast at each edge."""
+    from onnx import ModelProto
+    m = ModelProto()
+    m.CopyFrom(model)
+
+    def conv_tensor(t):
+        if t.data_type == T.FLOAT:
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+
+    def conv_type(vi):
+        tt = vi.type.tensor_type
+        if vi.type.HasField("tensor_type") and tt.elem_type == T.FLOAT:
+            tt.elem_type = T.FLOAT16
+
+    def conv_graph(g, top):
+        for t in g.initializer:
+            conv_tensor(t)
+        for vi in list(g.value_info) + ([] if top and keep_io_types else list(g.input) + list(g.output)):
+            conv_type(vi)
+        for n in g.node:
+            for a in n.attribute:
+                if a.name == "to" and n.op_type == "Cast" and a.i == T.FLOAT:
+                    a.i = T.FLOAT16
+                if a.type == a.TENSOR:
+                    conv_tensor(a.t)
+                for sub in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
+                    conv_graph(sub, False)
+
+    conv_graph(m.graph, True)
+    if keep_io_types:
+        g = m.graph
+        inits = {t.name for t in g.initializer}
+        produced = {o for n in g.node for o in n.output}
+        for vi in list(g.input) + list(g.output):   # an initializer that is also an input or output: float16
+            if vi.name in inits or (vi.name not in produced and vi in g.output):
+                conv_type(vi)
+        ins = [i.name for i in g.input if i.type.tensor_type.elem_type == T.FLOAT and i.name not in inits]
+        outs = [o.name for o in g.output if o.type.tensor_type.elem_type == T.FLOAT and o.name in produced]
+        rename = {k: f"{k}_fp16" for k in ins + outs}
+
+        def rename_in(nodes):    # bodies read the graph's inputs and outputs by name too
+            for n in nodes:
+                n.input[:] = [rename.get(i, i) for i in n.input]
+                n.output[:] = [rename.get(o, o) for o in n.output]
+                for a in n.attribute:
+                    for sub in ([a.g] if a.type == a.GRAPH else list(a.graphs)):
+                        rename_in(sub.node)
+                        for o in sub.output:
+                            o.name = rename.get(o.name, o.name)
+        rename_in(g.node)
+        nodes = [helper.make_node("Cast", [k], [rename[k]], name=f"{k}_to_fp16", to=T.FLOAT16) for k in ins]
+        nodes += list(g.node)
+        nodes += [helper.make_node("Cast", [rename[k]], [k], name=f"{k}_to_fp32", to=T.FLOAT) for k in outs]
+        del g.node[:]
+        g.node.extend(nodes)
+    return m
+
+
+def feeds_float16(feeds, model):
+    """`feeds` (float32) as the converted model takes them."""
+    want = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    return [{k: (v.astype(np.float16) if v.dtype == np.float32 and want.get(k) == T.FLOAT16 else v)
+             for k, v in f.items()} for f in feeds]
