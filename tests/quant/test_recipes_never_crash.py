@@ -354,10 +354,8 @@ RECIPES = {
                      untaken_branches="mirror", optimize="latency", weight_bits=4, weight_block=32),
 }
 
-# (family, recipe) -> reason. fp16: the base pipeline (qdq.py: float32 scales for float16 values) makes a QDQ
-# model onnxruntime refuses even with no recipe; a max_drop run passes only because it keeps every layer float.
-FP16_REASON = "float16 model: Q/DQ scales are float32 (qdq.py), onnxruntime refuses the model with or without a recipe"
-XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if "max_drop" not in RECIPES[r]}
+# (family, recipe) -> reason a case is expected to fail (none now: float16 models quantize, test_fp16_models.py)
+XFAIL = {}
 
 
 SLOW = {"all-int4"}
