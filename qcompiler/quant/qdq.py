@@ -98,15 +98,23 @@ def qparam_arrays(enc: Encoding, what: str = "encoding") -> Tuple[np.ndarray, np
     return scale, np.broadcast_to(np.asarray(enc.zero_point, np.int64), scale.shape).copy()
 
 
+def fit_scale(enc: Encoding, scale_dtype=F32) -> np.ndarray:
+    """`enc`'s scale array (qparam_arrays' shape) in `scale_dtype`, float_route's choice. A float16 scale is the
+    float16 nearest (at least the smallest normal: float_route checked the range, the safety net's widening did
+    not), and the encoding takes that value: the report, an encodings file and the safety net's match then
+    hold the scale the model computes with."""
+    scale_arr = qparam_arrays(enc)[0]
+    if np.dtype(scale_dtype) == F32:
+        return scale_arr
+    scale_arr = np.clip(scale_arr, FP16_TINY, None).astype(scale_dtype)
+    enc.scale = scale_arr.astype(np.float32).reshape(np.shape(enc.scale))
+    return scale_arr
+
+
 def _qparams(g, enc: Encoding, hint: str, scale_dtype=F32):
-    """Scale (in `scale_dtype`: float_route's choice) and zero point constants of `enc` in graph `g`."""
+    """Scale (in `scale_dtype`: fit_scale) and zero point constants of `enc` in graph `g`."""
     scale_arr, zp_arr = qparam_arrays(enc, f"encoding of '{hint[:80]}'")
-    if np.dtype(scale_dtype) != F32:   # float16 (float_route checked the range; the safety net's widening did not)
-        scale_arr = np.clip(scale_arr, FP16_TINY, None).astype(scale_dtype)
-        # the encoding holds the scale the model computes with (reports, encodings files, the safety net's match)
-        enc.scale = scale_arr.astype(np.float32).reshape(np.shape(enc.scale)) if np.size(enc.scale) == \
-            scale_arr.size else enc.scale
-    scale = g.add_constant(scale_arr, f"{hint}_scale")
+    scale = g.add_constant(fit_scale(enc, scale_dtype), f"{hint}_scale")
     zp_arr = zp_arr.astype(storage_dtype(enc))
     if enc.bits < 8:
         zp_arr = _as_int4(zp_arr, enc.signed)
@@ -315,7 +323,7 @@ def _dequantize_const(g, q, enc: Encoding, hint: str, elem: int, opset: int, att
     if zp_dtype is None:
         scale, zp = _qparams(g, enc, hint, route.scale)
     else:    # bias: int32 zero point 0
-        scale = g.add_constant(np.asarray(enc.scale, np.float32).astype(route.scale), f"{hint}_scale")
+        scale = g.add_constant(fit_scale(enc, route.scale), f"{hint}_scale")
         zp = g.add_constant(np.zeros(np.shape(enc.scale), zp_dtype), f"{hint}_zero_point")
     dq = g.add_node("DequantizeLinear", [q, scale, zp], [f"{hint}_dequantized"], attrs, name=name, before=before)
     if not route.cast:
@@ -433,6 +441,7 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         if wg is not g:
             touched.add(id(wg))
         welem = float_elem(v)
+        fit_scale(enc, float_route(welem, opset, enc.scale).scale)   # the integers for the scale the DQ holds
         if spec0.rounded is not None:      # learned rounding (adaround): the integers as the plan holds them
             qarr = np.asarray(spec0.rounded).astype(storage_dtype(enc))
         else:

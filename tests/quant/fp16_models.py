@@ -132,9 +132,10 @@ def to_float16(model, keep_io_types: bool = False):
     m = ModelProto()
     m.CopyFrom(model)
 
-    def conv_tensor(t):
+    def conv_tensor(t):     # clipped to +-1e4 as onnxconverter-common does (attention masks of -3.4e38)
         if t.data_type == T.FLOAT:
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16), t.name))
+            t.CopyFrom(numpy_helper.from_array(np.clip(numpy_helper.to_array(t), -1e4, 1e4).astype(np.float16),
+                                               t.name))
 
     def conv_type(vi):
         tt = vi.type.tensor_type
