@@ -133,3 +133,68 @@ def _ort_runs_fp16(op_type: str, n_inputs: int, opset: int) -> bool:
         return True
     except Exception:  # noqa: BLE001 - NOT_IMPLEMENTED (no kernel) or a type error: both mean "not here"
         return False
+
+
+# --------------------------------------------------------------------------- float32 inside a float16 model
+
+_DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
+                "RandomNormalLike": "dtype", "RandomUniformLike": "dtype", "Multinomial": "dtype"}
+
+
+def compute_in_float32(model) -> Dict[str, int]:
+    """Make a float16 model compute in float32 inside while its inputs and outputs keep their float16 types
+    (in place): float16 initializers, Constant values, declared types and dtype attributes (Cast `to`, ...)
+    become float32 in every graph, a Cast(to float32) follows each float16 graph input and a Cast(to float16)
+    feeds each float16 graph output. Returns counts {what: how many}.
+
+    Why (the `float32-inside` pass, --recipe float32-inside): onnxruntime's CPU provider has no float16 Conv,
+    MatMul or integer-kernel fusion on x86; it runs a float16 QDQ model through Casts around every op, and
+    that model was slower than the float16 model itself (digits_cnn: 0.22 ms with Casts around float32 Q/DQ,
+    0.53 ms with float16 Q/DQ, against 0.08 ms float16 and 0.04 ms for the float32 model quantized). Computing
+    in float32 inside gives the quantized model the float32 model's integer kernels; float32 is also at least as
+    accurate as float16, so the output SQNR against the float16 model does not drop.
+    """
+    from onnx import numpy_helper
+    counts = {"initializers": 0, "constants": 0, "types": 0, "attributes": 0, "edge_casts": 0}
+    g = model.graph
+    ins = [v for v in g.inputs if v.dtype == FLOAT16]    # overridable initializers too: their type is interface
+    outs = [(i, v) for i, v in enumerate(g.outputs) if v.dtype == FLOAT16]
+    for graph in g.all_graphs():
+        for v in graph.local_values():
+            if v.tensor is not None and v.tensor.dtype == FLOAT16:
+                if v.is_input:
+                    continue        # an overridable initializer keeps its interface type
+                v.tensor = type(v.tensor).from_array(np.asarray(v.tensor.numpy(), np.float32))
+                counts["initializers"] += 1
+            if v.type is not None and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == FLOAT16:
+                if graph is g and v.is_input:
+                    continue        # the inputs keep float16 (the edge Casts below; the outputs get theirs)
+                t = onnx.TypeProto()
+                t.CopyFrom(v.type)
+                t.tensor_type.elem_type = FLOAT
+                v.type = t
+                counts["types"] += 1
+        for n in graph.nodes:
+            if n.op_type in ("Constant", "ConstantOfShape") and "value" in n.attrs:
+                arr = numpy_helper.to_array(n.attrs["value"].value)
+                if arr.dtype == np.float16:
+                    n.set_attr("value", arr.astype(np.float32))
+                    if n.meta is not None:
+                        n.meta.pop("_const_cache", None)
+                    counts["constants"] += 1
+            key = _DTYPE_ATTRS.get(n.op_type)
+            if key is not None and n.attr(key) == FLOAT16:
+                n.set_attr(key, FLOAT)
+                counts["attributes"] += 1
+    for v in ins:
+        uses = [u for u in v.uses() if not u.is_graph_output]     # an input passed straight out stays float16
+        if uses:
+            g.insert_after(v, "Cast", attrs={"to": FLOAT}, uses=uses, name=f"{v.name}_to_float32")
+            counts["edge_casts"] += 1
+    for i, v in outs:
+        if v.is_input:
+            continue
+        uses = [u for u in v.uses() if u.is_graph_output and u.user is g and u.index == i]
+        g.insert_after(v, "Cast", attrs={"to": FLOAT16}, uses=uses, name=f"{v.name}_to_float16")
+        counts["edge_casts"] += 1
+    return counts

@@ -133,6 +133,23 @@ def test_recipes(recipe, family, opset, io):
     _check(m, _proto(res), feeds[-3:], FLOOR_INT4_DB if recipe in INT4 else FLOOR_8BIT_DB)
 
 
+@pytest.mark.parametrize("io", ["fp16", "keep_io"])
+@pytest.mark.parametrize("opset", [13, 21])
+@pytest.mark.parametrize("family", ["cnn", "transformer"])
+def test_float32_inside(family, opset, io):
+    """--recipe float32-inside: the model computes in float32 (float32 Q/DQ, the float32 model's integer kernels)
+    and keeps its float16 inputs and outputs; no float16 Q/DQ, and Casts only at the edges (one more pair for a
+    float16 input, whose own Q/DQ stays float16)."""
+    m, feeds = build(family, opset, io)
+    res = quantize(m, feeds, opset=opset, progress=False, recipe=["float32-inside"])
+    q = _proto(res)
+    _check(m, q, feeds[-3:], FLOOR_8BIT_DB)
+    assert _scale_types(q) - {T.FLOAT} == ({T.FLOAT16} if io == "fp16" and opset >= 19 else set())
+    casts = sum(n.op_type == "Cast" for n in q.graph.node)
+    assert casts <= (4 if io == "fp16" else 2), casts
+    assert any("float32-inside" in n for n in res.report["notes"])
+
+
 def _outlier_mlp(opset):
     """One activation channel 1000x the others that the next MatMul hardly reads: 8 bits per tensor ruin the
     output (0.4 dB) until the safety net keeps it float (opset 13: Cast route) or widens it (opset 21)."""
@@ -172,10 +189,12 @@ def _families():
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recipe", [None, ["float32-inside"]], ids=["float16", "float32-inside"])
 @pytest.mark.parametrize("keep_io", [False, True], ids=["fp16", "keep_io"])
-def test_never_crash_families_in_float16(keep_io):
+def test_never_crash_families_in_float16(keep_io, recipe):
     """Every model family of test_recipes_never_crash (If/Loop/Scan bodies, LSTM, ConvTranspose, shared and
-    Constant-node weights, Gemm transA, ...) converted to float16, quantized at its own opset (17: Casts)."""
+    Constant-node weights, Gemm transA, an initializer that is also an input, ...) converted to float16,
+    quantized at its own opset (17: Casts around float32 Q/DQ), in float16 or computing in float32 inside."""
     done = []
     for name, fam in _families().items():
         p, feeds = fam()
@@ -185,7 +204,8 @@ def test_never_crash_families_in_float16(keep_io):
             run(m, f16[0])
         except Exception:   # noqa: BLE001 - onnxruntime refuses the float model itself (shared_params: node names)
             continue
-        q = _proto(quantize(m, f16, opset=m.opset_import[0].version, progress=False, min_sqnr=float("-inf")))
+        q = _proto(quantize(m, f16, opset=m.opset_import[0].version, progress=False, min_sqnr=float("-inf"),
+                            recipe=recipe))
         done.append((name, _check(m, q, f16[-2:], FLOOR_FAMILIES_DB)))
     assert len(done) >= 25, done
 
@@ -201,7 +221,8 @@ def _cli(*args):
                           text=True, timeout=300)
 
 
-@pytest.mark.parametrize("io,opset,pin", [("fp16", 17, []), ("keep_io", 13, ["--opset", "13"])])
+@pytest.mark.parametrize("io,opset,pin", [("fp16", 17, []), ("keep_io", 13, ["--opset", "13"]),
+                                          ("fp16", 13, ["--recipe", "float32-inside"])])
 def test_cli_exits_0(tmp_path, io, opset, pin):
     """float32 calibration data for a float16 input is converted (a note); exit 0, a model that runs."""
     m, feeds = build("transformer", opset, io)
