@@ -12,7 +12,9 @@ fp16 model: torch `.half()`, onnxconverter-common's float16 converter) is left a
 Models whose values are float16 or bfloat16 to begin with quantize through qdq.float_route (Q/DQ in float16 at
 opset >= 19, else between Casts to float32). bfloat16: onnxruntime's CPU provider has no bfloat16 kernel for
 MatMul, Conv, Relu, Softmax, ... (1.32), so such a model cannot be calibrated here: `check_bfloat16` turns
-onnxruntime's refusal into one line naming bfloat16 (exit 2).
+onnxruntime's refusal into one line naming bfloat16 (exit 2). `--recipe float32-inside` (`compute_in_float32`)
+makes a float16 model compute in float32 inside instead, its inputs and outputs staying float16: on onnxruntime
+CPU the faster choice (the function's docstring has the figures).
 """
 from __future__ import annotations
 
