@@ -314,11 +314,12 @@ def _insert_mul(g, x, scale: np.ndarray, uses, hint: str):
     return node
 
 
-def _dtype(x):
-    t = x.type
+def _dtype(x, readers=()):
+    """x's float type: declared, else its readers' weights' (a MatMul/Gemm reads both in one type: fp16 models)."""
+    elem = x.dtype or next((r.inputs[1].dtype for r, _, _ in readers if r.inputs[1].dtype), None)
     try:
         from onnx import helper
-        return helper.tensor_dtype_to_np_dtype(t.tensor_type.elem_type)
+        return helper.tensor_dtype_to_np_dtype(elem)
     except Exception:   # noqa: BLE001 - unknown type: float32, the only type the readers' weights had
         return np.dtype(np.float32)
 
@@ -399,7 +400,7 @@ class SmoothQuant(QuantPass):
     def _apply_inverse(g, gr, s, st, inserted) -> str:
         """Make the readers see X / s: fold into the producer (restoring X for the others) or insert a Mul."""
         x, target, others = gr["x"], gr["target"], gr["others"]
-        dt = _dtype(x)
+        dt = _dtype(x, gr["readers"])
         if target is not None:
             kind, slots = target
             done = False

@@ -168,6 +168,7 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     the output opset (decided here, once) and the calibration samples (read lazily by `calibrate`)."""
     from ..progress import bar
     from .data import input_specs, load_samples
+    from .float16 import check_bfloat16
     from .opset import choose_opset
     from .schemes import DEFAULT_SCHEME, canonical_scheme
     from .selection import check_unmatched, unmatched_config_rules
@@ -184,6 +185,7 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     with bar("loading", 1, s.progress) as loading:
         model = _load(model_or_path)
         loading.update(1)
+    check_bfloat16(model)   # onnxruntime CPU runs no bfloat16 MatMul/Conv: say so in the one line (quant/float16.py)
     sel = s.selection
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))

@@ -56,7 +56,9 @@ KIND = "calibration data"           # input_files.MAX_BYTES kind of every file r
 MAX_SAMPLE_BYTES = 2 << 30          # one sample of one input
 MAX_FORTRAN_BYTES = 256 << 20       # a Fortran-ordered member is read whole, so only a small one
 # NOTE: the only conversions we make silently-with-a-note; anything else would hide a preprocessing bug.
-SAFE_CASTS = {(np.dtype(np.int32), np.dtype(np.int64)), (np.dtype(np.float64), np.dtype(np.float32))}
+# float32/float64 data for a float16 input: an fp16 export of a float32 model, calibrated with the same data
+SAFE_CASTS = {(np.dtype(np.int32), np.dtype(np.int64)), (np.dtype(np.float64), np.dtype(np.float32)),
+              (np.dtype(np.float32), np.dtype(np.float16)), (np.dtype(np.float64), np.dtype(np.float16))}
 
 
 def input_specs(graph) -> dict:
@@ -310,9 +312,9 @@ class SampleSet:
             note = f"{where}: input '{name}': converted {a.dtype} to {dt}"
             if note not in self.notes:
                 self.notes.append(note)
-            if a.dtype == np.int32 or not np.any(np.abs(a[np.isfinite(a)]) > np.finfo(np.float32).max):
+            if a.dtype == np.int32 or not np.any(np.abs(a[np.isfinite(a)]) > np.finfo(dt).max):
                 return a.astype(dt)
-            raise DataError(f"{where}: input '{name}': float64 values overflow float32")
+            raise DataError(f"{where}: input '{name}': {a.dtype} values overflow {dt}")
         raise DataError(f"{where}: input '{name}': dtype {a.dtype}, the model expects {dt}")
 
     @staticmethod

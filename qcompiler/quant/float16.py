@@ -6,7 +6,15 @@ fp16 copies of its float constant inputs (the shared fp32 constant is never rewr
 Cast(to fp32) after each float output, so its neighbours (and their Q/DQ) still see fp32.
 
 Runtimes differ in their fp16 kernels: for `ort_cpu` each op type is probed once with a one-node fp16 model in
-onnxruntime; an op it cannot run stays fp32 and the report says so.
+onnxruntime; an op it cannot run stays fp32 and the report says so. A node that already computes in float16 (an
+fp16 model: torch `.half()`, onnxconverter-common's float16 converter) is left as it is and the report says so.
+
+Models whose values are float16 or bfloat16 to begin with quantize through qdq.float_route (Q/DQ in float16 at
+opset >= 19, else between Casts to float32). bfloat16: onnxruntime's CPU provider has no bfloat16 kernel for
+MatMul, Conv, Relu, Softmax, ... (1.32), so such a model cannot be calibrated here: `check_bfloat16` turns
+onnxruntime's refusal into one line naming bfloat16 (exit 2). `--recipe float32-inside` (`compute_in_float32`)
+makes a float16 model compute in float32 inside instead, its inputs and outputs staying float16: on onnxruntime
+CPU the faster choice (the function's docstring has the figures).
 """
 from __future__ import annotations
 
@@ -19,6 +27,7 @@ from onnx import TensorProto
 
 FLOAT = TensorProto.FLOAT
 FLOAT16 = TensorProto.FLOAT16
+BFLOAT16 = TensorProto.BFLOAT16
 
 
 def float16_nodes(model, config, dtypes: Dict[str, np.dtype]) -> List[tuple]:
@@ -44,7 +53,8 @@ def apply_float16(model, chosen: List[tuple], probe_ort: bool = True) -> Dict[st
     done: Dict[str, str] = {}
     for n, in_slots, out_vals in chosen:
         if not in_slots or not out_vals:
-            done[n.name] = "kept float32: no float32 inputs/outputs to convert"
+            done[n.name] = ("already float16: the model computes it in float16" if _reads_float16(n) else
+                            "kept float32: no float32 inputs/outputs to convert")
             continue
         if probe_ort and not _ort_runs_fp16(n.op_type, len(n.inputs), model.opset):
             done[n.name] = f"kept float32: onnxruntime CPU has no float16 {n.op_type} kernel"
@@ -62,6 +72,42 @@ def apply_float16(model, chosen: List[tuple], probe_ort: bool = True) -> Dict[st
             v.set_tensor_type(FLOAT16, list(shape) if shape is not None else None)
         done[n.name] = "float16 (Cast to fp16 before, back to fp32 after)"
     return done
+
+
+def _reads_float16(n) -> bool:
+    return any(v is not None and v.dtype == FLOAT16 for v in list(n.inputs) + list(n.outputs))
+
+
+def bfloat16_value(model):
+    """The first bfloat16 value of the main graph's interface, initializers or declared types, or a Cast to
+    bfloat16 (its output); None. O(values); reads no tensor data."""
+    g = model.graph
+    for v in list(g.inputs) + list(g.outputs) + list(g.initializers.values()) + g.local_values():
+        if v is not None and v.dtype == BFLOAT16:
+            return v.name
+    for n in g.nodes:
+        if n.op_type == "Cast" and n.attr("to") == BFLOAT16 and n.outputs and n.outputs[0] is not None:
+            return n.outputs[0].name
+    return None
+
+
+def check_bfloat16(model) -> None:
+    """A model holding bfloat16 values that onnxruntime's CPU provider refuses: one OnnxRuntimeError line naming
+    bfloat16 and the value (instead of onnxruntime's "no implementation for MatMul(13)" alone). A float model
+    without bfloat16 costs one pass over its values; one with bfloat16 one session creation."""
+    name = bfloat16_value(model)
+    if name is None:
+        return
+    from ..errors import OnnxRuntimeError
+    from ..ort_session import create_session
+    from .untrusted import short
+    try:
+        create_session(model, threads=None)
+    except OnnxRuntimeError as e:
+        err = OnnxRuntimeError(f"{e} (the model computes in bfloat16, e.g. value {short(name)}, and onnxruntime's "
+                               f"CPU provider has no bfloat16 kernel for that op: export it in float16 or float32)")
+        err.reason = getattr(e, "reason", str(e))
+        raise err from None
 
 
 def _is_float32(v, dtypes) -> bool:
@@ -89,3 +135,68 @@ def _ort_runs_fp16(op_type: str, n_inputs: int, opset: int) -> bool:
         return True
     except Exception:  # noqa: BLE001 - NOT_IMPLEMENTED (no kernel) or a type error: both mean "not here"
         return False
+
+
+# --------------------------------------------------------------------------- float32 inside a float16 model
+
+_DTYPE_ATTRS = {"Cast": "to", "EyeLike": "dtype", "RandomNormal": "dtype", "RandomUniform": "dtype",
+                "RandomNormalLike": "dtype", "RandomUniformLike": "dtype", "Multinomial": "dtype"}
+
+
+def compute_in_float32(model) -> Dict[str, int]:
+    """Make a float16 model compute in float32 inside while its inputs and outputs keep their float16 types
+    (in place): float16 initializers, Constant values, declared types and dtype attributes (Cast `to`, ...)
+    become float32 in every graph, a Cast(to float32) follows each float16 graph input and a Cast(to float16)
+    feeds each float16 graph output. Returns counts {what: how many}.
+
+    Why (the `float32-inside` pass, --recipe float32-inside): onnxruntime's CPU provider has no float16 Conv,
+    MatMul or integer-kernel fusion on x86; it runs a float16 QDQ model through Casts around every op, and
+    that model was slower than the float16 model itself (digits_cnn: 0.22 ms with Casts around float32 Q/DQ,
+    0.53 ms with float16 Q/DQ, against 0.08 ms float16 and 0.04 ms for the float32 model quantized). Computing
+    in float32 inside gives the quantized model the float32 model's integer kernels; float32 is also at least as
+    accurate as float16, so the output SQNR against the float16 model does not drop.
+    """
+    from onnx import numpy_helper
+    counts = {"initializers": 0, "constants": 0, "types": 0, "attributes": 0, "edge_casts": 0}
+    g = model.graph
+    ins = [v for v in g.inputs if v.dtype == FLOAT16]    # overridable initializers too: their type is interface
+    outs = [(i, v) for i, v in enumerate(g.outputs) if v.dtype == FLOAT16]
+    for graph in g.all_graphs():
+        for v in graph.local_values():
+            if v.tensor is not None and v.tensor.dtype == FLOAT16:
+                if v.is_input:
+                    continue        # an overridable initializer keeps its interface type
+                v.tensor = type(v.tensor).from_array(np.asarray(v.tensor.numpy(), np.float32))
+                counts["initializers"] += 1
+            if v.type is not None and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type == FLOAT16:
+                if graph is g and v.is_input:
+                    continue        # the inputs keep float16 (the edge Casts below; the outputs get theirs)
+                t = onnx.TypeProto()
+                t.CopyFrom(v.type)
+                t.tensor_type.elem_type = FLOAT
+                v.type = t
+                counts["types"] += 1
+        for n in graph.nodes:
+            if n.op_type in ("Constant", "ConstantOfShape") and "value" in n.attrs:
+                arr = numpy_helper.to_array(n.attrs["value"].value)
+                if arr.dtype == np.float16:
+                    n.set_attr("value", arr.astype(np.float32))
+                    if n.meta is not None:
+                        n.meta.pop("_const_cache", None)
+                    counts["constants"] += 1
+            key = _DTYPE_ATTRS.get(n.op_type)
+            if key is not None and n.attr(key) == FLOAT16:
+                n.set_attr(key, FLOAT)
+                counts["attributes"] += 1
+    for v in ins:
+        uses = [u for u in v.uses() if not u.is_graph_output]     # an input passed straight out stays float16
+        if uses:
+            g.insert_after(v, "Cast", attrs={"to": FLOAT}, uses=uses, name=f"{v.name}_to_float32")
+            counts["edge_casts"] += 1
+    for i, v in outs:
+        if v.is_input:
+            continue
+        uses = [u for u in v.uses() if u.is_graph_output and u.user is g and u.index == i]
+        g.insert_after(v, "Cast", attrs={"to": FLOAT16}, uses=uses, name=f"{v.name}_to_float16")
+        counts["edge_casts"] += 1
+    return counts

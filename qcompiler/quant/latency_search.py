@@ -217,7 +217,7 @@ def _with_weight_switches(mp, plan, unit_of: dict):
         if node is None or i is None or slot >= len(node.input):
             continue
         p = f"qcompiler_ls{j}"
-        mp.graph.initializer.append(numpy_helper.from_array(np.asarray(arr, np.float32), f"{p}_w"))
+        mp.graph.initializer.append(numpy_helper.from_array(np.asarray(arr), f"{p}_w"))   # its own float type
         mp.graph.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}_idx"))
         extra.append(helper.make_node("Gather", [_SWITCH_ON, f"{p}_idx"], [f"{p}_on"], name=f"{p}_g"))
         extra.append(helper.make_node("Where", [f"{p}_on", node.input[slot], f"{p}_w"], [f"{p}_sel"],
@@ -244,6 +244,7 @@ def _with_weight_switches(mp, plan, unit_of: dict):
 def _apply(ctx, quants, fast: set, narrow: set, floor: float) -> List[str]:
     """Take out the trim candidates moved to their fast state and the narrowed ones not moved (with the weight
     DQs of the readers that then run float folded onto the grid); returns the value names taken out."""
+    from .qdq import remove_qdq
     from .safety_net import _left_float
     g = ctx.model.graph
     removed = []
@@ -260,7 +261,7 @@ def _apply(ctx, quants, fast: set, narrow: set, floor: float) -> List[str]:
             why = (f"no integer kernel on {ctx.profile.name} reads or writes it: its Q/DQ pair only cost time and "
                    f"the latency search took it out{at} (--optimize accuracy keeps it)")
             readers = []
-        g.substitute(z.dq.outputs[0], z.q.inputs[0], remove=[z.dq, z.q])
+        remove_qdq(g, z.q, z.dq)
         _left_float(ctx.plan, ctx.activations, z.key, why)
         removed.append(z.key)
         for node in readers:
@@ -278,7 +279,7 @@ def _float_weights(g, node, plan, root) -> None:
         if node_name != node.name or r != root or slot >= len(node.inputs):
             continue
         old = node.inputs[slot]
-        g.set_input(node, slot, g.add_constant(np.asarray(arr, np.float32), f"{old.name}_float"))
+        g.set_input(node, slot, g.add_constant(np.asarray(arr), f"{old.name}_float"))   # its own float type
         dq = old.producer
         if dq is not None and dq.op_type == "DequantizeLinear" and not old.uses():
             ins = list(dq.inputs)
@@ -306,7 +307,7 @@ def _fold_weight_dqs(g, node) -> None:
         zp = np.asarray(arrs[2]) if len(arrs) > 2 else np.zeros((), q.dtype)
         axis = int(dq.attr("axis", 1))
         values = dequantize_linear(q, scale, zp.astype(q.dtype), axis if scale.ndim else 1)
-        grid = g.add_constant(np.asarray(values, np.float32), f"{v.name}_prefolded")
+        grid = g.add_constant(np.asarray(values, np.asarray(arrs[1]).dtype), f"{v.name}_prefolded")   # DQ's type
         g.set_input(node, slot, grid)
         if not v.uses():
             ins = list(dq.inputs)

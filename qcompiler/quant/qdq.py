@@ -8,18 +8,75 @@
   (Constant nodes included).
 - Bias: int32 with scale = s_input * s_weight (per channel when the weight is), zero point 0, as ORT's QDQ
   Conv/Gemm fusions expect; left float when the input or weight is float or the int32 grid would overflow.
+- float16/bfloat16 values (fp16 exports, keep_io_types models: a value's own float type decides, not the
+  model's): `float_route` picks, once per Q/DQ, how the pair meets the value. float16 at opset >= 19: scales in
+  float16, so Q reads and DQ writes float16 (onnxruntime 1.32 CPU runs float16 Q/DQ for every grid, per-axis
+  and per-block). Otherwise (opset 13..18, bfloat16 at any opset: onnx allows bfloat16 scales from 19 but
+  onnxruntime CPU has no bfloat16 Q/DQ kernel, and scales below float16's smallest normal, e.g. an int32
+  bias's s_in*s_w): float32 scales between Casts, Cast(to float32) -> Q -> DQ -> Cast(back), and a weight's or
+  bias's DQ is followed by one Cast to the weight's type. Weights stored on their grid keep their float type.
+  Every consumer reads the type it read in the float model.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import numpy as np
+from onnx import TensorProto
 
 from .encoding import Encoding, broadcast_qparams, dequantize_linear, per_tensor, quantize_dequantize, scalar
 from .memory import drop_cached
 from .plan import FLOAT_ON_GRID, INT, QuantPlan, QuantSpec
 
 INT32_MAX = 2 ** 31 - 1
+F32 = np.dtype(np.float32)
+NATIVE_SCALE_OPSET = {TensorProto.FLOAT: 13, TensorProto.FLOAT16: 19}   # bfloat16: onnxruntime CPU has no kernel
+FP16_TINY = float(np.finfo(np.float16).tiny)     # smallest normal float16: below it a scale loses precision
+
+
+class FloatRoute(NamedTuple):
+    """How one Q/DQ pair meets a value of float type `elem` (onnx enum): its scale's numpy dtype, and whether
+    Casts to float32 and back surround it (`float_route`)."""
+    elem: int
+    scale: np.dtype
+    cast: bool
+
+
+def float_route(elem: Optional[int], opset: int, scale=None) -> FloatRoute:
+    """The one rule for a value of float type `elem` (None: float32) quantized at `opset` with `scale`:
+    its own type as the scale's type when the opset and onnxruntime allow it and every scale is a normal
+    number in that type, else float32 scales between Casts (module docstring)."""
+    elem = elem or TensorProto.FLOAT
+    if elem == TensorProto.FLOAT or elem not in FLOAT_ELEMS:
+        return FloatRoute(TensorProto.FLOAT, F32, False)
+    if opset >= NATIVE_SCALE_OPSET.get(elem, 10 ** 6):
+        s = np.abs(np.asarray(scale, np.float64)) if scale is not None else None
+        if s is None or (np.all(s >= FP16_TINY) and np.all(s <= float(np.finfo(np.float16).max))):
+            return FloatRoute(elem, np.dtype(np.float16), False)
+    return FloatRoute(elem, F32, True)
+
+
+FLOAT_ELEMS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+def np_float(elem: int) -> np.dtype:
+    """numpy dtype of an onnx float type (bfloat16: ml_dtypes')."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+    return np.dtype(tensor_dtype_to_np_dtype(elem))
+
+
+def float_elem(v, dtypes: Optional[dict] = None) -> int:
+    """The onnx float type of value `v`: its initializer's or declared type, else calibration's runtime dtype
+    (`dtypes`, name -> numpy dtype), else float32. Reads no tensor data."""
+    if dtypes is not None and v.name in dtypes and v.tensor is None:
+        dt = np.dtype(dtypes[v.name])
+        elem = {np.dtype(np.float16): TensorProto.FLOAT16, F32: TensorProto.FLOAT}.get(dt)
+        if elem is None and dt.name == "bfloat16":
+            elem = TensorProto.BFLOAT16
+        if elem is not None:
+            return elem
+    elem = v.dtype
+    return elem if elem in FLOAT_ELEMS else TensorProto.FLOAT
 
 
 def storage_dtype(enc: Encoding) -> np.dtype:
@@ -41,9 +98,23 @@ def qparam_arrays(enc: Encoding, what: str = "encoding") -> Tuple[np.ndarray, np
     return scale, np.broadcast_to(np.asarray(enc.zero_point, np.int64), scale.shape).copy()
 
 
-def _qparams(g, enc: Encoding, hint: str):
+def fit_scale(enc: Encoding, scale_dtype=F32) -> np.ndarray:
+    """`enc`'s scale array (qparam_arrays' shape) in `scale_dtype`, float_route's choice. A float16 scale is the
+    float16 nearest (at least the smallest normal: float_route checked the range, the safety net's widening did
+    not), and the encoding takes that value: the report, an encodings file and the safety net's match then
+    hold the scale the model computes with."""
+    scale_arr = qparam_arrays(enc)[0]
+    if np.dtype(scale_dtype) == F32:
+        return scale_arr
+    scale_arr = np.clip(scale_arr, FP16_TINY, None).astype(scale_dtype)
+    enc.scale = scale_arr.astype(np.float32).reshape(np.shape(enc.scale))
+    return scale_arr
+
+
+def _qparams(g, enc: Encoding, hint: str, scale_dtype=F32):
+    """Scale (in `scale_dtype`: fit_scale) and zero point constants of `enc` in graph `g`."""
     scale_arr, zp_arr = qparam_arrays(enc, f"encoding of '{hint[:80]}'")
-    scale = g.add_constant(scale_arr, f"{hint}_scale")
+    scale = g.add_constant(fit_scale(enc, scale_dtype), f"{hint}_scale")
     zp_arr = zp_arr.astype(storage_dtype(enc))
     if enc.bits < 8:
         zp_arr = _as_int4(zp_arr, enc.signed)
@@ -152,41 +223,83 @@ def _write_on_grid(g, members: list, values: np.ndarray, dq_name: str) -> None:
         spec.param_name = shown
 
 
-def insert_activation_qdq(g, value, enc: Encoding):
-    """Q→DQ after `value` for all its uses; returns the DQ node.
+def insert_activation_qdq(g, value, enc: Encoding, elem: Optional[int] = None, opset: int = 13):
+    """Q→DQ after `value` (float type `elem`, onnx enum; None: float32) for all its uses; returns the node every
+    use now reads: the DQ, or the Cast back to `elem` (float_route).
 
     A graph input that is also a graph output (a pass-through some exporters write) stays that output: its name
     cannot move to the DQ (it is the input's), and the caller gets back exactly what it fed."""
-    scale, zp = _qparams(g, enc, value.name)
+    route = float_route(elem, opset, enc.scale)
+    scale, zp = _qparams(g, enc, value.name, route.scale)
     attrs = {"axis": enc.axis} if enc.per_channel else None
     uses = None
     if value.is_input or value.tensor is not None:
         uses = [u for u in value.uses() if not u.is_graph_output]
-    q = g.insert_after(value, "QuantizeLinear", [scale, zp], attrs=attrs, uses=uses)
+    if route.cast:
+        x = g.insert_after(value, "Cast", attrs={"to": TensorProto.FLOAT}, uses=uses).outputs[0]
+        uses = None
+    else:
+        x = value
+    q = g.insert_after(x, "QuantizeLinear", [scale, zp], attrs=attrs, uses=uses)
     dq = g.insert_after(q.outputs[0], "DequantizeLinear", [scale, zp], attrs=attrs)
-    return dq
+    return g.insert_after(dq.outputs[0], "Cast", attrs={"to": route.elem}) if route.cast else dq
 
 
-def local_dequantizers(dq, enc: Encoding, touched: set) -> int:
-    """Give each body that reads the output of `dq` (a value quantized in an outer graph, captured) its own
-    DequantizeLinear of the captured QuantizeLinear output, with its own scale and zero point; returns how many.
+def cast_ends(q, dq):
+    """(value the pair quantizes, value its readers read) of an activation Q→DQ: through the Casts of the Cast
+    route (float_route) when they surround it, else (Q's input, DQ's output)."""
+    x, out = q.inputs[0], dq.outputs[0]
+    uses = out.uses()
+    # NOTE: a user's own float16 -> float32 -> float16 Casts matched here are lossless: taking them out with the
+    # pair changes no value
+    if x is not None and x.producer is not None and x.producer.op_type == "Cast" and len(x.uses()) == 1 \
+            and x.producer.attr("to") == TensorProto.FLOAT and x.producer.inputs[0] is not None \
+            and len(uses) == 1 and not uses[0].is_graph_output and uses[0].user.op_type == "Cast" \
+            and uses[0].user.attr("to") in (TensorProto.FLOAT16, TensorProto.BFLOAT16):
+        return x.producer.inputs[0], uses[0].user.outputs[0]
+    return x, out
+
+
+def remove_qdq(g, q, dq) -> None:
+    """Take an activation Q→DQ pair out (and the Casts of the Cast route around it): its readers read the value."""
+    x, out = cast_ends(q, dq)
+    remove = [dq, q] if out is dq.outputs[0] else [out.producer, dq, q, q.inputs[0].producer]
+    g.substitute(out, x, remove=remove)
+
+
+def dequantizer_of(tail):
+    """(DequantizeLinear, Cast back or None) of the node `insert_activation_qdq` returned."""
+    if tail.op_type == "Cast":
+        return tail.inputs[0].producer, tail
+    return tail, None
+
+
+def local_dequantizers(tail, enc: Encoding, touched: set) -> int:
+    """Give each body that reads the output of `tail` (a value quantized in an outer graph, captured; `tail` as
+    `insert_activation_qdq` returned it) its own DequantizeLinear (and Cast back, if the outer pair has one)
+    of the captured QuantizeLinear output, with its own scale and zero point; returns how many.
 
     NOTE: onnxruntime's QDQ fusions look at one graph at a time and want the DQ and its scale in the same graph
     as the consumer: a Conv in an If branch reading the main graph's DQ of `x` stayed a float Conv (issue 14).
     The int8 tensor crosses the boundary instead of the float one; the outer DQ goes when nothing reads it.
     """
-    out, q_out = dq.outputs[0], dq.inputs[0]
+    dq, cast = dequantizer_of(tail)
+    out, q_out = tail.outputs[0], dq.inputs[0]
+    scale_dtype = np.asarray(dq.inputs[1].const_value()).dtype
     by_graph: Dict[int, tuple] = {}
     for u in out.uses():
         ug = u.user if u.is_graph_output else u.user.graph
-        if ug is not dq.graph:
+        if ug is not tail.graph:
             by_graph.setdefault(id(ug), (ug, []))[1].append(u)
     for ug, uses in by_graph.values():
-        scale, zp = _qparams(ug, enc, q_out.name)
+        scale, zp = _qparams(ug, enc, q_out.name, scale_dtype)
         first = next((u.user for u in uses if not u.is_graph_output), None)
         local = ug.add_node("DequantizeLinear", [q_out, scale, zp], [f"{out.name}_local"],
                             {"axis": enc.axis} if enc.per_channel else None, name=f"{out.name}_DequantizeLinear",
                             before=first if first is not None else None)
+        if cast is not None:
+            local = ug.add_node("Cast", [local.outputs[0]], [f"{out.name}_local_cast"], {"to": cast.attr("to")},
+                                name=f"{out.name}_Cast", before=first if first is not None else None)
         for u in uses:
             if u.is_graph_output:
                 ug.set_output(u.index, local.outputs[0])
@@ -194,16 +307,39 @@ def local_dequantizers(dq, enc: Encoding, touched: set) -> int:
                 ug.set_input(u.user, u.index, local.outputs[0])
         touched.add(id(ug))
     if by_graph and not out.uses():
-        dq.graph.remove_node(dq)
+        for n in (cast, dq):
+            if n is not None and not n.outputs[0].uses():
+                n.graph.remove_node(n)
     return len(by_graph)
 
 
-def insert_use_qdq(g, node, slot: int, enc: Encoding):
-    """Q→DQ feeding only input `slot` of `node`."""
+def insert_use_qdq(g, node, slot: int, enc: Encoding, elem: Optional[int] = None, opset: int = 13):
+    """Q→DQ feeding only input `slot` of `node` (its value of float type `elem`: float_route)."""
     v = node.inputs[slot]
-    scale, zp = _qparams(g, enc, f"{v.name}_{node.name}_in{slot}")
+    route = float_route(elem, opset, enc.scale)
+    scale, zp = _qparams(g, enc, f"{v.name}_{node.name}_in{slot}", route.scale)
+    if route.cast:
+        g.insert_before(node, slot, "Cast", attrs={"to": TensorProto.FLOAT})
     g.insert_before(node, slot, "QuantizeLinear", [scale, zp])
-    return g.insert_before(node, slot, "DequantizeLinear", [scale, zp])
+    dq = g.insert_before(node, slot, "DequantizeLinear", [scale, zp])
+    return g.insert_before(node, slot, "Cast", attrs={"to": route.elem}) if route.cast else dq
+
+
+def _dequantize_const(g, q, enc: Encoding, hint: str, elem: int, opset: int, attrs, name: str, before,
+                      zp_dtype=None):
+    """DequantizeLinear of the stored integer constant `q` whose float original had type `elem` (its readers
+    expect it): float_route's scale type, then a Cast to `elem` on the Cast route. Returns the node read."""
+    route = float_route(elem, opset, enc.scale)
+    if zp_dtype is None:
+        scale, zp = _qparams(g, enc, hint, route.scale)
+    else:    # bias: int32 zero point 0
+        scale = g.add_constant(fit_scale(enc, route.scale), f"{hint}_scale")
+        zp = g.add_constant(np.zeros(np.shape(enc.scale), zp_dtype), f"{hint}_zero_point")
+    dq = g.add_node("DequantizeLinear", [q, scale, zp], [f"{hint}_dequantized"], attrs, name=name, before=before)
+    if not route.cast:
+        return dq
+    return g.add_node("Cast", [dq.outputs[0]], [f"{hint}_dequantized_cast"], {"to": route.elem},
+                      name=f"{name}_Cast", before=before)
 
 
 def output_axis(node) -> Optional[int]:
@@ -270,6 +406,8 @@ def bias_scale(node, ein: Encoding, ew: Encoding, bias_shape: tuple):
 def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, Encoding]]:
     """Insert every quantizer of `plan` into `model` (in place). Returns (activation, param) encodings by name."""
     g = model.graph
+    opset = model.opset
+    dtypes = plan.dtypes or {}
     by_name = plan.nodes      # If/Loop/Scan body nodes too: their weights are quantized inside the body
     acts: Dict[str, Encoding] = {}
     touched = set()                 # bodies that got a DQ (toposorted at the end)
@@ -312,6 +450,8 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
         wg = node0.graph
         if wg is not g:
             touched.add(id(wg))
+        welem = float_elem(v)
+        fit_scale(enc, float_route(welem, opset, enc.scale).scale)   # the integers for the scale the DQ holds
         if spec0.rounded is not None:      # learned rounding (adaround): the integers as the plan holds them
             qarr = np.asarray(spec0.rounded).astype(storage_dtype(enc))
         else:
@@ -325,16 +465,15 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             if enc.bits < 8:
                 qarr = _as_int4(qarr, enc.signed)
             wq = wg.add_constant(qarr, f"{v.name}_quantized")
-            scale, zp = _qparams(wg, enc, v.name)
-            dq = wg.add_node("DequantizeLinear", [wq, scale, zp], [f"{v.name}_dequantized"], _dq_attrs(enc),
-                             name=f"{v.name}_DequantizeLinear", before=node0)
+            dq = _dequantize_const(wg, wq, enc, v.name, welem, opset, _dq_attrs(enc), f"{v.name}_DequantizeLinear",
+                                   node0)
             for node, slot, _, _, _ in on_int:
                 wg.set_input(node, slot, dq.outputs[0])
             pname = dq.outputs[0].name
         else:
             pname = wg.names.fresh(f"{v.name}_dequantized")   # the name its DQ would have had
         if on_grid:
-            _write_on_grid(wg, on_grid, _on_grid(qarr, enc), pname)
+            _write_on_grid(wg, on_grid, _on_grid(qarr, enc).astype(np_float(welem)), pname)
         params[v.name if v.name not in params else pname] = enc
         v.graph.drop_if_unused([v])
 
@@ -361,16 +500,15 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
                        signed=True, axis=bias_axis)
         spec.encoding = enc
         bg = node.graph
+        belem = float_elem(v)
         if spec.storage == FLOAT_ON_GRID:
             pname = bg.names.fresh(f"{v.name}_dequantized")
-            _write_on_grid(bg, [(node, slot, v, enc, spec)], _on_grid(q.astype(np.int32), enc), pname)
+            _write_on_grid(bg, [(node, slot, v, enc, spec)],
+                           _on_grid(q.astype(np.int32), enc).astype(np_float(belem)), pname)
         else:
             bq = bg.add_constant(q.astype(np.int32), f"{v.name}_quantized")
-            scale = bg.add_constant(np.asarray(enc.scale, np.float32), f"{v.name}_scale")
-            zp = bg.add_constant(np.zeros(np.shape(s), np.int32), f"{v.name}_zero_point")
-            dq = bg.add_node("DequantizeLinear", [bq, scale, zp], [f"{v.name}_dequantized"],
-                             {"axis": bias_axis} if per_channel else None,
-                             name=f"{v.name}_{node_name}_DequantizeLinear", before=node)
+            dq = _dequantize_const(bg, bq, enc, v.name, belem, opset, {"axis": bias_axis} if per_channel else None,
+                                   f"{v.name}_{node_name}_DequantizeLinear", node, zp_dtype=np.int32)
             bg.set_input(node, slot, dq.outputs[0])
             pname = dq.outputs[0].name
         params[v.name if v.name not in params else pname] = enc
@@ -393,8 +531,8 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             continue   # an input only passed through to the outputs: nothing reads a quantized copy
         if v.graph is not g:
             touched.add(id(v.graph))
-        dq = insert_activation_qdq(v.graph, v, spec.encoding)
-        local_dequantizers(dq, spec.encoding, touched)
+        tail = insert_activation_qdq(v.graph, v, spec.encoding, float_elem(v, dtypes), opset)
+        local_dequantizers(tail, spec.encoding, touched)
         acts[name] = spec.encoding
 
     # 4. per-use activation quantizers (Concat input whose producer is not quantizable)
@@ -403,7 +541,7 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
             node = by_name[node_name]
             if node.graph is not g:
                 touched.add(id(node.graph))
-            insert_use_qdq(node.graph, node, slot, spec.encoding)
+            insert_use_qdq(node.graph, node, slot, spec.encoding, float_elem(node.inputs[slot], dtypes), opset)
             acts[f"{node.inputs[slot].name}"] = spec.encoding
     g.toposort()
     for body in g.subgraphs(recursive=True):
@@ -477,7 +615,7 @@ def correct_biases(model, plan: QuantPlan, channel_mean, corrected: Optional[lis
                 continue   # Gemm's C broadcasts; adding one would change shapes it may rely on
             while len(node.inputs) < bslot:
                 g.append_input(node, None)
-            nb = g.add_constant((-delta).astype(np.float32), f"{node.name}_bias")
+            nb = g.add_constant((-delta).astype(np_float(float_elem(node.inputs[1]))), f"{node.name}_bias")
             g.append_input(node, nb)
             if node.op_type in bias_slot and (node_name, bslot) not in plan.uses:
                 plan.set_use(node_name, bslot, QuantSpec(kind="bias", bits=32, symmetric=True, signed=True,

@@ -105,6 +105,7 @@ class Outcome:
 
 def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
     """Main-graph activation Q→DQ pairs whose encoding is per tensor, in graph order, keyed by their value name."""
+    from .qdq import cast_ends
     g = model.graph
     found = []
     for q in g.nodes_by_op("QuantizeLinear"):
@@ -119,7 +120,8 @@ def activation_quantizers(model, acts: Dict[str, object]) -> List[_Quantizer]:
         dq = uses[0].user
         if dq.outputs[0].is_output_of_any_graph() and not g.can_take_name(x):
             continue   # a graph input (or output) read straight into a graph output: nothing to turn off
-        key = dq.outputs[0].name if dq.outputs[0].name in acts else x.name
+        ends = cast_ends(q, dq)    # float16 at opset < 19: Cast -> Q -> DQ -> Cast (qdq.float_route)
+        key = next((v.name for v in (dq.outputs[0], x, ends[1], ends[0]) if v.name in acts), x.name)
         enc = acts.get(key)
         if enc is None or enc.per_channel or enc.frozen or not _same_scale(q, enc):
             continue
@@ -182,7 +184,9 @@ def _switch_proto(model, quants: List[_Quantizer], wide_bits: Optional[int]):
         chosen = dq_out
         if wide_bits:
             e = _wide_encoding(z.enc, wide_bits)
-            g.initializer.append(numpy_helper.from_array(np.asarray(e.scale, np.float32), f"{p}{i}_s16"))
+            s_dtype = np.asarray(z.q.inputs[1].const_value()).dtype      # float16 scales: qdq.float_route
+            g.initializer.append(numpy_helper.from_array(np.asarray(e.scale, np.float32).astype(s_dtype),
+                                                         f"{p}{i}_s16"))
             g.initializer.append(numpy_helper.from_array(
                 np.asarray(e.zero_point).astype(storage_dtype(e)), f"{p}{i}_z16"))
             g.node.append(helper.make_node("QuantizeLinear", [x, f"{p}{i}_s16", f"{p}{i}_z16"], [f"{p}{i}_q16"],
@@ -471,8 +475,9 @@ def body_fallback(model, plan, acts: dict, kept: list, errors: dict, out: Outcom
 
 
 def _drop_quantizers(quants: List[_Quantizer]) -> None:
+    from .qdq import remove_qdq
     for z in quants:
-        z.q.graph.substitute(z.dq.outputs[0], z.q.inputs[0], remove=[z.dq, z.q])
+        remove_qdq(z.q.graph, z.q, z.dq)
 
 
 def _one_pass(model, kept, quants, floor, wide_bits, no_wide, out: Outcome, trials_left: int, deadline: float):
@@ -497,7 +502,7 @@ def _one_pass(model, kept, quants, floor, wide_bits, no_wide, out: Outcome, tria
 
 
 def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
-    from .qdq import _qparams
+    from .qdq import _qparams, remove_qdq
     g = model.graph
     for i, choice, before, after, n in ((i, c, b, a, len(grp)) for grp, c, b, a in fixes for i in grp):
         z = quants[i]
@@ -507,7 +512,7 @@ def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
             what = f"widened to {wide_bits} bits by the safety net"
             reason = f"{what}: output SQNR {before:.1f} dB -> {shown} with {it} at {wide_bits} bits"
             enc = _wide_encoding(z.enc, wide_bits)
-            scale, zp = _qparams(g, enc, f"{z.key}_wide")
+            scale, zp = _qparams(g, enc, f"{z.key}_wide", np.asarray(z.q.inputs[1].const_value()).dtype)
             old = list(z.q.inputs[1:3])
             for node in (z.q, z.dq):
                 g.set_input(node, 1, scale)
@@ -522,7 +527,7 @@ def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
                 spec.bits, spec.widened, spec.encoding = int(wide_bits), reason, enc
         else:
             reason = f"left float by the safety net: output SQNR {before:.1f} dB -> {shown} with {it} float"
-            g.substitute(z.dq.outputs[0], z.q.inputs[0], remove=[z.dq, z.q])
+            remove_qdq(g, z.q, z.dq)
             _left_float(plan, acts, z.key, reason)
         out.changed.append({"value": z.key, "action": "widened" if choice == "wide" else "float",
                             "sqnr_before_db": _r(before), "sqnr_after_db": _r(after), "reason": reason})

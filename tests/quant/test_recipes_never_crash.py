@@ -354,9 +354,8 @@ RECIPES = {
                      untaken_branches="mirror", optimize="latency", weight_bits=4, weight_block=32),
 }
 
-# (family, recipe) -> reason for a known failure. fp16_model used to be one with every recipe (float32 scales on
-# float16 values); the upcast-float16 pass (passes/quantize/upcast_float16.py) made it pass.
-XFAIL: dict = {}
+# (family, recipe) -> reason a case is expected to fail (none now: float16 models quantize, test_fp16_models.py)
+XFAIL = {}
 
 
 SLOW = {"all-int4"}

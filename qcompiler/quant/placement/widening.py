@@ -11,6 +11,9 @@ from ..profiles import Profile
 # field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
 # below ~30; far beyond that (masks, variances) the bulk collapses onto one or two levels.
 SENTINEL_MAGNITUDE = 1e20
+# float16 models mask with torch.finfo(float16).min (-65504) or onnxconverter-common's clip (-1e4): a tenth of
+# float16's largest finite value is a sentinel there (minilm_l6 in float16: cosine 0.46 with its mask quantized)
+SENTINEL_FLOAT16 = 0.1 * float(np.finfo(np.float16).max)
 OUTLIER_RATIO_LIMIT = 1e3
 # the bulk (99.9% of |x|) must span at least this many steps of the min/max grid; BERT's outlier channels
 # (FFN outputs up to ~200 over a bulk of ~1) leave it 1-10 steps and wreck the model
@@ -31,7 +34,8 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile) ->
             continue
         absmax = max(abs(st.get("min", 0.0)), abs(st.get("max", 0.0)))
         headroom = 2.0 ** max(spec.bits - 8, 0)
-        if absmax >= SENTINEL_MAGNITUDE:
+        fp16 = plan.dtypes is not None and plan.dtypes.get(name) == np.float16
+        if absmax >= (SENTINEL_FLOAT16 if fp16 else SENTINEL_MAGNITUDE):
             spec.float_(f"holds sentinel values of magnitude {absmax:.3g} (an additive mask?): "
                         f"{spec.bits} bits cannot carry them together with the rest")
         elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT * headroom:
