@@ -9,12 +9,13 @@ Runtimes differ in their fp16 kernels: for `ort_cpu` each op type is probed once
 onnxruntime; an op it cannot run stays fp32 and the report says so. A node that already computes in float16 (an
 fp16 model: torch `.half()`, onnxconverter-common's float16 converter) is left as it is and the report says so.
 
-Models whose values are float16 or bfloat16 to begin with quantize through qdq.float_route (Q/DQ in float16 at
-opset >= 19, else between Casts to float32). bfloat16: onnxruntime's CPU provider has no bfloat16 kernel for
+Models whose values are float16 or bfloat16 to begin with, on a profile that computes in float16
+(`float16_compute: float16`), quantize through qdq.float_route (Q/DQ in float16 at opset >= 19, else between Casts
+to float32). bfloat16: onnxruntime's CPU provider has no bfloat16 kernel for
 MatMul, Conv, Relu, Softmax, ... (1.32), so such a model cannot be calibrated here: `check_bfloat16` turns
-onnxruntime's refusal into one line naming bfloat16 (exit 2). `--recipe float32-inside` (`compute_in_float32`)
-makes a float16 model compute in float32 inside instead, its inputs and outputs staying float16: on onnxruntime
-CPU the faster choice (the function's docstring has the figures).
+onnxruntime's refusal into one line naming bfloat16 (exit 2). On a profile with `float16_compute: float32` (ort_cpu,
+aimet) the pass upcast-float16 (`compute_in_float32`) makes a float16 model compute in float32 inside instead, its
+inputs and outputs staying float16: on onnxruntime CPU the faster choice (the function's docstring has figures).
 """
 from __future__ import annotations
 
@@ -149,7 +150,7 @@ def compute_in_float32(model) -> Dict[str, int]:
     become float32 in every graph, a Cast(to float32) follows each float16 graph input and a Cast(to float16)
     feeds each float16 graph output. Returns counts {what: how many}.
 
-    Why (the `float32-inside` pass, --recipe float32-inside): onnxruntime's CPU provider has no float16 Conv,
+    Why (the `upcast-float16` pass, on profiles whose `float16_compute` is float32): onnxruntime's CPU provider has no float16 Conv,
     MatMul or integer-kernel fusion on x86; it runs a float16 QDQ model through Casts around every op, and
     that model was slower than the float16 model itself (digits_cnn: 0.22 ms with Casts around float32 Q/DQ,
     0.53 ms with float16 Q/DQ, against 0.08 ms float16 and 0.04 ms for the float32 model quantized). Computing

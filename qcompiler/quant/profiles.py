@@ -39,6 +39,10 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
 - `symmetric_dynamic_weight_ops`: ops whose weight input 1, when it is an activation and not a constant (a
   dynamic MatMul's K or V), is quantized with the weights' symmetry: the quantizer that feeds it, through data
   movement, and its tie group (AIMET's `_apply_param_symmetry_to_inputs`; quant/placement/dynamic_weights.py).
+- `float16_compute`: how a float16 model's float arithmetic runs between its quantizers: "float32" (ort_cpu,
+  aimet: the model is lifted to float32 inside and keeps its float16 inputs and outputs, pass upcast-float16;
+  onnxruntime's CPU provider has few float16 kernels and its integer kernels dequantize to float32) or "float16"
+  (trt, qnn_htp: the runtime computes in half precision; Q/DQ in the value's own type, qdq.float_route).
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -104,6 +108,7 @@ PROFILES: dict = {
         # which QDQ units onnxruntime's CPU EP turns into integer kernels (quant/fusion_tables/ort_cpu.yaml): placement
         # keeps a quantizer only next to one of them (placement/float_regions.py)
         "fusions": "ort_cpu",
+        "float16_compute": "float32",
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
@@ -121,6 +126,7 @@ PROFILES: dict = {
         "fixed_output_range": {"Sigmoid": [0.0, 1.0], "Tanh": [-1.0, 1.0]},
         "fused_activations": _FUSED,
         "bias_add_ops": ["MatMul", "Gemm"],
+        "float16_compute": "float16",
     },
     "qnn_htp": {
         "description": "Qualcomm QNN HTP (as AIMET's htp_quantsim_config_v75): u8 asymmetric activations, s8 "
@@ -140,6 +146,7 @@ PROFILES: dict = {
         "fused_activations": _FUSED + [["Conv", "PRelu"], ["Gemm", "PRelu"]],
         # AIMET gives a dynamic MatMul's second input the params' symmetry under every config (HTP's too)
         "symmetric_dynamic_weight_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+        "float16_compute": "float16",
     },
     "aimet": {
         "description": "AIMET-ONNX's QuantizationSimModel with its default_config_per_channel.json: u8 asymmetric "
@@ -168,6 +175,7 @@ PROFILES: dict = {
                               ["Gemm", "Relu"]],
         "bias_add_ops": ["MatMul"],
         "symmetric_dynamic_weight_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
+        "float16_compute": "float32",
     },
 }
 
@@ -218,6 +226,7 @@ class Profile:
     requantizes_float_weights: Tuple[str, ...] = ()
     symmetric_dynamic_weight_ops: Tuple[str, ...] = ()
     fusions: Optional[str] = None       # the runtime's QDQ fusion table (quant/fusions.py): a name or a YAML path
+    float16_compute: str = "float32"    # "float32" | "float16": FLOAT16_COMPUTE
 
     def to_dict(self) -> dict:
         """Plain data (JSON-serialisable: tuples become lists)."""
@@ -327,6 +336,8 @@ class _Check:
         return out
 
 
+FLOAT16_COMPUTE = ("float32", "float16")
+
 _NAME_LISTS = ("per_channel_ops", "float_output_ops", "shares_input_encoding", "tie_inputs_and_output",
                "bias_add_ops", "output_q_through", "float_kernel_ops", "requantizes_float_weights",
                "symmetric_dynamic_weight_ops")
@@ -340,6 +351,9 @@ def check_profile(p: dict, source: str = "profile") -> Profile:
     for k in ("name", "description", "base", "fusions"):
         if k in p and not isinstance(p[k], str):
             raise c.err(k, f"expected a string, got {short(p[k])}")
+    if p.get("float16_compute", "float32") not in FLOAT16_COMPUTE:
+        raise c.err("float16_compute", f"expected one of {', '.join(FLOAT16_COMPUTE)}, "
+                    f"got {short(p['float16_compute'])}")
     p["activation"] = c.grid(p.get("activation"), "activation", ("bits", "symmetric"))
     p["weight"] = c.grid(p.get("weight"), "weight", ("bits", "symmetric", "range_bits")
                          if "range_bits" in c.mapping(p.get("weight"), "weight") else ("bits", "symmetric"))
@@ -417,6 +431,7 @@ def _typed(p: dict) -> Profile:
         float_outputs={op: tuple(slots) for op, slots in p.get("float_outputs", {}).items()},
         fixed_output_range={op: (float(r[0]), float(r[1])) for op, r in p.get("fixed_output_range", {}).items()},
         wide_activation_bits=p.get("wide_activation_bits"), fusions=p.get("fusions"),
+        float16_compute=p.get("float16_compute", "float32"),
         fused_activations=tuple(tuple(pair) for pair in p.get("fused_activations", ())),
         per_block_weight_bits=tuple(p.get("per_block_weight_bits", (4, 8))),
         integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},

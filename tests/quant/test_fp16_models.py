@@ -1,8 +1,10 @@
 """float16 models as users bring them (torch `.half()`, onnxconverter-common's float16 converter with
 keep_io_types False or True) quantize: exit 0 from the API and the CLI, the QDQ model runs in onnxruntime with
 default session options, its outputs have the float model's dtypes, and its output SQNR against the float16
-model's own outputs stays above a floor. Q/DQ meet float16 values through qdq.float_route: float16 scales at
-opset >= 19, Casts to float32 around float32 Q/DQ at opset 13..18. bfloat16 models (onnxruntime CPU runs none of
+model's own outputs stays above a floor. On a profile that computes in float16 (`float16_compute: float16`: trt,
+qnn_htp; NATIVE here, ort_cpu's grids otherwise) Q/DQ meet float16 values through qdq.float_route: float16 scales
+at opset >= 19, Casts to float32 around float32 Q/DQ at opset 13..18. On ort_cpu (`float16_compute: float32`) the
+pass upcast-float16 makes the model compute in float32 inside, its float16 inputs and outputs kept. bfloat16 models (onnxruntime CPU runs none of
 their MatMul/Conv) exit 2 with one line naming bfloat16.
 
 Floors: 8-bit 25 dB (the models here reach 33-45 dB, the float32 twins the same within 1.5 dB); int4 weights
@@ -28,6 +30,7 @@ FLOOR_8BIT_DB = 25.0
 FLOOR_INT4_DB = 15.0
 FLOOR_FAMILIES_DB = 20.0
 OPSETS = (13, 17, 19, 21)
+NATIVE = {"base": "ort_cpu", "float16_compute": "float16"}   # ort_cpu's grids, the model kept in float16
 
 
 def _proto(res):
@@ -75,7 +78,7 @@ def test_float_route_is_one_rule():
 def test_default_recipe(family, opset, io):
     """The output opset pinned to the model's: Casts around float32 Q/DQ below 19, float16 scales from 19."""
     m, feeds = build(family, opset, io)
-    q = _proto(quantize(m, feeds, opset=opset, progress=False))
+    q = _proto(quantize(m, feeds, opset=opset, progress=False, target=NATIVE))
     _check(m, q, feeds[-3:], FLOOR_8BIT_DB)
     assert q.opset_import[0].version == opset
     internal16 = _scale_types(q) - {T.FLOAT}
@@ -128,7 +131,7 @@ def test_recipes(recipe, family, opset, io):
     """Each pass on an fp16 CNN through the Cast route (opset 13) and an fp16-inside transformer block with
     float16 scales (opset 21); the default SQNR floor (the safety net) stays on."""
     m, feeds = build(family, opset, io)
-    res = quantize(m, feeds, opset=opset, progress=False, **RECIPES[recipe])
+    res = quantize(m, feeds, opset=opset, progress=False, target=NATIVE, **RECIPES[recipe])
     assert not res.report.get("below_floor")
     _check(m, _proto(res), feeds[-3:], FLOOR_INT4_DB if recipe in INT4 else FLOOR_8BIT_DB)
 
@@ -136,18 +139,19 @@ def test_recipes(recipe, family, opset, io):
 @pytest.mark.parametrize("io", ["fp16", "keep_io"])
 @pytest.mark.parametrize("opset", [13, 21])
 @pytest.mark.parametrize("family", ["cnn", "transformer"])
-def test_float32_inside(family, opset, io):
-    """--recipe float32-inside: the model computes in float32 (float32 Q/DQ, the float32 model's integer kernels)
-    and keeps its float16 inputs and outputs; no float16 Q/DQ, and Casts only at the edges (one more pair for a
-    float16 input, whose own Q/DQ stays float16)."""
+def test_ort_cpu_computes_in_float32(family, opset, io):
+    """ort_cpu (float16_compute: float32): the model computes in float32 (float32 Q/DQ, the float32 model's
+    integer kernels) and keeps its float16 inputs and outputs; no float16 Q/DQ, and Casts only at the edges (one
+    more pair for a float16 input, whose own Q/DQ stays float16)."""
     m, feeds = build(family, opset, io)
-    res = quantize(m, feeds, opset=opset, progress=False, recipe=["float32-inside"])
+    res = quantize(m, feeds, opset=opset, progress=False)
     q = _proto(res)
     _check(m, q, feeds[-3:], FLOOR_8BIT_DB)
     assert _scale_types(q) - {T.FLOAT} == ({T.FLOAT16} if io == "fp16" and opset >= 19 else set())
     casts = sum(n.op_type == "Cast" for n in q.graph.node)
     assert casts <= (4 if io == "fp16" else 2), casts
-    assert any("float32-inside" in n for n in res.report["notes"])
+    assert any("computed in float32" in n for n in res.report["notes"])
+    assert [p["name"] for p in res.report["passes"] if p["name"] == "upcast-float16" and p["modified"]]
 
 
 def _outlier_mlp(opset):
@@ -173,7 +177,7 @@ def _outlier_mlp(opset):
 @pytest.mark.parametrize("opset,action", [(13, "float"), (21, "widened")])
 def test_safety_net(opset, action):
     m, feeds = _outlier_mlp(opset)
-    res = quantize(m, feeds, opset=opset, progress=False)
+    res = quantize(m, feeds, opset=opset, progress=False, target=NATIVE)
     net = res.report["safety_net"]
     assert net["triggered"] and [c["action"] for c in net["changed"]] == [action], net
     q = _proto(res)
@@ -189,9 +193,9 @@ def _families():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe", [None, ["float32-inside"]], ids=["float16", "float32-inside"])
+@pytest.mark.parametrize("target", [NATIVE, None], ids=["float16", "float32-inside"])
 @pytest.mark.parametrize("keep_io", [False, True], ids=["fp16", "keep_io"])
-def test_never_crash_families_in_float16(keep_io, recipe):
+def test_never_crash_families_in_float16(keep_io, target):
     """Every model family of test_recipes_never_crash (If/Loop/Scan bodies, LSTM, ConvTranspose, shared and
     Constant-node weights, Gemm transA, an initializer that is also an input, ...) converted to float16,
     quantized at its own opset (17: Casts around float32 Q/DQ), in float16 or computing in float32 inside."""
@@ -205,7 +209,7 @@ def test_never_crash_families_in_float16(keep_io, recipe):
         except Exception:   # noqa: BLE001 - onnxruntime refuses the float model itself (shared_params: node names)
             continue
         q = _proto(quantize(m, f16, opset=m.opset_import[0].version, progress=False, min_sqnr=float("-inf"),
-                            recipe=recipe))
+                            target=target))
         done.append((name, _check(m, q, f16[-2:], FLOOR_FAMILIES_DB)))
     assert len(done) >= 25, done
 
@@ -222,7 +226,7 @@ def _cli(*args):
 
 
 @pytest.mark.parametrize("io,opset,pin", [("fp16", 17, []), ("keep_io", 13, ["--opset", "13"]),
-                                          ("fp16", 13, ["--recipe", "float32-inside"])])
+                                          ("fp16", 13, ["--opset", "13"])])
 def test_cli_exits_0(tmp_path, io, opset, pin):
     """float32 calibration data for a float16 input is converted (a note); exit 0, a model that runs."""
     m, feeds = build("transformer", opset, io)

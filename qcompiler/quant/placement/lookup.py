@@ -49,8 +49,17 @@ def nodes_by_name(g) -> Dict[str, object]:
     return {n.name: n for n in weight_nodes(g)}
 
 
+# float types a Q/DQ can meet (qdq.float_route); ml_dtypes' bfloat16 when onnxruntime hands one back
+QUANTIZABLE_FLOATS = {np.dtype(np.float32), np.dtype(np.float16)}
+try:
+    import ml_dtypes
+    QUANTIZABLE_FLOATS.add(np.dtype(ml_dtypes.bfloat16))
+except ImportError:   # pragma: no cover - onnx depends on ml_dtypes
+    pass
+
+
 def float_check(dtypes: Dict[str, np.dtype]):
-    """`is float(v)` for values calibration saw as float32 at run time (others are never quantized: every scale
-    here is float32, and QuantizeLinear's input must have its scale's type; a float16 or float64 value stays
-    float, upcast-float16 lifts a float16 model first)."""
-    return lambda v: v is not None and v.name in dtypes and dtypes[v.name] == np.float32
+    """`is float(v)` for values calibration saw as float32, float16 or bfloat16 at run time (qdq.float_route
+    gives each its Q/DQ; on a profile computing in float32, upcast-float16 lifted a float16 model first). Others
+    are never quantized: QuantizeLinear takes no float64 (a double island stays float)."""
+    return lambda v: v is not None and v.name in dtypes and dtypes[v.name] in QUANTIZABLE_FLOATS
