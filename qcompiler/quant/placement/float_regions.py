@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from ..plan import QuantPlan
+from .cost import too_small
 from .kernels import group_bits_table
 
 ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
@@ -97,6 +98,22 @@ class _Kernels:
         return r is not None and slot == 1 and spec.kind == "weight" and \
             spec.bits in {ACT_BITS.get(t) for t in r.weight_dtypes} and spec.bits != 8
 
+    def emits_integer(self, v) -> bool:
+        """Does `v` leave an integer kernel quantized (its producer, through ops whose Q/DQ the runtime drops or
+        that the kernel absorbs, runs integer and writes a Q)? A graph input or a float producer's output would
+        need a QuantizeLinear of its own."""
+        for _ in range(16):
+            p = v.producer if v is not None else None
+            if p is None or p.graph is not v.graph or not p.inputs:
+                return False
+            r = self.rule(p, "replace")
+            if r is not None:
+                return r.output_q == "required" and self.integer(p)
+            if self.rule(p, "drop_qdq") is None and p.op_type not in self.through:
+                return False
+            v = p.inputs[0]
+        return False
+
     def integer(self, node) -> bool:
         key = id(node)
         if key not in self.memo:
@@ -105,7 +122,7 @@ class _Kernels:
 
     def _integer(self, node) -> bool:
         r = self.rule(node, "replace")
-        if r is None:
+        if r is None or too_small(r, self.plan.node_macs, node):
             return False
         slots = range(len(node.inputs))
         if r.dq_inputs == "first":
@@ -127,6 +144,8 @@ class _Kernels:
                     return False
                 continue
             if not self._accepts(r, bits):
+                return False
+            if r.inputs_from_integer and not self.emits_integer(v):
                 return False
         if r.output_q == "required":
             return self.output_quantized(node, r)

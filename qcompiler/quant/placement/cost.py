@@ -1,0 +1,99 @@
+"""The size rule: an integer kernel too small to pay for its Q/DQ and layout changes leaves its op float.
+
+On onnxruntime's CPU EP a QLinearConv runs in NHWC (Transposes around it) and needs a QuantizeLinear before it
+and a DequantizeLinear after it, while the float Conv next to it runs in NCHWc and fuses its activation. Below
+some size the integer product saves less than those extra kernels cost. The fusion table says where
+(`min_macs` on a record: multiply-accumulates per call, ort_cpu only); a node below it is judged "float
+kernel" by placement (float_regions._Kernels), so its Q/DQ pairs go with the rest of the float region's.
+
+Multiply-accumulates per call = output elements per call (calibration's observer count over the number of
+calibration runs, `calls` in the stats) x the reduction length read from the weight's dims (never its values):
+Conv: Cin/group x kh x kw; MatMul: the weight's rows; Gemm: its rows or, with transB, its columns. A node
+without a constant weight (an activation x activation MatMul) or without observed output has no size here
+and is never judged small.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import numpy as np
+
+
+def _dims(v) -> Optional[tuple]:
+    """The dims of a constant weight (initializer or Constant node) without decoding its values."""
+    if v is None:
+        return None
+    if v.tensor is not None:
+        return None if v.is_input else tuple(v.tensor.dims)
+    p = v.producer
+    if p is not None and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
+        a = p.attrs.get("value")
+        dims = getattr(getattr(a, "value", None), "dims", None)
+        return tuple(dims) if dims is not None else None
+    return None
+
+
+def reduction_length(node) -> Optional[int]:
+    """How many products sum into one output element of `node` (None: no constant weight to read it from)."""
+    if len(node.inputs) < 2:
+        return None
+    dims = _dims(node.inputs[1])
+    if not dims or not all(isinstance(d, int) and d > 0 for d in dims):
+        return None
+    if node.op_type == "Conv" and len(dims) >= 3:
+        return int(np.prod(dims[1:]))
+    if node.op_type == "MatMul" and len(dims) >= 2:
+        return int(dims[-2])
+    if node.op_type == "Gemm" and len(dims) == 2:
+        return int(dims[1] if node.attr("transB", 0) else dims[0])
+    return None
+
+
+# ops whose output has as many elements as their input 0: an unobserved output (a supergroup's interior, such as
+# Conv -> Relu) is sized by the first observed value behind a chain of them
+SAME_SIZE = {"Relu", "Clip", "HardSwish", "HardSigmoid", "Sigmoid", "LeakyRelu", "Tanh", "Elu", "Selu", "PRelu",
+             "BatchNormalization", "Identity", "Add", "Sub", "Mul", "Div", "Erf", "Softplus", "Gelu", "Swish"}
+
+
+def _observed_size(v, stats: Dict[str, dict]) -> Optional[dict]:
+    for _ in range(8):
+        if v is None:
+            return None
+        st = stats.get(v.name)
+        if st:
+            return st
+        readers = v.consumers()
+        if len(readers) != 1 or readers[0].op_type not in SAME_SIZE or not readers[0].outputs \
+                or readers[0].inputs[0] is not v:
+            return None
+        v = readers[0].outputs[0]
+    return None
+
+
+def macs_per_call(node, stats: Dict[str, dict]) -> Optional[float]:
+    """Multiply-accumulates of one call of `node` from the calibration statistics, or None when unknown."""
+    out = node.outputs[0] if node.outputs else None
+    st = _observed_size(out, stats)
+    k = reduction_length(node)
+    if not st or k is None or not st.get("calls") or not st.get("count"):
+        return None
+    return st["count"] / st["calls"] * k
+
+
+def node_macs(g, stats: Dict[str, dict], ops) -> Dict[str, float]:
+    """node name -> multiply-accumulates per call, for the main-graph nodes of the op types `ops`."""
+    out = {}
+    for n in g.nodes:
+        if n.op_type in ops:
+            m = macs_per_call(n, stats)
+            if m is not None:
+                out[n.name] = m
+    return out
+
+
+def too_small(rule, macs: Dict[str, float], node) -> bool:
+    """Is `node` below the fusion record's `min_macs` (its integer kernel would not pay for itself)?"""
+    if rule is None or not rule.min_macs:
+        return False
+    m = macs.get(node.name)
+    return m is not None and m < rule.min_macs
