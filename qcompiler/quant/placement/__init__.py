@@ -76,9 +76,8 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
         table = load_fusions(profile.fusions)
         sized = {op for r in table.fusions if r.min_macs for op in r.ops}
         plan.node_macs = node_macs(g, stats, sized) if sized else {}
-        import os
-        drop_float_region_quantizers(plan, g, table,  # then quant/latency_search.py
-                                     narrow=opts.optimize == "latency", everywhere=bool(os.environ.get("QC_EVERY")))
+        drop_float_region_quantizers(plan, g, table, everywhere=True,  # then quant/latency_search.py
+                                     narrow=opts.optimize == "latency", keep_explicit=opts.optimize == "balanced")
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan
