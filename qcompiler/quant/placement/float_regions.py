@@ -115,8 +115,8 @@ class _Kernels:
             if p is None or p.graph is not v.graph or not p.inputs:
                 return False
             r = self.rule(p, "replace")
-            if r is not None:
-                return r.output_q == "required" and self.integer(p)
+            if r is not None:       # a MatMul writes a Q only where one follows it (else MatMulIntegerToFloat)
+                return self.integer(p) and (r.output_q == "required" or self.output_quantized(p, r))
             if self.rule(p, "drop_qdq") is None and p.op_type not in self.through:
                 return False
             v = p.inputs[0]
