@@ -7,7 +7,6 @@ Fused weights (QLinearConv) keep int8 storage and their DQ; trt keeps every DQ.
 """
 from __future__ import annotations
 
-import pytest
 import numpy as np
 import onnxruntime as ort
 from onnx import helper
@@ -16,14 +15,6 @@ from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
 from tests.helpers import make_model, run, tinfo
 from tests.quant.test_quantize_fieldnotes import conv_w, init, samples
-
-
-@pytest.fixture(autouse=True)
-def _no_size_rule(monkeypatch):
-    """These models are tiny: without the size rule (placement/cost.py; tests/quant/test_size_rule.py) their
-    integer kernels stay, as the rules under test need."""
-    from qcompiler.quant.placement import float_regions
-    monkeypatch.setattr(float_regions, "too_small", lambda *a: False)
 
 EXPLICIT = {"base": "ort_cpu", "prefold_unfused_weight_dq": False}
 NO_OPT = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -71,8 +62,8 @@ def _same_outputs(a, b, feeds):
 
 def test_lstm_gru_weights_prefolded_and_bit_identical():
     proto, shape = _rnn_model()
-    fast = quantize(proto, samples(shape, 8), optimize="accuracy")   # balanced: such weights stay float
-    slow = quantize(proto, samples(shape, 8), target=EXPLICIT, optimize="accuracy")
+    fast = quantize(proto, samples(shape, 8))
+    slow = quantize(proto, samples(shape, 8), target=EXPLICIT)
     pf, ps = model_to_proto(fast.model), model_to_proto(slow.model)
     assert "LSTM" not in _dq_weight_readers(pf) and "GRU" not in _dq_weight_readers(pf)
     assert _dq_weight_readers(ps)["LSTM"] == 2 and _dq_weight_readers(ps)["GRU"] == 2
@@ -88,8 +79,8 @@ def test_lstm_gru_weights_prefolded_and_bit_identical():
 
 def test_fused_conv_keeps_dq_unfused_conv_prefolded():
     proto, shape = _conv_model()
-    fast = quantize(proto, samples(shape, 8), optimize="accuracy")   # balanced: such weights stay float
-    slow = quantize(proto, samples(shape, 8), target=EXPLICIT, optimize="accuracy")
+    fast = quantize(proto, samples(shape, 8))
+    slow = quantize(proto, samples(shape, 8), target=EXPLICIT)
     pf, ps = model_to_proto(fast.model), model_to_proto(slow.model)
     assert set(fast.report["prefolded_params"]) == {"w2"}                  # c2: no Q after it (HardSwish)
     assert _dq_weight_readers(pf) == {"Conv": 1} and _dq_weight_readers(ps) == {"Conv": 2}
@@ -105,10 +96,10 @@ def test_int16_matmul_weight_prefolded():
     nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
     proto = make_model(nodes, [tinfo("x", [2, 8])], [tinfo("y", [2, 5])],
                        [init("w", rng.normal(0, 0.3, (8, 5)).astype(np.float32))])
-    fast = quantize(proto, samples([2, 8], 8), act_bits=16, optimize="accuracy")
+    fast = quantize(proto, samples([2, 8], 8), act_bits=16)
     assert "not 8-bit" in fast.report["prefolded_params"]["w"]
     assert _dq_weight_readers(model_to_proto(fast.model)) == {}
-    _same_outputs(model_to_proto(fast.model), model_to_proto(quantize(proto, samples([2, 8], 8), act_bits=16, optimize="accuracy",
+    _same_outputs(model_to_proto(fast.model), model_to_proto(quantize(proto, samples([2, 8], 8), act_bits=16,
                                                                        target=EXPLICIT).model),
                   samples([2, 8], 3, seed=5))
 

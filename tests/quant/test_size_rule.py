@@ -1,6 +1,7 @@
 """The size rule and the inputs rule of the ort_cpu fusion table (placement/cost.py, float_regions.py): an integer
 kernel too small to pay for its Q/DQ, or an elementwise integer unit whose inputs would need Qs of their own,
-leaves its op float with no Q/DQ pair, so float chains stay unbroken; big kernels keep their integer units."""
+leaves its op float with no Q/DQ pair under --optimize latency, so float chains stay unbroken; big kernels keep
+their integer units."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,16 +39,17 @@ def test_the_table_carries_the_rule_for_ort_cpu_only():
 
 def test_a_big_conv_relu_chain_runs_integer_and_a_tiny_one_stays_float_without_qdq():
     m, cal = _conv_relu(16, 48)            # 16 x 48 x 48 x 144 = 5.3 M MACs per Conv
-    kr = kernel_report(quantize(m, cal).model)
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
     assert all(n.integer for n in kr.nodes), [(n.node, n.kernel, n.reason) for n in kr.nodes]
     m, cal = _conv_relu(4, 8)              # 4 x 8 x 8 x 36 = 9 k MACs per Conv
-    res = quantize(m, cal)
+    res = quantize(m, cal, optimize="latency")
     kr = kernel_report(res.model)
     assert not any(n.integer for n in kr.nodes)
     assert not kr.runtime_qdq, kr.runtime_qdq                      # no Q/DQ pair left to cost time
     assert not res.report.get("prefolded_params")                  # float kernels read float weights
-    # --optimize accuracy keeps every quantizer (the rule is a speed rule)
-    assert kernel_report(quantize(m, cal, optimize="accuracy").model).runtime_qdq
+    # balanced (the default) and accuracy keep every 8-bit quantizer: the cost rules are latency's
+    for opt in ("balanced", "accuracy"):
+        assert kernel_report(quantize(m, cal, optimize=opt).model).runtime_qdq
 
 
 def test_macs_per_call_from_the_statistics_and_the_weight_dims():
@@ -70,12 +72,12 @@ def test_an_elementwise_unit_between_float_ops_gets_no_qdq():
              helper.make_node("Mul", ["s", "c"], ["y"], name="mul")]
     m = make_model(nodes, [tinfo("x", [1, 64, 64])], [tinfo("y", [1, 64, 64])], [], opset=13)
     cal = [{"x": rng.standard_normal((1, 64, 64)).astype(np.float32)} for _ in range(4)]
-    kr = kernel_report(quantize(m, cal).model)
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
     assert {n.node: n.integer for n in kr.nodes}["mul"] is False
     assert not kr.runtime_qdq, kr.runtime_qdq
 
 
-def test_an_lstm_gets_no_qdq_pair_under_balanced():
+def test_an_lstm_gets_no_qdq_pair_under_latency():
     rng = np.random.default_rng(2)
     h, i = 16, 8
     inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * h, i)) * 0.2).astype(np.float32), "W"),
@@ -83,10 +85,9 @@ def test_an_lstm_gets_no_qdq_pair_under_balanced():
     nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="lstm", hidden_size=h)]
     m = make_model(nodes, [tinfo("x", [5, 1, i])], [tinfo("y", [5, 1, 1, h])], inits, opset=14)
     cal = [{"x": rng.standard_normal((5, 1, i)).astype(np.float32)} for _ in range(4)]
-    res = quantize(m, cal)
-    kr = kernel_report(res.model)
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
     assert not kr.runtime_qdq, kr.runtime_qdq
-    assert kernel_report(quantize(m, cal, optimize="accuracy").model).runtime_qdq
+    assert kernel_report(quantize(m, cal).model).runtime_qdq           # balanced keeps them (test_corpus_targets)
 
 
 @pytest.mark.parametrize("bad", [-1, True, "big", 1.5])

@@ -108,7 +108,6 @@ def reference_fold(model, profile):
 
 
 def _compare(proto, calib, feeds, **kw):
-    kw.setdefault("optimize", "accuracy")   # balanced leaves the weights of float kernels float (float_regions.py)
     new = quantize(proto, calib, **kw)
     old = quantize(proto, calib, target=EXPLICIT, **kw)
     from qcompiler.quant.profiles import get_profile
@@ -189,5 +188,5 @@ def test_apply_plan_inserts_no_dq_it_would_remove(monkeypatch):
 
     monkeypatch.setattr(Graph, "remove_node", spy)
     proto, shape = _rnn_model()
-    res = quantize(proto, samples(shape, 8), optimize="accuracy")
+    res = quantize(proto, samples(shape, 8))
     assert res.report["prefolded_params"] and "DequantizeLinear" not in removed

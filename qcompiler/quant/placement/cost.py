@@ -97,3 +97,92 @@ def too_small(rule, macs: Dict[str, float], node) -> bool:
         return False
     m = macs.get(node.name)
     return m is not None and m < rule.min_macs
+
+
+def small_regions(k, g) -> set:
+    """ids of the main-graph nodes whose integer region is too small to pay for its border: a region is a set
+    of integer kernels joined by quantized values (directly, through the Relu/Clip a unit absorbs, or through
+    ops whose Q/DQ the runtime drops); it
+    pays when its multiply-accumulates per call reach `min_macs` for each Q or DQ at its border (each value
+    entering it from a float op or a graph input, each value leaving it to a float op or a graph output).
+
+    `k` is float_regions._Kernels judging without the rule. A region whose kernels have no known size (an
+    activation x activation MatMul) is kept; one of elementwise units only (`inputs_from_integer` records) has
+    no products and goes (they are there for a neighbour that is not integer after all)."""
+    nodes = [n for n in g.nodes if k.integer(n)]
+    if not nodes:
+        return set()
+    ids = {id(n): n for n in nodes}
+    parent = {i: i for i in ids}
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    def readers(v, depth=0):
+        """Integer-region readers of v, looking through data movement whose Q/DQ the runtime drops; None marks
+        a float reader or a graph output (a border)."""
+        out = []
+        if v is None:
+            return out
+        if v.is_output_of_any_graph():
+            out.append(None)
+        for u in v.uses():
+            if u.is_graph_output:
+                continue
+            r = u.user
+            if id(r) in ids:
+                out.append(r)
+            elif depth < 8 and r.graph is g and u.index == 0 and r.outputs and (
+                    k.rule(r, "drop_qdq") is not None or r.op_type in k.through):   # Relu/Clip the unit absorbs
+                out.extend(readers(r.outputs[0], depth + 1))
+            else:
+                out.append(None)
+        return out
+
+    border = {}
+    for n in nodes:
+        for v in n.outputs:
+            rs = readers(v)
+            for r in rs:
+                if r is not None:
+                    parent[find(id(r))] = find(id(n))
+            if None in rs:
+                border[id(n)] = border.get(id(n), 0) + 1
+    for n in nodes:                     # activation inputs that do not come from an integer kernel
+        for slot, v in enumerate(n.inputs):
+            use = k.plan.uses.get((n.name, slot))
+            if v is None or (use is not None and use.kind in ("weight", "bias")) or v.is_constant():
+                continue
+            p = v.producer
+            for _ in range(8):          # back through data movement to the kernel that wrote it
+                if p is None or id(p) in ids or p.graph is not g or not p.inputs or (
+                        k.rule(p, "drop_qdq") is None and p.op_type not in k.through):
+                    break
+                p = p.inputs[0].producer if p.inputs[0] is not None else None
+            if p is None or id(p) not in ids:
+                border[id(n)] = border.get(id(n), 0) + 1
+    macs, known, need, crossings, products = {}, {}, {}, {}, set()
+    for n in nodes:
+        root = find(id(n))
+        crossings[root] = crossings.get(root, 0) + border.get(id(n), 0)
+        rule = k.rule(n, "replace")
+        if rule is not None and not rule.inputs_from_integer:
+            products.add(root)
+        if rule is not None and rule.min_macs:
+            need[root] = max(need.get(root, 0), rule.min_macs)
+            m = k.plan.node_macs.get(n.name)
+            if m is None:
+                known[root] = False
+            else:
+                macs[root] = macs.get(root, 0.0) + m
+    small = set()
+    for i in ids:
+        root = find(i)
+        if known.get(root, True) and need.get(root, 0) and macs.get(root, 0.0) < need[root] * crossings.get(root, 0):
+            small.add(i)
+        elif root not in products:
+            small.add(i)                # elementwise units only: no products to pay for their Q/DQ
+    return small

@@ -33,7 +33,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 from ..plan import QuantPlan
-from .cost import too_small
+from .cost import small_regions
 from .kernels import group_bits_table
 
 ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
@@ -56,11 +56,21 @@ def _spec_bits(plan: QuantPlan, table: Dict[str, int], node, slot: int, v) -> Op
 class _Kernels:
     """Which nodes of the graph will run an integer kernel, given the plan and the fusion table."""
 
-    def __init__(self, plan: QuantPlan, table):
-        self.plan, self.table = plan, table
+    def __init__(self, plan: QuantPlan, table, cost: bool = False):
+        """`cost`: apply the table's cost rules (min_macs, inputs_from_integer) besides onnxruntime's own."""
+        self.plan, self.table, self.cost = plan, table, cost
         self.bits = group_bits_table(plan)
         self.memo: Dict[int, bool] = {}
         self.through = set(plan.profile.output_q_through)
+        self.small: set = set()
+
+    def size_rule(self, g) -> "_Kernels":
+        """Apply the table's `min_macs` cost rule (placement/cost.py) to the main graph `g`: the nodes of integer
+        regions too small to pay for their border's Q/DQ are judged float from here on."""
+        if self.cost and self.plan.node_macs and g.parent is None:
+            self.small = small_regions(self, g)
+            self.memo.clear()
+        return self
 
     def rule(self, node, action: str):
         for r in self.table.for_op(node.op_type):
@@ -130,7 +140,7 @@ class _Kernels:
 
     def _integer(self, node) -> bool:
         r = self.rule(node, "replace")
-        if r is None or too_small(r, self.plan.node_macs, node):
+        if r is None or id(node) in self.small:
             return False
         slots = range(len(node.inputs))
         if r.dq_inputs == "first":
@@ -153,7 +163,7 @@ class _Kernels:
                 continue
             if not self._accepts(r, bits):
                 return False
-            if r.inputs_from_integer and not self.emits_integer(v):
+            if self.cost and r.inputs_from_integer and not self.emits_integer(v):
                 return False
         if r.output_q == "required":
             return self.output_quantized(node, r)
@@ -202,7 +212,7 @@ def _usefulness(plan: QuantPlan, g, k: "_Kernels"):
     return is_useful
 
 
-def _narrow_widened(plan: QuantPlan, g, table) -> None:
+def _narrow_widened(plan: QuantPlan, g, table, cost: bool = False) -> None:
     """`--optimize latency`: every value placement widened to 16 bits goes back to 8 bits where an integer kernel
     then reads or writes it (plan.narrow_candidates: the latency search keeps each at 8 bits only while the output
     SQNR stays within the budget, else it goes float), and float where none does (as `balanced`)."""
@@ -214,7 +224,7 @@ def _narrow_widened(plan: QuantPlan, g, table) -> None:
         return
     for name in wide:
         plan.spec(name).bits = 8
-    k = _Kernels(plan, table)
+    k = _Kernels(plan, table, cost).size_rule(g)
     is_useful = _usefulness(plan, g, k)
     values = {v.name: v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]}
     narrowed = [name for name in wide if is_useful(values[name])]
@@ -258,7 +268,7 @@ def _explicit_width(plan: QuantPlan, k: "_Kernels", v, s) -> bool:
 
 
 def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False,
-                                 keep_explicit: bool = False) -> int:
+                                 keep_explicit: bool = False, cost: bool = False) -> int:
     """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
     beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
     stays), or all of them and the weights and
@@ -266,8 +276,8 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
     1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
     specs it marked."""
     if narrow:
-        _narrow_widened(plan, g, table)
-    k = _Kernels(plan, table)
+        _narrow_widened(plan, g, table, cost)
+    k = _Kernels(plan, table, cost).size_rule(g)
     is_useful = _usefulness(plan, g, k)
 
     candidates = [v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
