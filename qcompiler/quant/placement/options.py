@@ -13,9 +13,9 @@ class PlacementOptions:
         self.weight_block = weight_block
         self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
         self.config, self.supergroups = config, supergroups
-        # accuracy keeps every quantizer; balanced (default) and latency drop every one with no integer-kernel
-        # neighbour and the weights of float kernels on a target whose fusions are known (float_regions.py;
-        # balanced keeps a width the user asked for), latency also narrows 16-bit values within its budget
+        # accuracy keeps every quantizer; balanced (default) drops 16-bit ones with no integer-kernel neighbour
+        # on a target whose fusions are known; latency applies the table's cost rules and drops every one with
+        # no integer-kernel neighbour and the weights of float kernels (float_regions.py, cost.py)
         self.optimize = optimize
 
 
