@@ -357,7 +357,8 @@ RECIPES = {
 # (family, recipe) -> reason. fp16: the base pipeline (qdq.py: float32 scales for float16 values) makes a QDQ
 # model onnxruntime refuses even with no recipe; a max_drop run passes only because it keeps every layer float.
 FP16_REASON = "float16 model: Q/DQ scales are float32 (qdq.py), onnxruntime refuses the model with or without a recipe"
-XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if "max_drop" not in RECIPES[r]}
+# latency alone passes too: its size rule (placement/cost.py) leaves this tiny model float
+XFAIL = {("fp16_model", r): FP16_REASON for r in RECIPES if "max_drop" not in RECIPES[r] and r != "latency"}
 
 
 SLOW = {"all-int4"}
