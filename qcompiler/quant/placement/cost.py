@@ -63,9 +63,11 @@ def _observed_size(v, stats: Dict[str, dict]) -> Optional[dict]:
         if st:
             return st
         readers = v.consumers()
-        if len(readers) != 1 or readers[0].op_type not in SAME_SIZE or not readers[0].outputs \
-                or readers[0].inputs[0] is not v:
+        if len(readers) != 1 or readers[0].op_type not in SAME_SIZE or not readers[0].outputs:
             return None
+        others = [x for x in readers[0].inputs if x is not None and x is not v]
+        if readers[0].inputs[0] is not v and not all(x.is_constant() for x in others):
+            return None             # a bias Add(b, v) is v's size; Add(a, v) of two activations may broadcast
         v = readers[0].outputs[0]
     return None
 
