@@ -1,10 +1,12 @@
-"""The size rule: an integer kernel too small to pay for its Q/DQ and layout changes leaves its op float.
+"""The size rule (`--optimize latency`): an integer region too small to pay for its border stays float.
 
 On onnxruntime's CPU EP a QLinearConv runs in NHWC (Transposes around it) and needs a QuantizeLinear before it
-and a DequantizeLinear after it, while the float Conv next to it runs in NCHWc and fuses its activation. Below
-some size the integer product saves less than those extra kernels cost. The fusion table says where
-(`min_macs` on a record: multiply-accumulates per call, ort_cpu only); a node below it is judged "float
-kernel" by placement (float_regions._Kernels), so its Q/DQ pairs go with the rest of the float region's.
+and a DequantizeLinear after it, while the float Conv next to it runs in NCHWc and fuses its activation. A
+region of integer kernels joined by quantized values pays these only at its border, so the rule is per region:
+its multiply-accumulates per call must reach the fusion table's `min_macs` (ort_cpu only) for each Q or DQ at
+its border (`small_regions`). The nodes of a region below it are judged "float kernel" by placement
+(float_regions._Kernels.size_rule), so their Q/DQ pairs go with the rest of the float region's. digits_cnn (one
+region, 2.3 M MACs, 2 borders) stays integer; ppocr_cls's islands between float HardSwish Convs go float.
 
 Multiply-accumulates per call = output elements per call (calibration's observer count over the number of
 calibration runs, `calls` in the stats) x the reduction length read from the weight's dims (never its values):
@@ -91,14 +93,6 @@ def node_macs(g, stats: Dict[str, dict], ops) -> Dict[str, float]:
             if m is not None:
                 out[n.name] = m
     return out
-
-
-def too_small(rule, macs: Dict[str, float], node) -> bool:
-    """Is `node` below the fusion record's `min_macs` (its integer kernel would not pay for itself)?"""
-    if rule is None or not rule.min_macs:
-        return False
-    m = macs.get(node.name)
-    return m is not None and m < rule.min_macs
 
 
 def small_regions(k, g) -> set:
