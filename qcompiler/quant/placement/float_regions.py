@@ -265,13 +265,8 @@ def _enters_a_body(v) -> bool:
     return any(u.user is not None and u.user.subgraphs() for u in v.uses())
 
 
-def _explicit_width(plan: QuantPlan, k: "_Kernels", v, s) -> bool:
-    """A width wider than 8 bits that the user asked for (not one placement widened)."""
-    return not s.widened and k.bits.get(plan.find(v.name), s.bits) > 8
-
-
 def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False,
-                                 keep_explicit: bool = False, cost: bool = False) -> int:
+                                 cost: bool = False) -> int:
     """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
     beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
     stays), or all of them and the weights and
@@ -285,8 +280,7 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
 
     candidates = [v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
                   if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
-                  and ((everywhere and not (keep_explicit and _explicit_width(plan, k, v, s)))
-                       or (s.widened and k.bits.get(plan.find(v.name), s.bits) > 8))]
+                  and (everywhere or (s.widened and k.bits.get(plan.find(v.name), s.bits) > 8))]
     verdict = {v.name: is_useful(v) for v in candidates}
     dropped, freed = 0, set()
     for v in candidates:
