@@ -43,6 +43,7 @@ class CalibrationResult:
         for k, o in self.observers.items():
             st = o.stats()
             st["sqnr8_db"] = estimated_sqnr_db(o, st)
+            st["calls"] = self.samples      # runs observed: count / calls = elements per run (placement/cost.py)
             out[k] = st
         return out
 

@@ -51,6 +51,8 @@ class Fusion:
     keeps_q_after: tuple = ()         # a single reader of these types must keep its output Q (else a float fusion)
     min_opset: dict = field(default_factory=dict)
     block_size: dict = field(default_factory=dict)
+    min_macs: int = 0                 # below this many multiply-accumulates per call the op stays float
+    inputs_from_integer: bool = False  # pays only when every activation input comes from an integer kernel
     note: str = ""
 
     def kernel_for(self, op: str, with_q: bool = True) -> Optional[str]:
@@ -125,11 +127,15 @@ def _record(d, i: int, src: str) -> Fusion:
             kw[k] = d[k]
     if "bias_dtype" in d:
         kw["bias_dtype"] = _choice(d["bias_dtype"], f"{where}: bias_dtype", INT_TYPES)
-    for k in ("same_dtype", "int8_act_needs_int8_weight", "equal_qparams", "positive_scale"):
+    for k in ("same_dtype", "int8_act_needs_int8_weight", "equal_qparams", "positive_scale", "inputs_from_integer"):
         if k in d:
             if not isinstance(d[k], bool):
                 raise ConfigError(f"{where}: {k} must be true or false, got {short(d[k])}")
             kw[k] = d[k]
+    if "min_macs" in d:
+        if isinstance(d["min_macs"], bool) or not isinstance(d["min_macs"], int) or d["min_macs"] < 0:
+            raise ConfigError(f"{where}: min_macs must be a whole number >= 0, got {short(d['min_macs'])}")
+        kw["min_macs"] = d["min_macs"]
     for k in ("min_opset", "block_size"):
         if k in d:
             if not isinstance(d[k], dict):

@@ -4,7 +4,9 @@ Two kinds of candidates, both from placement (placement/float_regions.py, with t
 - trim: a Q/DQ pair between two ops that both run float kernels on the target (plan.trim_candidates). It costs
   two passes over the tensor on every run and buys no speed; its fast state is "taken out". Taking it out is
   usually more accurate, but not always: on ppocr_cls quantization errors partly cancel, and each pair alone
-  moves the output SQNR by -1.5..+1.8 dB;
+  moves the output SQNR by -1.5..+1.8 dB. Since issue 13's cost rules placement takes every such pair out under
+  balanced and latency alike (float_regions.py), so on a fusion-table target this list is empty and the search
+  decides the narrowed groups only;
 - narrow: a tie group placement widened to 16 bits (8 bits cannot carry it) whose reader would run an integer
   kernel at 8 bits (onnxruntime CPU has no 16-bit one) (plan.narrow_candidates). Its fast state is 8 bits; its
   accurate state is float (as under `balanced`), with the reader's float weights (plan.narrow_weights: the

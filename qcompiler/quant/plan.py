@@ -106,6 +106,7 @@ class QuantPlan:
         self.trim_candidates: List[str] = []   # Q/DQ pairs between float kernels (quant/latency_search.py)
         self.narrow_candidates: List[str] = []  # widened values narrowed to 8 bits for an integer kernel (idem)
         self.narrow_weights: Dict[Tuple[str, int], tuple] = {}  # (node, slot) -> (group root, float weight)
+        self.node_macs: Dict[str, float] = {}   # multiply-accumulates per call (placement/cost.py size rule)
 
     # --- specs ------------------------------------------------------------------------------------------
     def spec(self, name: str) -> Optional[QuantSpec]:

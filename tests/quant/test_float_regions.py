@@ -9,6 +9,14 @@ from qcompiler.quant.kernels import kernel_report
 from tests.helpers import make_model, run, sqnr_db, tinfo
 
 
+@pytest.fixture(autouse=True)
+def _no_size_rule(monkeypatch):
+    """These models are tiny: without the size rule (placement/cost.py; tests/quant/test_size_rule.py) their
+    integer kernels stay under --optimize latency, as the rules under test need."""
+    from qcompiler.quant.placement import float_regions
+    monkeypatch.setattr(float_regions, "small_regions", lambda *a: set())
+
+
 def _init(name, a):
     return numpy_helper.from_array(np.asarray(a, np.float32), name)
 

@@ -13,6 +13,14 @@ from qcompiler.errors import ArgumentError
 from tests.helpers import make_model, tinfo
 
 
+@pytest.fixture(autouse=True)
+def _no_size_rule(monkeypatch):
+    """These models are tiny: without the size rule (placement/cost.py; tests/quant/test_size_rule.py) their
+    integer kernels stay under --optimize latency, as the rules under test need."""
+    from qcompiler.quant.placement import float_regions
+    monkeypatch.setattr(float_regions, "small_regions", lambda *a: set())
+
+
 def _model():
     """Conv+Relu (integer), then float ops whose Q/DQ pairs only cost time: Softplus, Tanh, Sin, Sub of two
     identically quantized branches (their rounding errors cancel while both stay on the grid), Conv+Relu."""
@@ -42,9 +50,14 @@ def _samples(n=12):
 
 @pytest.mark.parametrize("budget", [0.0, 0.5, 3.0])
 def test_the_search_never_goes_below_the_budget(budget):
+    """The Q/DQ pairs between float kernels go at placement (balanced and latency alike, float_regions.py); the
+    search decides what remains: the widened values it could narrow to 8 bits."""
     res = quantize(_model(), _samples(), optimize="latency", latency_budget_db=budget)
+    assert res.report["latency_search"]["candidates"] == 0      # nothing left between float kernels
+    m, cal = _outlier_model()
+    res = quantize(m, cal, optimize="latency", latency_budget_db=budget)
     ls = res.report["latency_search"]
-    assert ls["ran"] and ls["candidates"] >= 3, ls
+    assert ls["ran"] and ls["candidates"] >= 1, ls
     assert ls["floor_db"] == pytest.approx(ls["sqnr_before_db"] - budget, abs=0.02)
     worst = min(res.report["output_sqnr_db"].values())
     assert worst == pytest.approx(ls["sqnr_after_db"], abs=0.01)
@@ -73,16 +86,18 @@ def test_a_bad_budget_is_an_argument_error(bad):
 
 def test_cli_flag(tmp_path):
     m = tmp_path / "m.onnx"
-    m.write_bytes(_model().SerializeToString())
+    proto, cal = _outlier_model()
+    m.write_bytes(proto.SerializeToString())
     data = tmp_path / "c.npz"
-    np.savez(data, x=np.stack([s["x"][0] for s in _samples()]))
+    np.savez(data, x=np.stack([s["x"][0] for s in cal]))
     out, rep = tmp_path / "q.onnx", tmp_path / "r.json"
     r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(m), "--calib", str(data), "-o", str(out),
                         "--optimize", "latency", "--latency-budget-db", "0.5", "--report", str(rep), "-q"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     ls = json.loads(rep.read_text())["latency_search"]
-    assert ls["ran"] and ls["floor_db"] == pytest.approx(ls["sqnr_before_db"] - 0.5, abs=0.02)
+    # the subprocess has no fixture lifting the size rule: this model's 0.1 M MACs stay float, nothing to search
+    assert not ls["ran"] and ls["candidates"] == 0, ls
     r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(m), "--calib", str(data), "-o", str(out),
                         "--optimize", "latency", "--latency-budget-db", "-2"], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "latency_budget_db" in r.stderr

@@ -19,6 +19,14 @@ from qcompiler.quant.latency import Latency, measure_latency, time_interleaved
 from tests.helpers import make_model, tinfo
 
 
+@pytest.fixture(autouse=True)
+def _no_size_rule(monkeypatch):
+    """These models are tiny: without the size rule (placement/cost.py; tests/quant/test_size_rule.py) their
+    integer kernels stay under --optimize latency, as the rules under test need."""
+    from qcompiler.quant.placement import float_regions
+    monkeypatch.setattr(float_regions, "small_regions", lambda *a: set())
+
+
 def _init(name, arr):
     return numpy_helper.from_array(np.asarray(arr), name)
 

@@ -33,6 +33,7 @@ from .activations import CELL_STATE, drop_needless_quantizers, place_activations
 from .bodies import observed_body_names, place_bodies, tie_bodies
 from .bodies import record_bodies
 from .dynamic_weights import symmetric_dynamic_weights
+from .cost import node_macs
 from .float_regions import drop_float_region_quantizers
 from .kernels import full_range_for_float_kernels, integer_kernel
 from .lookup import nodes_by_name, weight_nodes
@@ -72,8 +73,12 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     symmetric_dynamic_weights(plan, g, profile, opts)     # AIMET: K/V feeding a MatMul take the weights' symmetry
     if opts.optimize != "accuracy" and profile.fusions:
         from ..fusions import load_fusions
-        drop_float_region_quantizers(plan, g, load_fusions(profile.fusions),  # then quant/latency_search.py
-                                     narrow=opts.optimize == "latency")
+        table = load_fusions(profile.fusions)
+        sized = {op for r in table.fusions if r.min_macs for op in r.ops}
+        plan.node_macs = node_macs(g, stats, sized) if sized else {}
+        fast = opts.optimize == "latency"     # the cost rules and every pair out: latency only (see float_regions)
+        drop_float_region_quantizers(plan, g, table, everywhere=fast,  # then quant/latency_search.py
+                                     narrow=fast, cost=fast)
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

@@ -14,17 +14,29 @@ Which nodes run integer kernels is judged on the plan before this step (every qu
 value keeps its quantizer when any neighbour is such a node, so no integer kernel loses an input or output it
 needs. `--optimize accuracy` skips the step (every quantizer stays, for targets whose kernels are not known).
 
+Under `--optimize latency` two cost rules of the table also make a node "float kernel" (issue 13; `cost=True`):
+`min_macs` (placement/cost.py: an integer region whose products do not pay for the Q, DQ and layout changes at
+its border) and `inputs_from_integer` (an elementwise QLinear unit only where every input already leaves an
+integer kernel); then every quantizer with no integer-kernel neighbour goes and float kernels read float
+weights. Measured (onnxruntime 1.32, AVX-512 VNNI, CPU clock): ppocr_cls 1.14x -> ~0.75x float at agreement 1.0
+(no region of it pays: the model comes out float, with qcompiler's HardSwish/BatchNorm folding); minilm_l6
+0.95x at cosine 0.9978. `balanced` does not apply them: on 86 tests' tiny models and char_rnn's LSTM weights
+(tests/quant/test_corpus_targets.py wants them quantized) it would change what the default promises.
+
 What is left with no integer-kernel neighbour goes to plan.trim_candidates, and under `--optimize latency` the
 widened values an integer kernel would read at 8 bits are narrowed and listed in plan.narrow_candidates (their
 readers' float weights in plan.narrow_weights): quant/latency_search.py decides those by measurement within the
 user's budget. `balanced` takes no measured risk: on ppocr_cls taking the 20 trim pairs out raised the output
-SQNR and still flipped 3 of 400 eval images (agreement 0.9925 -> 0.985, below the corpus target).
+SQNR and still flipped 3 of 400 eval images (agreement 0.9925 -> 0.985, below the corpus target). Under
+`latency` the cost rules below send ppocr_cls's small integer islands float as well and every pair goes
+(agreement 0.9975-1.0).
 """
 from __future__ import annotations
 
 from typing import Dict, Optional
 
 from ..plan import QuantPlan
+from .cost import small_regions
 from .kernels import group_bits_table
 
 ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
@@ -47,11 +59,21 @@ def _spec_bits(plan: QuantPlan, table: Dict[str, int], node, slot: int, v) -> Op
 class _Kernels:
     """Which nodes of the graph will run an integer kernel, given the plan and the fusion table."""
 
-    def __init__(self, plan: QuantPlan, table):
-        self.plan, self.table = plan, table
+    def __init__(self, plan: QuantPlan, table, cost: bool = False):
+        """`cost`: apply the table's cost rules (min_macs, inputs_from_integer) besides onnxruntime's own."""
+        self.plan, self.table, self.cost = plan, table, cost
         self.bits = group_bits_table(plan)
         self.memo: Dict[int, bool] = {}
         self.through = set(plan.profile.output_q_through)
+        self.small: set = set()
+
+    def size_rule(self, g) -> "_Kernels":
+        """Apply the table's `min_macs` cost rule (placement/cost.py) to the main graph `g`: the nodes of integer
+        regions too small to pay for their border's Q/DQ are judged float from here on."""
+        if self.cost and self.plan.node_macs and g.parent is None:
+            self.small = small_regions(self, g)
+            self.memo.clear()
+        return self
 
     def rule(self, node, action: str):
         for r in self.table.for_op(node.op_type):
@@ -97,6 +119,22 @@ class _Kernels:
         return r is not None and slot == 1 and spec.kind == "weight" and \
             spec.bits in {ACT_BITS.get(t) for t in r.weight_dtypes} and spec.bits != 8
 
+    def emits_integer(self, v) -> bool:
+        """Does `v` leave an integer kernel quantized (its producer, through ops whose Q/DQ the runtime drops or
+        that the kernel absorbs, runs integer and writes a Q)? A graph input or a float producer's output would
+        need a QuantizeLinear of its own."""
+        for _ in range(16):
+            p = v.producer if v is not None else None
+            if p is None or p.graph is not v.graph or not p.inputs:
+                return False
+            r = self.rule(p, "replace")
+            if r is not None:       # a MatMul writes a Q only where one follows it (else MatMulIntegerToFloat)
+                return self.integer(p) and (r.output_q == "required" or self.output_quantized(p, r))
+            if self.rule(p, "drop_qdq") is None and p.op_type not in self.through:
+                return False
+            v = p.inputs[0]
+        return False
+
     def integer(self, node) -> bool:
         key = id(node)
         if key not in self.memo:
@@ -105,7 +143,7 @@ class _Kernels:
 
     def _integer(self, node) -> bool:
         r = self.rule(node, "replace")
-        if r is None:
+        if r is None or id(node) in self.small:
             return False
         slots = range(len(node.inputs))
         if r.dq_inputs == "first":
@@ -127,6 +165,8 @@ class _Kernels:
                     return False
                 continue
             if not self._accepts(r, bits):
+                return False
+            if self.cost and r.inputs_from_integer and not self.emits_integer(v):
                 return False
         if r.output_q == "required":
             return self.output_quantized(node, r)
@@ -175,7 +215,7 @@ def _usefulness(plan: QuantPlan, g, k: "_Kernels"):
     return is_useful
 
 
-def _narrow_widened(plan: QuantPlan, g, table) -> None:
+def _narrow_widened(plan: QuantPlan, g, table, cost: bool = False) -> None:
     """`--optimize latency`: every value placement widened to 16 bits goes back to 8 bits where an integer kernel
     then reads or writes it (plan.narrow_candidates: the latency search keeps each at 8 bits only while the output
     SQNR stays within the budget, else it goes float), and float where none does (as `balanced`)."""
@@ -187,7 +227,7 @@ def _narrow_widened(plan: QuantPlan, g, table) -> None:
         return
     for name in wide:
         plan.spec(name).bits = 8
-    k = _Kernels(plan, table)
+    k = _Kernels(plan, table, cost).size_rule(g)
     is_useful = _usefulness(plan, g, k)
     values = {v.name: v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]}
     narrowed = [name for name in wide if is_useful(values[name])]
@@ -225,7 +265,8 @@ def _enters_a_body(v) -> bool:
     return any(u.user is not None and u.user.subgraphs() for u in v.uses())
 
 
-def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False) -> int:
+def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False,
+                                 cost: bool = False) -> int:
     """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
     beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
     stays), or all of them and the weights and
@@ -233,8 +274,8 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
     1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
     specs it marked."""
     if narrow:
-        _narrow_widened(plan, g, table)
-    k = _Kernels(plan, table)
+        _narrow_widened(plan, g, table, cost)
+    k = _Kernels(plan, table, cost).size_rule(g)
     is_useful = _usefulness(plan, g, k)
 
     candidates = [v for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]

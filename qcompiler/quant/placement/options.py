@@ -14,7 +14,8 @@ class PlacementOptions:
         self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
         self.config, self.supergroups = config, supergroups
         # accuracy keeps every quantizer; balanced (default) drops 16-bit ones with no integer-kernel neighbour
-        # on a target whose fusions are known, latency every one and the weights of float kernels (float_regions)
+        # on a target whose fusions are known; latency applies the table's cost rules and drops every one with
+        # no integer-kernel neighbour and the weights of float kernels (float_regions.py, cost.py)
         self.optimize = optimize
 
 

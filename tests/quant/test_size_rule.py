@@ -1,0 +1,98 @@
+"""The size rule and the inputs rule of the ort_cpu fusion table (placement/cost.py, float_regions.py): an integer
+kernel too small to pay for its Q/DQ, or an elementwise integer unit whose inputs would need Qs of their own,
+leaves its op float with no Q/DQ pair under --optimize latency, so float chains stay unbroken; big kernels keep
+their integer units."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from qcompiler.errors import ConfigError
+from qcompiler.quant.api import quantize
+from qcompiler.quant.fusions import load_fusions, parse_fusions
+from qcompiler.quant.kernels import kernel_report
+from qcompiler.quant.placement.cost import macs_per_call, reduction_length
+from tests.helpers import make_model, tinfo
+
+
+def _conv_relu(c, hw, seed=0):
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), "w2")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["y"], name="relu2")]
+    m = make_model(nodes, [tinfo("x", [1, c, hw, hw])], [tinfo("y", [1, c, hw, hw])], inits, opset=13)
+    cal = [{"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(4)]
+    return m, cal
+
+
+def test_the_table_carries_the_rule_for_ort_cpu_only():
+    t = load_fusions("ort_cpu")
+    assert t.for_op("Conv")[0].min_macs > 0
+    assert t.for_op("Mul")[0].inputs_from_integer and t.for_op("GlobalAveragePool")[0].inputs_from_integer
+    for other in ("trt", "qnn_htp"):
+        assert all(not r.min_macs and not r.inputs_from_integer for r in load_fusions(other).fusions)
+
+
+def test_a_big_conv_relu_chain_runs_integer_and_a_tiny_one_stays_float_without_qdq():
+    m, cal = _conv_relu(16, 48)            # 16 x 48 x 48 x 144 = 5.3 M MACs per Conv
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
+    assert all(n.integer for n in kr.nodes), [(n.node, n.kernel, n.reason) for n in kr.nodes]
+    m, cal = _conv_relu(4, 8)              # 4 x 8 x 8 x 36 = 9 k MACs per Conv
+    res = quantize(m, cal, optimize="latency")
+    kr = kernel_report(res.model)
+    assert not any(n.integer for n in kr.nodes)
+    assert not kr.runtime_qdq, kr.runtime_qdq                      # no Q/DQ pair left to cost time
+    assert not res.report.get("prefolded_params")                  # float kernels read float weights
+    # balanced (the default) and accuracy keep every 8-bit quantizer: the cost rules are latency's
+    for opt in ("balanced", "accuracy"):
+        assert kernel_report(quantize(m, cal, optimize=opt).model).runtime_qdq
+
+
+def test_macs_per_call_from_the_statistics_and_the_weight_dims():
+    m, cal = _conv_relu(4, 8)
+    from qcompiler.onnx_io import model_from_proto
+    g = model_from_proto(m).graph
+    conv = next(n for n in g.nodes if n.name == "conv1")
+    assert reduction_length(conv) == 4 * 3 * 3
+    # conv1's output is the interior of Conv -> Relu: sized by the Relu output behind it
+    stats = {"r1": {"count": 4 * 4 * 8 * 8, "calls": 4}}
+    assert macs_per_call(conv, stats) == pytest.approx(4 * 8 * 8 * 36)
+    assert macs_per_call(conv, {}) is None
+
+
+def test_an_elementwise_unit_between_float_ops_gets_no_qdq():
+    """Mul of two float branches (Sin, Cos have no integer kernel): a QLinearMul would need a Q on each input;
+    the Mul stays float and the values carry no Q/DQ."""
+    rng = np.random.default_rng(1)
+    nodes = [helper.make_node("Sin", ["x"], ["s"], name="sin"), helper.make_node("Cos", ["x"], ["c"], name="cos"),
+             helper.make_node("Mul", ["s", "c"], ["y"], name="mul")]
+    m = make_model(nodes, [tinfo("x", [1, 64, 64])], [tinfo("y", [1, 64, 64])], [], opset=13)
+    cal = [{"x": rng.standard_normal((1, 64, 64)).astype(np.float32)} for _ in range(4)]
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
+    assert {n.node: n.integer for n in kr.nodes}["mul"] is False
+    assert not kr.runtime_qdq, kr.runtime_qdq
+
+
+def test_an_lstm_gets_no_qdq_pair_under_latency():
+    rng = np.random.default_rng(2)
+    h, i = 16, 8
+    inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * h, i)) * 0.2).astype(np.float32), "W"),
+             numpy_helper.from_array((rng.standard_normal((1, 4 * h, h)) * 0.2).astype(np.float32), "R")]
+    nodes = [helper.make_node("LSTM", ["x", "W", "R"], ["y"], name="lstm", hidden_size=h)]
+    m = make_model(nodes, [tinfo("x", [5, 1, i])], [tinfo("y", [5, 1, 1, h])], inits, opset=14)
+    cal = [{"x": rng.standard_normal((5, 1, i)).astype(np.float32)} for _ in range(4)]
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
+    assert not kr.runtime_qdq, kr.runtime_qdq
+    assert kernel_report(quantize(m, cal).model).runtime_qdq           # balanced keeps them (test_corpus_targets)
+
+
+@pytest.mark.parametrize("bad", [-1, True, "big", 1.5])
+def test_a_bad_min_macs_is_one_config_error(bad):
+    doc = {"target": "x", "runtime": "y", "fusions": [{"name": "conv", "ops": ["Conv"], "action": "replace",
+                                                      "kernel": "QLinearConv", "min_macs": bad}]}
+    with pytest.raises(ConfigError, match="min_macs"):
+        parse_fusions(doc, "t.yaml")
