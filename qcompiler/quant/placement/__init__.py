@@ -67,7 +67,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     drop_needless_quantizers(plan, g, profile)
     place_bodies(plan, g, profile, opts)            # the same rules inside If/Loop/Scan bodies (issue 14)
     tie_bodies(plan, g, profile, stats)             # inside bodies and across their boundaries
-    widen_or_float(plan, stats, profile)
+    widen_or_float(plan, stats, profile, g)
     tie_values(plan, g, profile)
     check_tie_spread(plan, stats, g)
     symmetric_dynamic_weights(plan, g, profile, opts)     # AIMET: K/V feeding a MatMul take the weights' symmetry

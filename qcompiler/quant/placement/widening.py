@@ -20,11 +20,17 @@ OUTLIER_RATIO_LIMIT = 1e3
 MIN_BULK_STEPS = 16.0
 # estimated SQNR of the 8-bit min/max grid (calibrate.estimated_sqnr_db) below which a tensor is widened
 MIN_SQNR8_DB = 30.0
+# the largest grid step a Softmax/LogSoftmax input may have, in its own units: exp turns an input error d into a
+# relative error e^d - 1 of each probability, whatever the scores' scale (0.25: at most ~13 %, rms ~7 %)
+SOFTMAX_MAX_STEP = 0.25
+EXP_OPS = ("Softmax", "LogSoftmax")
 
 
-def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile) -> None:
-    """Check each quantized activation's statistics: sentinels, outliers, too few steps for its bulk."""
+def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=None) -> None:
+    """Check each quantized activation's statistics: sentinels, outliers, too few steps for its bulk, and (with
+    the graph `g`) a Softmax input whose grid step is too coarse for exp."""
     wide = profile.wide_activation_bits
+    exp_inputs = _exp_inputs(g, profile) if g is not None else set()
     for name, spec in plan.values.items():
         # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
         if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
@@ -38,6 +44,14 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile) ->
         if absmax >= (SENTINEL_FLOAT16 if fp16 else SENTINEL_MAGNITUDE):
             spec.float_(f"holds sentinel values of magnitude {absmax:.3g} (an additive mask?): "
                         f"{spec.bits} bits cannot carry them together with the rest")
+        elif name in exp_inputs and _step(st, spec.bits) > SOFTMAX_MAX_STEP:
+            why = (f"feeds a Softmax: a {spec.bits}-bit grid over [{st['min']:.3g}, {st['max']:.3g}] has steps of "
+                   f"{_step(st, spec.bits):.3g} (an additive mask of {st['min']:.3g}?), over {SOFTMAX_MAX_STEP} "
+                   f"in exp's units")
+            if wide and wide > spec.bits and _step(st, wide) <= SOFTMAX_MAX_STEP:
+                spec.bits, spec.widened = int(wide), why
+            else:
+                spec.float_(why)
         elif st.get("outlier_ratio", 1.0) >= OUTLIER_RATIO_LIMIT * headroom:
             spec.float_(f"max|x| is {st['outlier_ratio']:.3g}x its 99.9th percentile: {spec.bits} bits would zero "
                         f"the bulk")
@@ -54,3 +68,30 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile) ->
                 spec.float_(why)
         elif st.get("nonfinite", 0):
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
+
+
+def _step(st: dict, bits: int) -> float:
+    """The min/max grid's step over the observed range (zero included) at `bits`."""
+    return (max(st.get("max", 0.0), 0.0) - min(st.get("min", 0.0), 0.0)) / (2 ** bits - 1)
+
+
+def _exp_inputs(g, profile: Profile) -> set:
+    """Names of main-graph values read by a Softmax/LogSoftmax, directly or through data movement that keeps
+    the grid (profile.shares_input_encoding).
+
+    Why: the scores plus an additive attention mask of -1e4 (older BERT exports' `(1 - mask) * -10000.0`,
+    a float16 model's clip) span ~1e4, so 8 bits give the scores one step of ~40 and minilm_l6's cosine fell to
+    0.59. Nothing in the value's own statistics is wrong (the mask is a quarter to two thirds of its values);
+    what is wrong is the step, measured in the units exp reads."""
+    found, stack = set(), [n.inputs[0] for n in g.nodes if n.op_type in EXP_OPS and n.inputs and n.inputs[0]]
+    moves = set(profile.shares_input_encoding)
+    while stack:
+        v = stack.pop()
+        if v is None or v.name in found:
+            continue
+        found.add(v.name)
+        p = v.producer
+        if p is not None and p.op_type in moves and p.inputs and p.inputs[0] is not None and len(v.uses()) == 1:
+            stack.append(p.inputs[0])
+    return found
+
