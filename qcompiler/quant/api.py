@@ -73,7 +73,7 @@ def _load(model_or_path):
 
 
 
-def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
+def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, per_channel: bool = True,
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
              bias_correction: bool = False, weight_block: Optional[int] = None,
@@ -88,7 +88,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
     batch-dim rule), an .npy path (single-input model), a folder of them, an iterable of feed dicts, or an object
     with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked). `config`: a
-    path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits arguments).
+    path, a built-in preset's name (qcompiler/quant/presets: `w8a8`) or a QuantConfig (when given, its settings
+    replace the per_channel/weight_bits/act_bits arguments). `target`: None means the config's `target`, else
+    ort_cpu (as the CLI).
     `exclude`: node names or regexes whose nodes stay float; `op_types` / `nodes`: only nodes of these op types /
     with these names are quantized (qcompiler.quant.selection; added after the config's rules, so they win).
     `act_symmetric` / `weight_symmetric`: symmetric grids (None: the target's choice); they also override a

@@ -75,6 +75,7 @@ def test_w8a8_quantizes_matmul_inputs_only():
     rng = np.random.default_rng(0)
     proto = _block(rng)
     r = quantize(proto, _calib(rng), config="w8a8")
+    assert r.report["target"] == "ort_cpu+custom"   # the preset's profile (nothing widened), not the API default
     acts = set(r.report["quantized_activations"])
     # h (read by fc1, q and both attention matmuls), the Relu output (fc2), q (bmm1, through the Transpose,
     # tied to it) and the Softmax output (bmm2); nothing else
