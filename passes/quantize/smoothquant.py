@@ -28,6 +28,17 @@ Where 1/s goes, in this order (the stats' `folds` and the report's `smoothquant.
   `output_quantized: false` added for this run; stats `left_unquantized`): the grid sits after the scale. On
   ort_cpu the Mul runs as a float op (measured on minilm_l6, 11 of them: CPU time within the noise, 8.7 vs
   8.9 ms W8A8); with the search, a Mul is inserted only for >= 1 dB lower layer MSE.
+Why a GELU's output gets a Mul and not a fold into the MatMul before it: GELU(x / s) != GELU(x) / s (GELU is not
+scale-equivariant), so 1/s cannot go into fc1's weights and bias. The GELU's last Mul by 0.5 could absorb it
+exactly (0.5 / s per channel), but that constant is shared and part of a recognised structure (never written),
+and onnxruntime fuses the decomposed GELU into one Gelu/BiasGelu kernel only while it is the scalar 0.5: the
+explicit Mul (one element-wise op on the fc2 input) keeps that fusion.
+
+W8A8 as the paper means it (int8 inputs and weights for every MatMul/Gemm, the rest float) is the config preset
+`--config w8a8` (qcompiler/quant/presets/w8a8.yaml): `qcompiler quantize m.onnx --calib c.npz --config w8a8
+--recipe smoothquant -o q.onnx`. On minilm_l6: mean cosine 0.9960 (0.9878 without smoothquant; every activation
+8-bit, the default profile's other choice, 0.8487); `python benchmarks/bench_smoothquant.py --only paper`.
+
 Skipped, with the reason in `skipped_reasons`: shared or protected weights, readers that disagree on K, no
 statistics. Weights and constants are written copy-on-write (`scale_folding.write_constant_input`); main graph
 only.
