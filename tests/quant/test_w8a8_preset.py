@@ -127,3 +127,19 @@ def test_a_file_named_like_a_preset_wins(tmp_path, monkeypatch):
     (tmp_path / "w8a8").write_text("activations: {bits: 16}\n")
     assert preset_path("w8a8") == "w8a8"
     assert load_config("w8a8").defaults.act_bits == 16
+
+
+def test_smoothquant_under_w8a8_puts_a_mul_before_the_matmuls_when_the_residual_reads_float():
+    """Post-LN BERT: the LayerNorm output feeds Q/K/V and the residual Add. The preset leaves it float for the
+    residual, so 1/s goes into a Mul before the MatMuls (the residual reads it exactly), not into gamma/beta
+    with a Mul restoring it; without a config the fold stays."""
+    from tests.quant.test_smoothquant import _data, _qkv
+    rng = np.random.default_rng(2)
+    proto = _qkv(rng, residual=True)
+    calib = _data(rng, proto)
+    placed = {}
+    for cfg in ("w8a8", None):
+        r = quantize(proto, calib, config=cfg, recipe=["smoothquant"], smoothquant_alpha=0.5)
+        (st,) = [res.stats for p, res in r.passes if p.name == "smoothquant"]
+        placed[cfg] = set(st["folds"].values())
+    assert placed == {"w8a8": {"mul"}, None: {"fold+restore"}}
