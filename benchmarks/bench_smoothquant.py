@@ -14,7 +14,8 @@ model's own eval.py, mean cosine to the float sentence embedding over 200 senten
   definition (Xiao et al. 2023): int8 inputs and weights for the linear layers and the attention matmuls
   (every MatMul/Gemm), every element-wise op float. Run as a user would (safety net on); the issue 15 target
   (mean cosine >= 0.995) is this row with smoothquant. The exact CLI command of each row is printed below the
-  table.
+  table. `seq-mse weights`: the same with Sequential MSE weight ranges (after smoothing the 7-bit per-channel
+  weights cost as much as all the MatMul inputs together).
 Each is run without and with smoothquant (alpha searched per layer, or --alpha for all). The table gives the
 cosine (mean / min), how many MatMuls have int8 weights, the smoothquant folds (fold / fold+restore / explicit
 Mul) and, unless --no-latency, the median CPU time of one sentence (quant/latency.py, clock="cpu",
@@ -39,7 +40,8 @@ RESIDUAL_STREAM = [r"dense/Add$", r"output/Add$"]
 SETTINGS = [("default", {}),
             ("W8A8", {"target": W8A8, "min_sqnr": float("-inf")}),
             ("W8A8, residual stream float", {"target": W8A8, "min_sqnr": float("-inf"), "exclude": RESIDUAL_STREAM}),
-            ("W8A8 as in the paper (--config w8a8)", {"config": "w8a8"})]
+            ("W8A8 as in the paper (--config w8a8)", {"config": "w8a8"}),
+            ("W8A8 as in the paper, seq-mse weights", {"config": "w8a8", "recipe": ["seq-mse"]})]
 _W8A8_FILE = "w8a8_all.yaml"   # the W8A8 profile, written beside the commands
 
 
@@ -54,8 +56,12 @@ def _command(kw, sq, alpha, model, calib):
         cmd += ["--exclude", f"'{e}'"]
     if kw.get("min_sqnr") == float("-inf"):
         cmd += ["--min-sqnr", "-1000"]
-    if sq:
-        cmd += ["--smoothquant-alpha", f"{alpha:g}"] if alpha is not None else ["--recipe", "smoothquant"]
+    recipe = (["smoothquant"] if sq else []) + list(kw.get("recipe", ()))
+    if sq and alpha is not None:
+        cmd += ["--smoothquant-alpha", f"{alpha:g}"]
+        recipe.remove("smoothquant")
+    if recipe:
+        cmd += ["--recipe", ",".join(recipe)]
     return " ".join(cmd + ["--allow-low-sqnr"])
 
 
@@ -98,8 +104,9 @@ def main():
                 continue
             for sq in (False, True):
                 commands.append((label, "smoothquant" if sq else "-", _command(kw, sq, a.alpha, model, calib)))
-                extra = {"recipe": ["smoothquant"], "smoothquant_alpha": a.alpha} if sq else {}
-                r = quantize(model, os.path.join(folder, "calib.npz"), **kw, **extra)
+                extra = {"recipe": ["smoothquant"] + list(kw.get("recipe", ())), "smoothquant_alpha": a.alpha} \
+                    if sq else {}
+                r = quantize(model, os.path.join(folder, "calib.npz"), **dict(kw, **extra))
                 path = os.path.join(tmp, f"q{len(rows)}.onnx")
                 save_model(r.model, path)
                 mean, low = _cosine(folder, path)
