@@ -22,12 +22,27 @@ Where 1/s goes, in this order (the stats' `folds` and the report's `smoothquant.
 - `fold+restore`: as `fold`, and X also has readers that cannot take the scale (post-LN BERT: the LayerNorm
   output feeds the residual Add): those readers get X back through one inserted Mul(X/s, s), so X/s is the
   tensor the plan quantizes for the MatMuls and the residual sees X as before.
-- `mul`: no fold is legal (the producer is a GELU, a Reshape, a graph input): Mul(X, 1/s) is inserted before
+- `mul`: no fold is legal (the producer is a GELU, a Reshape, a graph input), or X stays float for its other
+  readers (a config leaves X unquantized, as `--config w8a8` does: then a Mul before the MatMuls costs what the
+  restoring Mul would and the others read X exactly): Mul(X, 1/s) is inserted before
   the MatMul/Gemm readers only; the other readers keep X. When the Mul is X's only reader, X (and the
   Reshape/Transpose chain back to the op computing it) gets no quantizer of its own (a config rule
   `output_quantized: false` added for this run; stats `left_unquantized`): the grid sits after the scale. On
   ort_cpu the Mul runs as a float op (measured on minilm_l6, 11 of them: CPU time within the noise, 8.7 vs
   8.9 ms W8A8); with the search, a Mul is inserted only for >= 1 dB lower layer MSE.
+Why a GELU's output gets a Mul and not a fold into the MatMul before it: GELU(x / s) != GELU(x) / s (GELU is not
+scale-equivariant), so 1/s cannot go into fc1's weights and bias. The GELU's last Mul by 0.5 could absorb it
+exactly (0.5 / s per channel), but that constant is shared and part of a recognised structure (never written),
+and onnxruntime fuses the decomposed GELU into one Gelu/BiasGelu kernel only while it is the scalar 0.5: the
+explicit Mul (one element-wise op on the fc2 input) keeps that fusion.
+
+W8A8 as the paper means it (int8 inputs and weights for every MatMul/Gemm, the rest float) is the config preset
+`--config w8a8` (qcompiler/quant/presets/w8a8.yaml): `qcompiler quantize m.onnx --calib c.npz --config w8a8
+--recipe smoothquant -o q.onnx`. On minilm_l6: mean cosine 0.9964 (0.9878 without smoothquant; 0.8487 with every
+activation 8-bit); with `--recipe smoothquant,seq-mse` 0.9978, and `--scheme tf_enhanced` too 0.9982: after
+smoothing, the 7-bit per-channel weights cost about as much as all the MatMul inputs together, and of those the
+fc2 input (the GELU output) most (`python benchmarks/bench_smoothquant.py --only paper`).
+
 Skipped, with the reason in `skipped_reasons`: shared or protected weights, readers that disagree on K, no
 statistics. Weights and constants are written copy-on-write (`scale_folding.write_constant_input`); main graph
 only.
@@ -253,9 +268,28 @@ def _groups(ctx, st: _Structures):
         target, reason = _fold_target(x, k, st)
         if target is not None and any(u.is_graph_output for u in others):
             target, reason = None, f"'{_short(x.name)}' is a graph output"
+        elif target is not None and others and _float_for_others(ctx, x, others):
+            target, reason = None, f"'{_short(x.name)}' stays float for its other readers (the config leaves " \
+                                   f"it unquantized): a Mul before the MatMuls keeps them exact"
         groups.append({"x": x, "readers": readers, "others": others, "k": k, "target": target,
                        "why_not_fold": reason})
     return groups, skipped
+
+
+def _float_for_others(ctx, x, others) -> bool:
+    """Will X stay float for its readers other than the smoothed MatMuls (a config leaves its producer's output
+    unquantized and none of those readers asks for quantized inputs, as in the w8a8 preset)? Then 1/s goes into
+    a Mul before the MatMuls rather than into the producer with a Mul restoring X for the others: the same one
+    Mul, and the others read X itself instead of X/s's grid times s (minilm_l6, --config w8a8: 0.9960 -> 0.9964)."""
+    from qcompiler.quant.placement.options import node_settings
+    opts = getattr(ctx, "options", None)
+    if opts is None or opts.config is None or x.producer is None:
+        return False
+    s = node_settings(opts, ctx.profile, x.producer)
+    if not (s["keep_float"] or not s["output_quantized"]):
+        return False
+    return not any(node_settings(opts, ctx.profile, u.user).get("input_quantized") for u in others
+                   if getattr(u, "user", None) is not None)
 
 
 def _collect(ctx, names) -> dict:

@@ -72,7 +72,7 @@ def _load(model_or_path):
 
 
 
-def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str] = None, per_channel: bool = True,
+def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, per_channel: bool = True,
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
              bias_correction: bool = False, weight_block: Optional[int] = None,
@@ -86,7 +86,9 @@ def quantize(model_or_path, calib, target: str = "ort_cpu", scheme: Optional[str
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
     batch-dim rule), an .npy path (single-input model), a folder of them, an iterable of feed dicts, or an object
-    with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked).
+    with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked); `config`: a
+    path, a built-in preset's name (qcompiler/quant/presets: `w8a8`) or a QuantConfig. `target`: None means the
+    config's `target`, else ort_cpu (as the CLI).
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
     every pass. The other keywords are the switches of qcompiler/quant/switches.py, one entry each (listed
     below; `qcompiler quantize` has a flag for each). A selector, config rule or frozen encoding that matches

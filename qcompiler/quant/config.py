@@ -7,7 +7,7 @@ node name, str or list), `regex` (searched in the node name with RE2, a linear-t
 RE2 cannot compile, such as a backreference or a lookaround, is refused with one line).
 
 Our format (unknown keys are errors: a typo must not be silently ignored):
-    target: ort_cpu
+    target: ort_cpu                           # or a profile mapping: {base: ort_cpu, wide_activation_bits: 8}
     scheme: tf_enhanced                       # min_max (= AIMET post_training_tf), tf_enhanced, percentile, ...
     weights: {bits: 8, symmetric: true, per_channel: true, per_block: null, quantized: true}
     activations: {bits: 8, symmetric: false}
@@ -19,6 +19,9 @@ Our format (unknown keys are errors: a typo must not be silently ignored):
         activations: {bits: 16}
       - match: {regex: "^/encoder/layer\\.0/"}
         keep_float: true                      # or precision: float16
+      - match: {op_type: [MatMul, Gemm]}
+        input_quantized: true                 # the float values it reads get quantizers (at their producer,
+                                              # through data movement) even where a rule left those off
     supergroups: true | [layernorm, gelu, ...]
 AIMET's format (anchors.md A; `aimet_common/quantsim_config/quantsim_config_schema.py`) is detected by its six
 required keys; booleans there are the strings "True"/"False". Its unknown keys, and the settings AIMET's own
@@ -65,6 +68,7 @@ class NodeSettings:
     act_symmetric: bool = False
     precision: str = "int"           # "int" (QDQ), "float16" or "float32" (kept float, no quantizers)
     output_quantized: bool = True
+    input_quantized: bool = False    # the float values it reads get quantizers even where the producer's are off
     encoding_min: Optional[float] = None   # AIMET encoding_constraints: fixed output range
     encoding_max: Optional[float] = None
     matched_rules: tuple = ()        # indices of our rules that matched, for the report
@@ -101,7 +105,7 @@ class QuantConfig:
 
     source: str = "<defaults>"
     format: str = "qcompiler"        # or "aimet"
-    target: Optional[str] = None
+    target: Union[str, dict, None] = None   # a name, a profile file or a profile mapping
     scheme: Optional[str] = None     # None: the caller's default (min_max), so a config never changes it silently
     defaults: NodeSettings = field(default_factory=NodeSettings)
     op_type: dict = field(default_factory=dict)      # op type -> partial NodeSettings updates
@@ -166,7 +170,10 @@ def _compile_regex(pattern: str):
 
 
 def load_config(path: str) -> QuantConfig:
-    """Read a config file (JSON or YAML), detect its format (AIMET has the six required keys) and parse it."""
+    """Read a config file (JSON or YAML), detect its format (AIMET has the six required keys) and parse it.
+    A built-in preset's name (qcompiler/quant/presets/NAME.yaml, e.g. `w8a8`) is read from the package."""
+    from .presets import preset_path
+    path = preset_path(path)
     text = _read_text(path, "config")
     if path.lower().endswith(".json") or text.lstrip().startswith("{"):
         data = parse_json_strict(text, path)
@@ -199,12 +206,9 @@ _SECTION_FIELDS = {
     "bias": {"bits": "bias_bits", "quantized": "bias_quantized"},
 }
 _RULE_KEYS = ("match", "weights", "activations", "bias", "keep_float", "precision", "output_quantized",
-              "encoding_constraints")
+              "input_quantized", "encoding_constraints")
 # keys a user may expect from AIMET's vocabulary that qcompiler does not implement: refused with the reason
-_UNSUPPORTED = {
-    "input_quantized": "not supported: a node's inputs are quantized by their producers' output quantizers "
-                       "(set output_quantized on the producer)",
-}
+_UNSUPPORTED: dict = {}
 
 
 class _Ctx:
@@ -337,6 +341,12 @@ def _parse_rule(ctx: _Ctx, i: int, r) -> Rule:
         upd["precision"] = p
     if "output_quantized" in r:
         upd["output_quantized"] = ctx.boolean(r["output_quantized"], f"{where}.output_quantized")
+    if "input_quantized" in r:   # placement/input_quantizers.py; false would need per-use quantizers
+        if not ctx.boolean(r["input_quantized"], f"{where}.input_quantized"):
+            raise ctx.err(f"{where}.input_quantized", "false is not supported: a node's inputs are quantized by "
+                                                      "their producers' output quantizers (set output_quantized "
+                                                      "on the producer)")
+        upd["input_quantized"] = True
     if "encoding_constraints" in r:
         upd.update(_constraints(ctx, r["encoding_constraints"], f"{where}.encoding_constraints"))
     rule.updates = upd
@@ -347,9 +357,9 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
     ctx = _Ctx(source)
     ctx.known(data, _OURS_TOP, "")
     cfg = QuantConfig(source=source, format="qcompiler")
-    if "target" in data:
-        if data["target"] is not None and not isinstance(data["target"], str):
-            raise ctx.err("target", f"expected a target name, got {short(data['target'])}")
+    if "target" in data:   # a name, a profile file, or a profile as a mapping ({base: ort_cpu, ...})
+        if data["target"] is not None and not isinstance(data["target"], (str, dict)):
+            raise ctx.err("target", f"expected a target name or a profile mapping, got {short(data['target'])}")
         cfg.target = data["target"]
     if "scheme" in data:
         cfg.scheme = _scheme(ctx, data["scheme"], "scheme")

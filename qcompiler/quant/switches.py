@@ -295,7 +295,7 @@ SWITCHES: Tuple[Switch, ...] = (
             enables="load-encodings",
             configures=("load-encodings",)),
     # --- the grid ---
-    _switch("target", "ort_cpu", _target,
+    _switch("target", None, _target,
             "the target profile: a name (ort_cpu, trt, qnn_htp, aimet), a profile YAML path or a dict; None: the "
             "config's target, else ort_cpu",
             Flag(("--target",), "backend profile: ort_cpu (default), trt, qnn_htp, aimet (encodings for AIMET's "

@@ -82,10 +82,8 @@ def test_float_kernels_take_float_widths_and_bias_only_32():
 
 
 @pytest.mark.parametrize("data, where, what", [
-    ({"rules": [{"match": {"op_type": "Conv"}, "input_quantized": True}]}, "rules[0].input_quantized",
-     "not supported: a node's inputs are quantized by their producers' output quantizers"),
     ({"rules": [{"match": {"op_type": "Conv"}, "input_quantized": False}]}, "rules[0].input_quantized",
-     "not supported"),
+     "false is not supported: a node's inputs are quantized by their producers' output quantizers"),
     ({"model_output": {"quantized": False}}, "model_output.quantized", "false is not supported"),
     (aimet(defaults={"ops": {}, "strict_symmetric": "True"}), "defaults.strict_symmetric", "True is not supported"),
     (aimet(params={"bias": {"is_quantized": "True", "is_symmetric": "False"}}), "params.bias.is_symmetric",

@@ -35,6 +35,7 @@ from .bodies import record_bodies
 from .dynamic_weights import symmetric_dynamic_weights
 from .cost import node_macs
 from .float_regions import drop_float_region_quantizers
+from .input_quantizers import quantize_inputs
 from .kernels import full_range_for_float_kernels, integer_kernel
 from .lookup import nodes_by_name, weight_nodes
 from .observe import observed_names, propagate_dtypes
@@ -64,6 +65,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     mark_supergroups(plan, g, profile, opts)
     place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)
     place_activations(plan, g, profile, opts)
+    quantize_inputs(plan, g, profile, opts, stats)  # config input_quantized (the W8A8 preset)
     drop_needless_quantizers(plan, g, profile)
     place_bodies(plan, g, profile, opts)            # the same rules inside If/Loop/Scan bodies (issue 14)
     tie_bodies(plan, g, profile, stats)             # inside bodies and across their boundaries

@@ -27,13 +27,13 @@ def node_settings(opts: PlacementOptions, profile: Profile, node):
          "weight_symmetric": w.symmetric if opts.weight_symmetric is None else opts.weight_symmetric,
          "weight_per_channel": opts.per_channel, "weight_block": opts.weight_block, "weight_quantized": True,
          "bias_quantized": True, "keep_float": False, "precision": "int", "output_quantized": True,
-         "encoding_min": None, "encoding_max": None}
+         "input_quantized": False, "encoding_min": None, "encoding_max": None}
     cfg = opts.config
     if cfg is not None and node is not None:
         ns = cfg.settings_for(node)
         for k in ("act_bits", "act_symmetric", "weight_bits", "weight_symmetric", "weight_per_channel",
                   "weight_block", "weight_quantized", "bias_quantized", "precision", "output_quantized",
-                  "encoding_min", "encoding_max"):
+                  "input_quantized", "encoding_min", "encoding_max"):
             if hasattr(ns, k):
                 s[k] = getattr(ns, k)
         s["keep_float"] = bool(getattr(ns, "keep_float", False))
