@@ -4,6 +4,7 @@
   pure Python (~1 us per character, ~40-80 us per node on the shared machine), and the 16 MB a config may be
   would have taken minutes. YAML text is now bounded to MAX_YAML_CHARS and MAX_NODES composed nodes (JSON, parsed
   in C, keeps the file-size limit): one line, at once.
+- A --load-encodings scale of 3.5e38 printed numpy's cast RuntimeWarning before its one line (three lines).
 - An .npz of 30000 extra members read every member's .npy header (8.6 s) before saying the first key was
   unknown; the keys come from the archive's directory now, so the unknown key is named before any member is read.
 """
@@ -88,3 +89,15 @@ def test_npz_with_many_unknown_members_is_refused_before_reading_them(tmp_path):
                       cwd=tmp_path), allowed=(2,), word="extra0")
     assert "unknown key" in r.stderr
     assert time.monotonic() - t0 < 6.0
+
+
+def test_encodings_scale_over_float32_is_one_line(tmp_path):
+    """A scale of 3.5e38 (finite in float64, inf in float32) was refused after numpy's 'overflow encountered in
+    cast' RuntimeWarning: three lines on stderr, not one."""
+    import json
+    model, calib = _cnn(tmp_path)
+    enc = tmp_path / "e.json"
+    enc.write_text(json.dumps({"version": "2.0.0", "encodings": [
+        {"name": "image", "output_dtype": "uint8", "y_scale": 3.5e38}]}))
+    check(run_cli(["quantize", model, "--calib", calib, "-o", tmp_path / "q.onnx", "--load-encodings", enc],
+                  inputs=[model, calib, enc], cwd=tmp_path), allowed=(2,), word="overflows")
