@@ -54,4 +54,4 @@ def test_match_unknown_pattern_name_is_shortened(tmp_path):
     model, _ = _cnn(tmp_path)
     r = check(run_cli(["match", model, "nope" * 1000], inputs=[model], cwd=tmp_path), allowed=(2,),
               word="unknown pattern")
-    assert len(r.stderr.strip()) < 400 and "layernorm" in r.stderr
+    assert "nope" * 20 not in r.stderr and "layernorm" in r.stderr
