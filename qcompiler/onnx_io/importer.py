@@ -367,6 +367,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v is None:
                 v = _lookup(iname, local, scope)
                 if v is None:
+                    if any(sp.values.name == iname for sp in gp.sparse_initializer):
+                        raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
+                                                f"({short(np_.op_type)}) input {i} '{short(iname)}' is a sparse "
+                                                f"initializer; qcompiler reads only dense ones (store it dense)")
                     raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
                                             f"({short(np_.op_type)}) input {i} '{short(iname)}' is not produced by "
                                             f"any node, graph input or initializer")

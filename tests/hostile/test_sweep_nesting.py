@@ -74,3 +74,19 @@ def test_nested_if_past_protobuf_limit_is_named(tmp_path, depth, cmd):
                                                          "canonicalize"]
     r = check(run_cli(args, inputs=[model], cwd=tmp_path), allowed=(2,), word="nested deeper")
     assert "truncated" not in r.stderr
+
+
+def test_sparse_initializer_used_by_a_node_is_named(tmp_path):
+    """A node reading a sparse initializer (valid ONNX) was refused as 'not produced by any node, graph input or
+    initializer', which reads like a broken model; the line now says it is a sparse initializer."""
+    sp = helper.make_sparse_tensor(helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0]),
+                                   helper.make_tensor("wi", TensorProto.INT64, [2], [0, 5]), [4, 4])
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                          [vi("x", TensorProto.FLOAT, [1, 4])], [vi("y", TensorProto.FLOAT, [1, 4])],
+                          sparse_initializer=[sp])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
+    m.ir_version = 8
+    model = tmp_path / "model.onnx"
+    onnx.save(m, model)
+    r = check(run_cli(["inspect", model], inputs=[model], cwd=tmp_path), allowed=(2,), word="sparse initializer")
+    assert "'w'" in r.stderr and "'mm'" in r.stderr
