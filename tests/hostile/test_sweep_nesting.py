@@ -1,9 +1,10 @@
-"""If bodies nested inside each other, up to far past protobuf's depth limit (hostile sweep).
+"""If bodies nested inside each other, up to far past protobuf's depth limit, and sparse initializers (hostile sweep).
 
 Up to ~30 levels parse, and inspect, run and quantize handle them (the importer recurses once per level). From
 ~31 levels protobuf (upb) stops at its limit of 100 nested messages; that was reported as "not an ONNX model or
 truncated (... Exceeded upb_DecodeOptions_MaxDepth)", which sent users looking for a damaged file. It now says the
 bodies are nested too deeply. Models are written byte by byte here: onnx.helper cannot build them (it re-parses).
+A node reading a sparse initializer was refused as reading a name nothing produces; the line now names it.
 """
 from __future__ import annotations
 
