@@ -44,7 +44,7 @@ def test_output_device_that_refuses_the_write(tmp_path, how):
         args = ["quantize", model, "--calib", calib, "-o", tmp_path / "q.onnx", "--report", full]
     else:
         args = ["quantize", model, "--calib", calib, "-o", full]
-    r = check(run_cli(args, inputs=[model, calib], cwd=tmp_path), allowed=(2,), word=str(full))
+    r = check(run_cli(args, inputs=[model, calib], cwd=tmp_path), allowed=(2,), word=os.path.basename(full))
     assert "No space left" in r.stderr
 
 
