@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Union
 
 from ..errors import PatternError
+from ..shorten import short_value
 from .pattern import Pattern
 
 _GROUPS: dict = {}
@@ -53,7 +54,7 @@ def get_pattern(name: str) -> list:
         for p in vs:
             if p.name == name:
                 return [p]
-    raise PatternError(f"unknown pattern {name!r}; known: {', '.join(known_names())}")
+    raise PatternError(f"unknown pattern {short_value(name)}; known: {', '.join(known_names())}")
 
 
 def resolve(pattern: Union[str, Pattern, list, tuple]) -> list:

@@ -20,8 +20,9 @@ def powers(ref, got) -> tuple:
     """(Σref², Σ(ref − got)²) in float64, flattened; einsum, not a BLAS dot, which would spin OpenBLAS threads
     against onnxruntime's (calibrate.py)."""
     ref = np.asarray(ref, np.float64).reshape(-1)
-    d = ref - np.asarray(got, np.float64).reshape(-1)
-    return float(np.einsum("i,i->", ref, ref)), float(np.einsum("i,i->", d, d))
+    with np.errstate(all="ignore"):   # outputs that overflow (inf - inf): a nan SQNR, not RuntimeWarning lines
+        d = ref - np.asarray(got, np.float64).reshape(-1)
+        return float(np.einsum("i,i->", ref, ref)), float(np.einsum("i,i->", d, d))
 
 
 def sqnr_db(ref, got) -> float:

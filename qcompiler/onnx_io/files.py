@@ -38,6 +38,9 @@ def load_proto(path: str) -> onnx.ModelProto:
     try:
         proto.ParseFromString(data)
     except (DecodeError, RuntimeError, ValueError) as e:
+        if "MaxDepth" in str(e):   # If/Loop/Scan bodies nested ~30 deep: parsed as truncated, said as what it is
+            raise ModelLoadError(f"{path}: messages nested deeper than protobuf's limit of 100 (If/Loop/Scan "
+                                 f"bodies inside each other about 30 deep); refused") from None
         reason = short(str(e).splitlines()[0], 120) if str(e) else "decode error"
         raise ModelLoadError(f"{path}: not an ONNX model or truncated (protobuf parse failed: {reason})") from None
     if proto.ir_version <= 0 or not proto.HasField("graph"):

@@ -20,8 +20,8 @@ from ..ir.node import AT, Attr, Node
 from ..ir.tensor import Tensor
 from ..ir.value import Usage, Value
 from .gc_pause import gc_paused
-from .tensor_check import (check_sparse, check_tensor, collect_external_files, default_schema, scan_attributes,
-                           scan_model_extras, schema_attribute_types, short)
+from .tensor_check import (check_sparse, check_tensor, check_text, collect_external_files, default_schema,
+                           not_utf8, scan_attributes, scan_model_extras, schema_attribute_types, short)
 
 
 
@@ -34,16 +34,20 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
     """
     if not isinstance(proto, onnx.ModelProto):
         raise ModelLoadError(f"expected an onnx.ModelProto, got {type(proto).__name__}")
+    _check_model_texts(proto)
     with collect_external_files() as files:
         functions, training_info = scan_model_extras(proto.functions, proto.training_info, base_dir)
         names, node_names = NameScope(), NameScope()
         graph = Graph(proto.graph.name or "main_graph", None, names, node_names)
         opsets = {}
         for o in proto.opset_import:
+            check_text(o.domain, lambda: "opset import domain")
             opsets[o.domain] = _opset_version(o.domain, o.version)
         ctx = _Ctx(base_dir, data_stubs, opsets.get("", opsets.get("ai.onnx")))
         with gc_paused():
             _fill_graph(graph, proto.graph, ctx, [])
+        _check_names(names._used, "value")
+        _check_names(node_names._used, "node")
     model = Model(graph, opsets, proto.ir_version)
     model.producer_name = proto.producer_name
     model.producer_version = proto.producer_version
@@ -58,6 +62,25 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
     model.base_dir = base_dir
     model.external_files = frozenset(files)
     return model
+
+
+def _check_model_texts(proto: onnx.ModelProto) -> None:
+    """The model's own string fields are valid UTF-8 (upb hands an invalid one back as bytes)."""
+    for field in ("producer_name", "producer_version", "domain", "doc_string"):
+        check_text(getattr(proto, field), lambda field=field: f"model {field}")
+    for p in proto.metadata_props:
+        check_text(p.key, lambda: "metadata key")
+        check_text(p.value, lambda p=p: f"metadata value of '{short(p.key)}'")
+
+
+def _check_names(used: set, kind: str) -> None:
+    """Every value (node) name is valid UTF-8: one join at C speed over the names the import reserved (a name
+    upb could not decode is bytes, which str.join refuses); the culprit is looked for only on failure."""
+    try:
+        "".join(used)
+    except TypeError:
+        bad = next(x for x in used if x.__class__ is not str)
+        raise not_utf8(f"{kind} name", bad) from None
 
 
 OPSET_MAX = 2 ** 31 - 1   # onnxruntime and onnx's converters keep opset versions in 32 bits (2^62 read as 0)
@@ -152,6 +175,8 @@ def _lookup(name: str, local: dict, scope: list):
 
 
 def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
+    check_text(g.name, lambda: "graph name")
+    check_text(gp.doc_string, lambda: f"doc string of graph '{short(g.name)}'")
     g.doc_string = gp.doc_string
     names = g.names
     local: dict = {}
@@ -164,6 +189,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if v.type is not None:
             _check_type(g, "input", vi.name, v.type)
         v.is_input = True
+        if vi.doc_string:
+            check_text(vi.doc_string, lambda: f"doc string of input '{short(vi.name)}'")
         v.doc_string = vi.doc_string
         g.inputs.append(v)
     values, initializers = g._values, g.initializers
@@ -227,10 +254,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 attributes = list(val)
             elif k == 6:
                 doc = val
+                check_text(val, lambda: f"doc string of node '{short(name)}'")
             elif k == 7:
                 domain = val
+                check_text(val, lambda: f"domain of node '{short(name)}'")
             elif k == 8:
                 overload = val
+                check_text(val, lambda: f"overload of node '{short(name)}'")
             elif k == 9:
                 meta = list(val)
             else:
@@ -299,6 +329,11 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if not (has_graph or extra or meta):
             # what export compares against to reuse `np_` unchanged (see exporter._node_protos)
             n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
+    try:   # op types: one C-speed join over the few distinct ones (see _check_names)
+        "".join(by_op)
+    except TypeError:
+        raise not_utf8(f"graph '{short(g.name)}': op type", next(x for x in by_op if x.__class__ is not str)) \
+            from None
     # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
     # sweep 2: subgraphs, then inputs
     for n, np_, has_graph, _ in nodes:
@@ -332,6 +367,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v is None:
                 v = _lookup(iname, local, scope)
                 if v is None:
+                    if any(sp.values.name == iname for sp in gp.sparse_initializer):
+                        raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
+                                                f"({short(np_.op_type)}) input {i} '{short(iname)}' is a sparse "
+                                                f"initializer; qcompiler reads only dense ones (store it dense)")
                     raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
                                             f"({short(np_.op_type)}) input {i} '{short(iname)}' is not produced by "
                                             f"any node, graph input or initializer")
@@ -363,6 +402,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v.type is None or not v.is_input:
                 v.type = vi.type
         if vi.doc_string:
+            check_text(vi.doc_string, lambda: f"doc string of output '{short(vi.name)}'")
             v.doc_string = vi.doc_string
         g.add_output(v)
     for vi in gp.value_info:

@@ -475,8 +475,13 @@ def write_through(target: Target, write: Callable) -> None:
     except BaseException:
         os.close(fd)
         raise
-    with f:
-        write(f)
+    try:
+        with f:
+            write(f)
+    except OSError as e:   # /dev/full (ENOSPC), a hung-up terminal (EIO): one line, as for a regular file
+        if e.errno in _WRITE_ERRNOS or e.errno in (errno.EPIPE, errno.ENXIO, errno.EINVAL):
+            raise OutputError(f"{show(target.path)}: cannot write ({e.strerror})") from None
+        raise
 
 
 def write_file(target: Target, write: Callable) -> None:

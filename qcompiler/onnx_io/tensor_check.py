@@ -102,6 +102,18 @@ class collect_external_files:
 short = short_text   # names from the model in messages (qcompiler/shorten.py)
 
 
+def not_utf8(what: str, value) -> InvalidModelError:
+    """The error for a string field that is not valid UTF-8 (upb hands such a field back as bytes, which every
+    later reader and the exporter would trip over)."""
+    return InvalidModelError(f"{what} '{short(value)}' is not valid UTF-8 text; refused")
+
+
+def check_text(value, what: Callable[[], str]) -> None:
+    """Refuse a string field of the model that is not valid UTF-8 (`what()` names it, called on failure only)."""
+    if value.__class__ is not str:
+        raise not_utf8(what(), value)
+
+
 def dtype_name(dt: int) -> str:
     try:
         return TP.DataType.Name(dt)
@@ -307,12 +319,16 @@ def scan_attributes(attributes, where: Callable[[], str], base_dir: Optional[str
         fields = a.ListFields()
         if len(fields) == 3:
             f2 = fields[2]
-            if f2[0] is _TYPE_FD and fields[0][0] is _NAME_FD and (fields[1][0], f2[1]) in _PLAIN:
+            if f2[0] is _TYPE_FD and fields[0][0] is _NAME_FD and (fields[1][0], f2[1]) in _PLAIN and \
+                    fields[0][1].__class__ is str:
                 if expected:
                     _wrong_type(fields[0][1], f2[1], expected, where)
                 continue
         t = 0
         payload = None
+        for text in (a.name, a.ref_attr_name, a.doc_string):   # the exporter writes these back as they are
+            if text.__class__ is not str:
+                raise not_utf8(f"attribute of {where()}: a name or doc string", text)
         for fd, val in fields:
             k = _FIELD_KEY.get(fd)
             if k is None:
@@ -485,6 +501,6 @@ def check_function_recursion(functions: list) -> None:
                 stack.append(iter(callees[nxt]))
 
 
-__all__ = ["check_tensor", "check_sparse", "collect_external_files", "scan_attributes", "scan_graph",
+__all__ = ["check_text", "not_utf8", "check_tensor", "check_sparse", "collect_external_files", "scan_attributes", "scan_graph",
            "scan_model_extras",
            "check_function_recursion", "resolve_external", "inline_external", "short", "SPEC", "DENSE_LIMIT"]

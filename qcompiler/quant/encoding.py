@@ -119,8 +119,10 @@ def broadcast_qparams(enc: Encoding, shape: tuple, dtype=np.float64):
     zp = np.asarray(enc.zero_point, dtype)
     if enc.block_size:
         k = shape[enc.axis]
-        scale = np.repeat(scale, enc.block_size, axis=enc.axis).take(np.arange(k), axis=enc.axis)
-        zp = np.repeat(np.broadcast_to(zp, np.shape(enc.scale)), enc.block_size,
+        # NOTE: never more than K copies: a block longer than the axis (block_size 2**30, K = 64) is one block
+        each = max(1, min(int(enc.block_size), k))
+        scale = np.repeat(scale, each, axis=enc.axis).take(np.arange(k), axis=enc.axis)
+        zp = np.repeat(np.broadcast_to(zp, np.shape(enc.scale)), each,
                        axis=enc.axis).take(np.arange(k), axis=enc.axis)
     elif enc.per_channel:
         bshape = [1] * len(shape)

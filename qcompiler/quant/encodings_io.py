@@ -256,7 +256,8 @@ class _Reader:
             raise self.err(entry, "scale must be finite, positive and non-empty (found NaN or Inf)")
         if np.any(a <= 0):
             raise self.err(entry, "scale must be finite, positive and non-empty (found a zero or negative scale)")
-        f32 = a.astype(np.float32)
+        with np.errstate(all="ignore"):   # 3.5e38 -> inf: refused below, without a RuntimeWarning line first
+            f32 = a.astype(np.float32)
         if not np.all(np.isfinite(f32)) or np.any(f32 <= 0):
             raise self.err(entry, "scale overflows or underflows float32")
         return f32

@@ -23,6 +23,8 @@ counted; empty batches are ignored; a constant tensor gives min == max (compute_
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..errors import ConfigError
@@ -565,11 +567,13 @@ def weight_range(w, axis: int = 0, scheme: str = "min_max", bits: int = 8, symme
     w = np.asarray(w, np.float64)
     if w.ndim == 0:
         w = w.reshape(1)
-    mat = np.moveaxis(w, axis, 0).reshape(w.shape[axis], -1)
+    # NOTE: not reshape(K, -1): a weight with a zero dim (shape (4, 0)) cannot infer the -1
+    mat = np.moveaxis(w, axis, 0).reshape(w.shape[axis], w.size // w.shape[axis] if w.shape[axis] else 0)
     finite = np.isfinite(mat)
     if not finite.all():
         mat = np.where(finite, mat, np.nan)
-    with np.errstate(all="ignore"):
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # "All-NaN slice": an all-Inf channel (kept at 0)
         cmin = np.nan_to_num(np.nanmin(mat, axis=1), nan=0.0) if mat.shape[1] else np.zeros(mat.shape[0])
         cmax = np.nan_to_num(np.nanmax(mat, axis=1), nan=0.0) if mat.shape[1] else np.zeros(mat.shape[0])
     if name == "min_max" or mat.shape[1] == 0:

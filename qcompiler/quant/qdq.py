@@ -150,15 +150,18 @@ def block_encoding(w: np.ndarray, axis: int, block_size: int, bits: int, symmetr
     w = np.asarray(w, np.float64)
     axis = axis % w.ndim
     k = w.shape[axis]
-    nb = -(-k // block_size)
+    # NOTE: a block longer than the axis is one block of K: padding it to `block_size` rows allocated
+    # block_size - K rows (--block-size 2**30 on a K=64 weight: tens of GB); the DQ keeps the size asked for
+    block = max(1, min(block_size, k))
+    nb = -(-k // block)
     moved = np.moveaxis(w, axis, 0)                                  # [K, rest...]
-    if nb * block_size != k:
-        pad = np.zeros((nb * block_size - k,) + moved.shape[1:])
+    if nb * block != k:
+        pad = np.zeros((nb * block - k,) + moved.shape[1:])
         moved = np.concatenate([moved, pad], axis=0)
     rest = moved.shape[1:]
     keep = rest[:1] if w.ndim > 2 and axis in (0, 1) else rest      # the kernel window shares one grid
     window = int(np.prod(rest[len(keep):], dtype=np.int64))
-    groups = np.moveaxis(moved.reshape((nb, block_size) + rest), 1, 1 + len(keep)).reshape(-1, block_size * window)
+    groups = np.moveaxis(moved.reshape((nb, block) + rest), 1, 1 + len(keep)).reshape(-1, block * window)
     rb = range_bits or bits
     lo, hi = weight_range(groups, 0, scheme, rb, symmetric)
     lo, hi = (np.moveaxis(np.broadcast_to(np.asarray(x).reshape((nb,) + keep + (1,) * (len(rest) - len(keep))),

@@ -49,9 +49,10 @@ class OutputError:
         signal, noise = powers(ref, got)
         self.signal += signal
         self.noise += noise
-        d = np.asarray(ref, np.float64).reshape(-1) - np.asarray(got, np.float64).reshape(-1)
-        if d.size:
-            self.max_abs = max(self.max_abs, float(np.abs(d).max()))
+        with np.errstate(all="ignore"):   # inf - inf (a model whose outputs overflow): no RuntimeWarning lines
+            d = np.asarray(ref, np.float64).reshape(-1) - np.asarray(got, np.float64).reshape(-1)
+            if d.size:
+                self.max_abs = max(self.max_abs, float(np.abs(d).max()))
         self.count += 1
 
     def sqnr_db(self) -> float:

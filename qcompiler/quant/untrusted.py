@@ -17,8 +17,12 @@ from ..errors import ConfigError
 from ..shorten import short_value as short   # noqa: F401 - the name every config reader imports
 
 MAX_DEPTH = 32              # real configs and profiles nest 4-6 levels
-MAX_NODES = 1_000_000       # composed YAML nodes (scalars included)
+# NOTE: PyYAML's safe loader is pure Python, ~40-80 us per node and ~1 us per character here: a 0.8 MB config
+# of 20000 rules took 21 s and the 16 MB a config may be (input_files.MAX_BYTES) would take minutes. Real
+# configs and profiles hold hundreds of nodes and a few KB; JSON (a C parser) keeps the file-size limit.
+MAX_NODES = 100_000         # composed YAML nodes (scalars included)
 MAX_EXPANDED = 1_000_000    # nodes of the document with every alias expanded
+MAX_YAML_CHARS = 2_000_000  # characters of YAML text
 
 
 class BoundedSafeLoader(yaml.SafeLoader):
@@ -73,6 +77,9 @@ class BoundedSafeLoader(yaml.SafeLoader):
 
 def parse_yaml(text: str, path: str, error: Type[Exception] = ConfigError):
     """YAML text -> Python data through `BoundedSafeLoader`; every failure is one line naming `path`."""
+    if len(text) > MAX_YAML_CHARS:
+        raise error(f"{path}: YAML of {len(text)} characters is over the {MAX_YAML_CHARS}-character limit for "
+                    f"YAML (write a larger config as JSON)")
     try:
         return yaml.load(text, Loader=BoundedSafeLoader)  # noqa: S506 - a SafeLoader subclass
     except ConfigError as e:
@@ -141,4 +148,5 @@ def decode_text(raw: bytes, path: str, what: str, error: Type[Exception] = Confi
 
 
 __all__ = ["short", "BoundedSafeLoader", "parse_yaml", "parse_json", "check_nesting", "decode_text",
-           "MAX_DEPTH", "MAX_NODES", "MAX_EXPANDED"]
+           "MAX_DEPTH", "MAX_NODES", "MAX_EXPANDED",
+           "MAX_YAML_CHARS"]

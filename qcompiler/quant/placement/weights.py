@@ -52,6 +52,11 @@ def place_weights(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) 
                 plan.set_use(n.name, slot, QuantSpec(kind="weight", source="config").float_(
                     "weights kept float by config (a rule, --exclude or --op-types)"))
                 continue
+            dims = v.tensor.dims if getattr(v, "tensor", None) is not None else getattr(arr, "shape", ())
+            if 0 in dims:   # a zero dim (MatMul B of shape (4, 0)): no range to take, nothing to gain
+                plan.set_use(n.name, slot, QuantSpec(kind="weight", source="model").float_(
+                    f"weight of shape {tuple(dims)} holds no values"))
+                continue
             # NOTE: a grouped ConvTranspose's axis 1 holds C_out/g channels, each shared by the g groups: its
             # scale is the max over them and the bias tiles it over groups (qdq.output_channel_scales)
             axis = weight_axis(profile, n, slot, arr.ndim) if (s["weight_per_channel"] and n.op_type in pc_ops) \
