@@ -3,7 +3,8 @@
 usage: python benchmarks/bench_quantize.py [--corpus DIR] [--models a,b] [--out DIR]
 
 Per model and tool it prints: the task metric from the model's eval.py, the output SQNR against float on the
-first 64 eval samples, quantization wall time and peak RSS (each tool in its own process), the ratio of
+first 64 eval samples, quantization wall time, CPU time (all threads; the steadier figure on a loaded machine) and peak RSS (each tool
+in its own process, imports included), the ratio of
 quantization time to one float inference pass over the calibration data, and onnxruntime CPU latency of the
 produced model (default session options = ORT_ENABLE_ALL, one sample per run, median). Ratios are qcompiler/ORT.
 AIMET-ONNX and INC figures come from the corpus README (they need their own venvs; see anchors section F).
@@ -143,18 +144,19 @@ def main():
             del r["_path"]
             print(json.dumps(r))
     print()
-    hdr = f"{'model':<11}{'tool':<10}{'metric':<22}{'value':>8}{'SQNR dB':>9}{'quant s':>9}{'peak MB':>9}{'t/float':>9}{'lat ms':>8}"
+    hdr = (f"{'model':<11}{'tool':<10}{'metric':<22}{'value':>8}{'SQNR dB':>9}{'quant s':>9}{'cpu s':>8}{'peak MB':>9}"
+           f"{'t/float':>9}{'lat ms':>8}")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         if r["tool"] == "float":
-            print(f"{r['model']:<11}{'float':<10}{'':<22}{'':>8}{'':>9}{'':>9}{'':>9}{'':>9}{r['latency_ms']:>8.3f}")
+            print(f"{r['model']:<11}{'float':<10}{'':<22}{'':>8}{'':>9}{'':>9}{'':>8}{'':>9}{'':>9}{r['latency_ms']:>8.3f}")
             continue
         if "error" in r:
             print(f"{r['model']:<11}{r['tool']:<10}ERROR {r['error'][:80]}")
             continue
         v = f"{r['value']:.4f}" if r.get("value") is not None else "n/a"
-        print(f"{r['model']:<11}{r['tool']:<10}{(r['metric'] or ''):<22}{v:>8}{r['sqnr_db']:>9.2f}{r['seconds']:>9.2f}"
+        print(f"{r['model']:<11}{r['tool']:<10}{(r['metric'] or ''):<22}{v:>8}{r['sqnr_db']:>9.2f}{r['seconds']:>9.2f}{r.get('cpu_seconds', float('nan')):>8.2f}"
               f"{r['peak_rss_mb']:>9.0f}{r['time_vs_float_pass']:>9.2f}{r['latency_ms']:>8.3f}")
     print()
     for m in models:
@@ -162,7 +164,8 @@ def main():
         o = next((r for r in rows if r["model"] == m and r["tool"] == "ort" and "error" not in r), None)
         if q and o:
             print(f"{m}: metric qcompiler {q['value']} vs ORT {o['value']}; quant time ratio qcompiler/ORT "
-                  f"{q['seconds'] / o['seconds']:.2f}; latency ratio qcompiler/ORT {q['latency_ms'] / o['latency_ms']:.2f}")
+                  f"wall {q['seconds'] / o['seconds']:.2f}, cpu {q['cpu_seconds'] / max(o['cpu_seconds'], 1e-9):.2f}; "
+                  f"latency ratio qcompiler/ORT {q['latency_ms'] / o['latency_ms']:.2f}")
 
 
 if __name__ == "__main__":

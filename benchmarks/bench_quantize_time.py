@@ -6,7 +6,8 @@ The baseline is checked out into a temporary git worktree (removed after) and im
 `passes/` and `patterns/` folders mapped to `qcompiler.passes` / `qcompiler.patterns` as setup.cfg maps them;
 each run is its own process (the second `quantize()` call's wall time: imports and first-call costs excluded),
 baseline and current alternate, and
-the table prints the median seconds of each and their ratio (current/baseline; < 1 is faster), plus the task
+the table prints the median wall and CPU seconds of each (warm: the second call; cold: the first) and their ratios
+(current/baseline; < 1 is faster), plus the task
 metric of both so a speed-up that changes the result shows. Issue 12: quantize time must not grow.
 """
 import argparse
@@ -42,12 +43,14 @@ class Mapped(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Mapped())
 from qcompiler.quant.api import quantize
-quantize(model, calib, progress=False)   # warm: imports, bytecode, onnxruntime's first session
-t0 = time.perf_counter()
+w0, c0 = time.perf_counter(), time.process_time()
+quantize(model, calib, progress=False)   # cold: first-call costs (lazy imports, onnxruntime's first session)
+cold, cold_cpu = time.perf_counter() - w0, time.process_time() - c0
+t0, c0 = time.perf_counter(), time.process_time()
 res = quantize(model, calib, progress=False)
-secs = time.perf_counter() - t0
+secs, cpu = time.perf_counter() - t0, time.process_time() - c0
 res.save(out)
-print(json.dumps({"seconds": secs}))
+print(json.dumps({"seconds": secs, "cpu": cpu, "cold": cold, "cold_cpu": cold_cpu}))
 '''
 
 
@@ -56,7 +59,7 @@ def _child(root, model, calib, out):
                        env=dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2")))
     if r.returncode != 0:
         raise SystemExit(f"quantize failed in {root}: {r.stderr.strip().splitlines()[-1:]}")
-    return json.loads(r.stdout.strip().splitlines()[-1])["seconds"]
+    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def _metric(model_dir, qmodel):
@@ -82,8 +85,11 @@ def main():
         base = os.path.join(tmp, "baseline")
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "-q", "--detach", base, a.baseline], check=True)
         try:
-            print(f"baseline {a.baseline} vs current tree, {a.repeats} interleaved runs each, median seconds")
-            print(f"{'model':<12}{'baseline s':>11}{'current s':>11}{'ratio':>8}  metric baseline / current")
+            print(f"baseline {a.baseline} vs current tree, {a.repeats} interleaved runs each, median seconds; "
+                  f"warm = the second quantize() call, cold = the first (lazy imports, first session); cpu = "
+                  f"process CPU time (all threads), the steadier figure on a loaded machine")
+            print(f"{'model':<12}{'':<6}{'base wall':>10}{'cur wall':>10}{'ratio':>7}{'base cpu':>10}{'cur cpu':>10}"
+                  f"{'ratio':>7}  metric baseline / current")
             for m in models:
                 d = os.path.join(a.corpus, m)
                 args = (os.path.join(d, "model.onnx"), os.path.join(d, "calib.npz"))
@@ -91,9 +97,12 @@ def main():
                 for _ in range(a.repeats):
                     tb.append(_child(base, *args, os.path.join(tmp, "b.onnx")))
                     tc.append(_child(ROOT, *args, os.path.join(tmp, "c.onnx")))
-                mb, mc = statistics.median(tb), statistics.median(tc)
-                print(f"{m:<12}{mb:>11.2f}{mc:>11.2f}{mc / mb:>8.2f}  {_metric(d, os.path.join(tmp, 'b.onnx'))} / "
-                      f"{_metric(d, os.path.join(tmp, 'c.onnx'))}", flush=True)
+                metrics = f"{_metric(d, os.path.join(tmp, 'b.onnx'))} / {_metric(d, os.path.join(tmp, 'c.onnx'))}"
+                for label, wk, ck in (("warm", "seconds", "cpu"), ("cold", "cold", "cold_cpu")):
+                    bw, cw = statistics.median(r[wk] for r in tb), statistics.median(r[wk] for r in tc)
+                    bc, cc = statistics.median(r[ck] for r in tb), statistics.median(r[ck] for r in tc)
+                    print(f"{m:<12}{label:<6}{bw:>10.3f}{cw:>10.3f}{cw / bw:>7.2f}{bc:>10.3f}{cc:>10.3f}{cc / bc:>7.2f}"
+                          f"  {metrics if label == 'warm' else ''}", flush=True)
         finally:
             subprocess.run(["git", "-C", ROOT, "worktree", "remove", "--force", base], check=False)
 

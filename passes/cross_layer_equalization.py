@@ -273,7 +273,7 @@ class _Stats:
 def _collect(ctx, model, pairs) -> dict:
     """{c1 name: _Stats} of the main-graph pairs, from one onnxruntime pass over ctx.samples."""
     from qcompiler.errors import DataError
-    from qcompiler.quant.calibrate import extra_output_names, make_session
+    from qcompiler.quant.layer_inputs import stream_values
     g = model.graph
     main = [p for p in pairs if p[0].graph is g]
     inputs = {v.name for v in g.inputs}
@@ -284,7 +284,6 @@ def _collect(ctx, model, pairs) -> dict:
                 names.append(v.name)
     if not main:
         return {}
-    sess = make_session(model, extra_outputs=extra_output_names(model, names))
     acc, n = {}, 0
 
     def add(key, parts):
@@ -295,9 +294,9 @@ def _collect(ctx, model, pairs) -> dict:
             acc[key] = [np.minimum(o[0], parts[0]), np.maximum(o[1], parts[1])] + [u + w for u, w in
                                                                                    zip(o[2:], parts[2:])]
 
-    for i, feed in enumerate(ctx.samples):
-        arrays = dict(zip(names, sess.run(names, feed, where=f"cle sample {i}"))) if names else {}
-        arrays.update({k: v for k, v in feed.items() if k in inputs})
+    # one sample's values at a time, reduced at once (layer_inputs.stream_values: the shared capture path)
+    wanted = names + [v.name for c1, _, _ in main for v in (c1.outputs[0], c1.inputs[0]) if v.name in inputs]
+    for i, feed, arrays in stream_values(model, ctx.samples, wanted, where="cle sample"):
         for c1, act, _ in main:
             for v, is_out in ((c1.outputs[0], True), (c1.inputs[0], False)):
                 a = arrays.get(v.name)

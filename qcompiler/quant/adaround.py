@@ -419,26 +419,21 @@ def _targets(model, plan) -> Tuple[List[Tuple[object, object, Layer]], List[Laye
 def _capture(model, samples, targets, opts: AdaRoundOptions):
     """One run over `samples`: per target its quadratic (Gram of its input rows) and whether its linear form
     reproduces onnxruntime's output on the first sample (a message when not)."""
-    from .calibrate import extra_output_names, make_session
+    from .layer_inputs import stream_values
     inputs = [layer.node.inputs[0].name for _, _, layer, _ in targets]
     outputs = [layer.node.outputs[0].name for _, _, layer, _ in targets]
-    names = extra_output_names(model, inputs + outputs)
-    sess = make_session(model, extra_outputs=names)
-    out_names = [o.name for o in sess.get_outputs()]
-    graph_inputs = {v.name for v in model.graph.inputs}
     rng = np.random.default_rng(opts.seed)
     grams: List[Optional[np.ndarray]] = [None] * len(targets)
     kept: List[list] = [[] for _ in targets]
     counts = [0] * len(targets)
     mismatch: List[str] = [""] * len(targets)
-    for i, feed in enumerate(samples):
-        arrays = dict(zip(out_names, sess.run(out_names, feed, where=f"calibration sample {i}")))
+    # one sample's inputs and outputs at a time (layer_inputs.stream_values); what is kept is a K x K Gram per
+    # target, or at most max_kept_rows rows when K > gram_max_k
+    for i, feed, arrays in stream_values(model, samples, inputs + outputs):
         for k, (node, spec, layer, r) in enumerate(targets):
             if mismatch[k]:
                 continue
-            name = layer.node.inputs[0].name
-            x = feed[name] if name in graph_inputs and name not in arrays else arrays[name]
-            x = np.asarray(x, np.float32)
+            x = np.asarray(arrays[layer.node.inputs[0].name], np.float32)
             try:
                 rows = layer.rows(x)
             except Exception as e:   # an attribute or shape not modelled

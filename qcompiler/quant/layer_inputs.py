@@ -10,6 +10,15 @@ are grouped by level: a layer's level is the number of optimised layers on its l
 all layers of one level (Q, K and V reading one LayerNorm) see the same partially quantized model and are
 captured by one pass over the samples. minilm: 36 layers in 24 levels.
 
+Streaming (`stream_values`): the one path every layer-wise pass uses to see values of the float model (adaround's
+Grams, cle's per-channel statistics, seq-mse's rows through `SequentialCapture`): one session with the wanted
+values as extra outputs, one `run` per sample, and the sample's arrays handed to the caller, who reduces them
+before the next sample is run. Memory: one sample's wanted values at a time (never samples x layer input size);
+what a caller keeps is its own, bounded by its own cap (adaround: `max_kept_rows`; seq-mse: `max_rows`). A graph
+input among the wanted names comes from the feed. smoothquant (passes/quantize/smoothquant.py) can do the same:
+`for i, feed, arrays in stream_values(model, samples, names, where="smoothquant sample"): ...` in place of its
+own `calibrate.make_session` loop.
+
 Only weights are quantized in the captured model (activations stay float, as in AIMET's SequentialMse): with
 8- or 16-bit activations the weight grid is what the optimisers can change. Memory is bounded: each captured
 input keeps at most `max_rows` rows (the leading dims flattened; a fixed-seed subsample spread evenly over at
@@ -26,6 +35,28 @@ LAYER_OPS = ("MatMul", "Gemm")
 MAX_ROWS = 4096        # rows kept per captured input (x K floats: 64 MB at K = 4096)
 MAX_SAMPLES = 128      # calibration samples the capture runs
 FLOAT_CACHE_BYTES = 512 << 20   # the float model's layer inputs kept from one pass (minilm: 264 MB of them)
+
+
+def stream_values(model, samples, names, where: str = "calibration sample", max_samples: Optional[int] = None,
+                  role: str = ""):
+    """Yield `(i, feed, {name: array})` per sample for the values `names` of `model` (an IR model), each
+    computed by ONE onnxruntime session built here (the wanted values are extra graph outputs; graph inputs
+    come from the feed; an unknown name is a KeyError in the caller). The arrays are the session's own; nothing
+    is kept between samples. A failed run is a DataError naming `where` and the sample index.
+    `max_samples`: stop after that many samples."""
+    from .calibrate import extra_output_names, make_session
+    names = list(dict.fromkeys(names))
+    graph_inputs = {v.name for v in model.graph.inputs}
+    run = [n for n in names if n not in graph_inputs]
+    sess = make_session(model, extra_outputs=extra_output_names(model, run), role=role) if run else None
+    for i, feed in enumerate(samples):
+        if max_samples is not None and i >= max_samples:
+            break
+        arrays = dict(zip(run, sess.run(run, feed, where=f"{where} {i}"))) if run else {}
+        for n in names:
+            if n in graph_inputs and n in feed:
+                arrays[n] = feed[n]
+        yield i, feed, arrays
 
 
 @dataclass
