@@ -293,19 +293,14 @@ def _float_for_others(ctx, x, others) -> bool:
 
 
 def _collect(ctx, names) -> dict:
-    """{name: RowReservoir} from one pass over ctx.samples."""
+    """{name: RowReservoir} from one pass over ctx.samples (layer_inputs.stream_values: the one capture path)."""
     from qcompiler.errors import DataError
-    from qcompiler.quant.calibrate import extra_output_names, make_session
-    inputs = {v.name for v in ctx.model.graph.inputs}
-    fetch = [name for name in names if name not in inputs]   # a graph input is read from the feed itself
-    sess = make_session(ctx.model, extra_outputs=extra_output_names(ctx.model, fetch)) if fetch else None
+    from qcompiler.quant.layer_inputs import stream_values
     out = {name: RowReservoir() for name in names}
     n = 0
-    for i, feed in enumerate(ctx.samples):
-        arrays = sess.run(fetch, feed, where=f"smoothquant sample {i}") if fetch else []
-        got = dict(zip(fetch, arrays))
+    for _, _, arrays in stream_values(ctx.model, ctx.samples, names, where="smoothquant sample"):
         for name in names:
-            a = got[name] if name in got else feed.get(name)
+            a = arrays.get(name)
             if a is None:
                 continue
             a = np.asarray(a)
