@@ -331,6 +331,13 @@ def assign_encodings(plan: QuantPlan, model, calib: CalibrationResult, scheme: s
             continue
         node = by_name[node_name]
         w = node.inputs[slot].const_value()
+        if not np.isfinite(w).all():
+            # NOTE: an inf/NaN weight has no grid; quantized it would saturate into a finite value and change
+            # what the model computes (and its output SQNR is not measurable): it stays as the model has it
+            bad = int(w.size - np.count_nonzero(np.isfinite(w)))
+            spec.float_(f"weight holds {bad} non-finite value(s) (inf/NaN): kept float as the model has it")
+            drop_cached(node.inputs[slot])
+            continue
         rb = spec.range_bits or spec.bits
         if spec.axis is not None:
             lo, hi = weight_range(w, spec.axis, scheme, rb, spec.symmetric)
