@@ -371,6 +371,12 @@ def _read_npy_header(f, path: str, key: str):
     return tuple(int(d) for d in shape), bool(fortran), np.dtype(dtype)
 
 
+# an .npz member that inflates more than this many times over, past this size, is refused: calibration arrays
+# compress a few times over (savez_compressed), a 1 MB file that inflates to 4M samples is a bomb
+MAX_INFLATE_RATIO = 500
+MAX_INFLATE_BYTES = 64 << 20
+
+
 def _npz_headers(path: str, what: str = KIND, wanted: "Optional[Mapping]" = None) -> dict:
     """`{key: _KeyInfo}` read from the .npy headers inside an .npz, without reading array data.
 
@@ -384,6 +390,9 @@ def _npz_headers(path: str, what: str = KIND, wanted: "Optional[Mapping]" = None
                 if not info.filename.endswith(".npy"):
                     raise DataError(f"{path}: member {_key(info.filename)} is not an .npy array")
                 key = info.filename[:-4]
+                if info.file_size > max(MAX_INFLATE_BYTES, MAX_INFLATE_RATIO * max(info.compress_size, 1)):
+                    raise DataError(f"{path}: member {_key(info.filename)} inflates {info.compress_size} bytes to "
+                                    f"{info.file_size} (over {MAX_INFLATE_RATIO}x: a zip bomb, not sample data)")
                 if wanted is not None and key not in wanted:
                     out[key] = None
                     continue
