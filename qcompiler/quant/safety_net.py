@@ -260,12 +260,12 @@ class _Trials:
         with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
             runs = pool.map(lambda item: self.sess.run(self.names, {**item[0], **feedx},
                                                        where="a safety-net trial"), kept)
-            for (_, ref), outs in zip(kept, runs):
+            for (feed, ref), outs in zip(kept, runs):
                 errs: Dict[str, OutputError] = {}
                 for n, a in zip(self.names, outs):
                     r = ref.get(n)
                     if r is not None and np.issubdtype(np.asarray(r).dtype, np.floating):
-                        errs.setdefault(n, OutputError()).update(r, a)
+                        errs.setdefault(n, OutputError()).update(r, a, feed)
                 out.append(errs)
         if per_sample:
             return out
