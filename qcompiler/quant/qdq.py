@@ -25,6 +25,11 @@
   unquantized), or an int8 value read by a Reshape only for its shape on trt. The values are the same either
   way (data movement keeps a value on its grid); the pinned pair is no quantizer of the plan: `remove_qdq`
   takes it out with its source pair, the encodings and the report do not list it.
+  The same break without data movement in our graph: onnxruntime's MatMulAddFusion turns a MatMul of a 3-D input
+  (static shape) read only by an Add into Reshape -> Gemm -> Reshape and propagation then runs over its Reshape
+  (trt: int8 activations, the bias Add left unquantized). A signed 8-bit DQ with zero point 0 read by such a
+  MatMul is written without its zero point (0 is the default, the int8 input gives the type): onnxruntime's Q
+  then carries none either and QDQS8ToU8 leaves the pair as it is.
 """
 from __future__ import annotations
 
@@ -307,14 +312,33 @@ def _pin_uses(out) -> list:
             (not u.is_graph_output and u.user.graph is g and not (u.user.op_type == "QuantizeLinear" and u.index == 0))]
 
 
+def _read_by_matmul_add(dq) -> bool:
+    """Does a MatMul read `dq`'s output as input 0 with an Add the only reader of its product (what
+    onnxruntime's MatMulAddFusion turns into Reshape -> Gemm -> Reshape for a 3-D input)?"""
+    for u in dq.outputs[0].uses():
+        if u.is_graph_output or u.index != 0 or u.user.op_type != "MatMul" or not u.user.outputs:
+            continue
+        out = u.user.outputs[0]
+        readers = out.uses() if out is not None else []
+        if len(readers) == 1 and not readers[0].is_graph_output and readers[0].user.op_type == "Add":
+            return True
+    return False
+
+
 def pin_propagated_grids(g, opset: int) -> int:
     """After each data-movement op (PROPAGATED_OPS) reading a signed 8-bit per-tensor DQ, a Q->DQ on that DQ's
-    grid (its own scale and zero point tensors), down chains of them; in `g` only (call it per body). Returns
-    how many pairs were written. Opset < 21: none (module docstring)."""
+    grid (its own scale and zero point tensors), down chains of them; such a DQ with zero point 0 read by a
+    MatMul whose product only an Add reads loses its zero point input. In `g` only (call it per body). Returns
+    how many pairs were written plus zero points dropped. Opset < 21: none (module docstring)."""
     if opset < PIN_FROM_OPSET:
         return 0
     work = [n for n in g.nodes if _signed8_per_tensor(n)]
     done = 0
+    for dq in list(work):
+        if _read_by_matmul_add(dq) and not np.any(np.asarray(dq.inputs[2].const_value())):
+            g.set_input(dq, 2, None)
+            work.remove(dq)
+            done += 1
     while work:
         dq = work.pop()
         for u in list(dq.outputs[0].uses()):
@@ -345,7 +369,7 @@ def pinned_pairs(dq) -> list:
             for w in (out.uses() if out is not None else []):
                 q = w.user
                 if w.is_graph_output or q.op_type != "QuantizeLinear" or PINNED not in q.name \
-                        or q.inputs[1] is not dq.inputs[1] or q.inputs[2] is not dq.inputs[2]:
+                        or q.inputs[1] is not dq.inputs[1]:
                     continue
                 qu = q.outputs[0].uses()
                 if len(qu) == 1 and not qu[0].is_graph_output and qu[0].user.op_type == "DequantizeLinear":
