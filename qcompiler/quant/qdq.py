@@ -16,6 +16,20 @@
   bias's s_in*s_w): float32 scales between Casts, Cast(to float32) -> Q -> DQ -> Cast(back), and a weight's or
   bias's DQ is followed by one Cast to the weight's type. Weights stored on their grid keep their float type.
   Every consumer reads the type it read in the float model.
+- Data movement after a signed 8-bit per-tensor DQ (opset >= 21): its output gets a Q->DQ of its own on the same
+  grid (same scale and zero point tensors), `pin_propagated_grids`. onnxruntime's QDQPropagationTransformer
+  would insert that pair itself, and since onnxruntime 1.32 (PR #28144) its Q carries `output_dtype` INT8; then
+  QDQS8ToU8Transformer (ORT_ENABLE_EXTENDED and up) turns the pair's zero point into uint8 and leaves the
+  attribute, and the session refuses the model ("output_dtype INT8 does not match y_zero_point type UINT8"):
+  K^T and V of attention on qnn_htp/aimet (symmetric, placement/dynamic_weights.py; data-movement outputs
+  unquantized), or an int8 value read by a Reshape only for its shape on trt. The values are the same either
+  way (data movement keeps a value on its grid); the pinned pair is no quantizer of the plan: `remove_qdq`
+  takes it out with its source pair, the encodings and the report do not list it.
+  The same break without data movement in our graph: onnxruntime's MatMulAddFusion turns a MatMul of a 3-D input
+  (static shape) read only by an Add into Reshape -> Gemm -> Reshape and propagation then runs over its Reshape
+  (trt: int8 activations, the bias Add left unquantized). A signed 8-bit DQ with zero point 0 read by such a
+  MatMul is written without its zero point (0 is the default, the int8 input gives the type): onnxruntime's Q
+  then carries none either and QDQS8ToU8 leaves the pair as it is.
 """
 from __future__ import annotations
 
@@ -264,10 +278,107 @@ def cast_ends(q, dq):
 
 
 def remove_qdq(g, q, dq) -> None:
-    """Take an activation Q→DQ pair out (and the Casts of the Cast route around it): its readers read the value."""
+    """Take an activation Q→DQ pair out (and the Casts of the Cast route around it, and the pairs pinned after
+    data movement on its grid: `pin_propagated_grids`): its readers read the value."""
+    for pq, pdq in reversed(pinned_pairs(dq)):
+        pdq.graph.substitute(pdq.outputs[0], pq.inputs[0], remove=[pdq, pq])
     x, out = cast_ends(q, dq)
     remove = [dq, q] if out is dq.outputs[0] else [out.producer, dq, q, q.inputs[0].producer]
     g.substitute(out, x, remove=remove)
+
+
+# onnxruntime's QDQPropagationTransformer carries a per-tensor DQ forward through these ops (input 0 to output
+# 0; qdq_propagation.cc CanNodePropagate), inserting Q->DQ after each
+PROPAGATED_OPS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Slice", "MaxPool"})
+PIN_FROM_OPSET = 21      # the propagated Q gets `output_dtype` from opset 21 on (onnxruntime PR #28144)
+PINNED = "_pinned"       # in the names of the pairs pin_propagated_grids writes
+
+
+def _signed8_per_tensor(dq) -> bool:
+    """Is `dq` a DequantizeLinear with constant per-tensor scale and a signed 8-bit zero point?"""
+    if dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") or len(dq.inputs) < 3:
+        return False
+    s, zp = dq.inputs[1], dq.inputs[2]
+    if s is None or zp is None or not s.is_constant() or not zp.is_constant() or dq.attr("block_size"):
+        return False
+    zv, sv = zp.const_value(), s.const_value()     # scalars (a per-channel one has one entry per channel)
+    return zv is not None and sv is not None and np.size(zv) == 1 and np.size(sv) == 1 \
+        and np.asarray(zv).dtype == np.int8
+
+
+def _pin_uses(out) -> list:
+    """The uses of data-movement output `out` that onnxruntime would give a propagated Q->DQ: every use in its
+    graph (node inputs and graph outputs) but a QuantizeLinear reading it."""
+    g = out.graph
+    return [u for u in out.uses()
+            if (u.is_graph_output and u.user is g) or
+            (not u.is_graph_output and u.user.graph is g and not (u.user.op_type == "QuantizeLinear" and u.index == 0))]
+
+
+def _read_by_matmul_add(dq) -> bool:
+    """Does a MatMul read `dq`'s output as input 0 with an Add the only reader of its product (what
+    onnxruntime's MatMulAddFusion turns into Reshape -> Gemm -> Reshape for a 3-D input)?"""
+    for u in dq.outputs[0].uses():
+        if u.is_graph_output or u.index != 0 or u.user.op_type != "MatMul" or not u.user.outputs:
+            continue
+        out = u.user.outputs[0]
+        readers = out.uses() if out is not None else []
+        if len(readers) == 1 and not readers[0].is_graph_output and readers[0].user.op_type == "Add":
+            return True
+    return False
+
+
+def pin_propagated_grids(g, opset: int) -> int:
+    """After each data-movement op (PROPAGATED_OPS) reading a signed 8-bit per-tensor DQ, a Q->DQ on that DQ's
+    grid (its own scale and zero point tensors), down chains of them; such a DQ with zero point 0 read by a
+    MatMul whose product only an Add reads loses its zero point input. In `g` only (call it per body). Returns
+    how many pairs were written plus zero points dropped. Opset < 21: none (module docstring)."""
+    if opset < PIN_FROM_OPSET:
+        return 0
+    work = [n for n in g.nodes if _signed8_per_tensor(n)]
+    done = 0
+    for dq in list(work):
+        if _read_by_matmul_add(dq) and not np.any(np.asarray(dq.inputs[2].const_value())):
+            g.set_input(dq, 2, None)
+            work.remove(dq)
+            done += 1
+    while work:
+        dq = work.pop()
+        for u in list(dq.outputs[0].uses()):
+            if u.is_graph_output or u.index != 0 or u.user.graph is not g or u.user.op_type not in PROPAGATED_OPS:
+                continue
+            out = u.user.outputs[0] if u.user.outputs else None
+            uses = _pin_uses(out) if out is not None else []
+            if not uses:
+                continue
+            q = g.insert_after(out, "QuantizeLinear", [dq.inputs[1], dq.inputs[2]], uses=uses,
+                               name=f"{out.name}{PINNED}_QuantizeLinear")
+            work.append(g.insert_after(q.outputs[0], "DequantizeLinear", [dq.inputs[1], dq.inputs[2]],
+                                       name=f"{out.name}{PINNED}_DequantizeLinear"))
+            done += 1
+    return done
+
+
+def pinned_pairs(dq) -> list:
+    """The (Q, DQ) pairs `pin_propagated_grids` wrote downstream of `dq` (on its scale and zero point tensors,
+    through data movement), nearest first."""
+    found, work = [], [dq]
+    while work:
+        d = work.pop(0)
+        for u in d.outputs[0].uses():
+            if u.is_graph_output or u.index != 0 or u.user.op_type not in PROPAGATED_OPS or not u.user.outputs:
+                continue
+            out = u.user.outputs[0]
+            for w in (out.uses() if out is not None else []):
+                q = w.user
+                if w.is_graph_output or q.op_type != "QuantizeLinear" or PINNED not in q.name \
+                        or q.inputs[1] is not dq.inputs[1]:
+                    continue
+                qu = q.outputs[0].uses()
+                if len(qu) == 1 and not qu[0].is_graph_output and qu[0].user.op_type == "DequantizeLinear":
+                    found.append((q, qu[0].user))
+                    work.append(qu[0].user)
+    return found
 
 
 def dequantizer_of(tail):
@@ -546,6 +657,10 @@ def apply_plan(model, plan: QuantPlan) -> Tuple[Dict[str, Encoding], Dict[str, E
                 touched.add(id(node.graph))
             insert_use_qdq(node.graph, node, slot, spec.encoding, float_elem(node.inputs[slot], dtypes), opset)
             acts[f"{node.inputs[slot].name}"] = spec.encoding
+    # 5. data movement after a signed 8-bit DQ: its own pair on the same grid (module docstring)
+    for sub in [g] + list(g.subgraphs(recursive=True)):
+        if pin_propagated_grids(sub, opset) and sub is not g:
+            touched.add(id(sub))
     g.toposort()
     for body in g.subgraphs(recursive=True):
         if id(body) in touched:

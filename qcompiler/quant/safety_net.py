@@ -502,7 +502,7 @@ def _one_pass(model, kept, quants, floor, wide_bits, no_wide, out: Outcome, tria
 
 
 def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
-    from .qdq import _qparams, remove_qdq
+    from .qdq import _qparams, pinned_pairs, remove_qdq
     g = model.graph
     for i, choice, before, after, n in ((i, c, b, a, len(grp)) for grp, c, b, a in fixes for i in grp):
         z = quants[i]
@@ -514,13 +514,15 @@ def _apply(model, plan, acts, quants, fixes, wide_bits, out: Outcome) -> None:
             enc = _wide_encoding(z.enc, wide_bits)
             scale, zp = _qparams(g, enc, f"{z.key}_wide", np.asarray(z.q.inputs[1].const_value()).dtype)
             old = list(z.q.inputs[1:3])
-            for node in (z.q, z.dq):
+            pinned = [n for pair in pinned_pairs(z.dq) for n in pair]   # pairs on its grid after data movement
+            for node in (z.q, z.dq, *pinned):
                 g.set_input(node, 1, scale)
                 g.set_input(node, 2, zp)
             g.drop_if_unused(old)
             # the Q output's declared type was the 8-bit storage type: onnxruntime refused the widened model
             # (uint8 declared, uint16 produced); the new type follows from the zero point
-            z.q.outputs[0].type = None
+            for node in (z.q, *pinned[::2]):
+                node.outputs[0].type = None
             acts[z.key] = enc
             spec = plan.values.get(z.key)
             if spec is not None:
