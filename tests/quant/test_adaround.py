@@ -245,7 +245,8 @@ def test_bias_correction_after_adaround_corrects_the_learned_weights():
     """b' = b - (W_q - W)·E[x] with W_q the learned integers' values, not round-to-nearest's."""
     proto, shape = _gemm_model(np.random.default_rng(0), 1)
     feeds = _feeds(shape)
-    res = quantize(proto, feeds, weight_bits=4, recipe="adaround,bias-correction", min_sqnr=float("-inf"), optimize="accuracy")
+    res = quantize(proto, feeds, weight_bits=4, recipe="adaround,bias-correction", min_sqnr=float("-inf"),
+                   optimize="accuracy")
     assert [n for n in res.report["pipeline"] if n in ("adaround", "bias-correction")] == ["adaround",
                                                                                            "bias-correction"]
     q = model_to_proto(res.model)

@@ -227,7 +227,8 @@ def test_lstm_and_gru_weights_per_gate_channel():
                                                          ("rg", rg), ("bg", bg))] + [init("ax1", np.array([1]))]
     proto = make_model(nodes, [tinfo("x", [S, 1, I])], [tinfo("y", [S, 1, H]), tinfo("hl", [1, 1, H])], inits)
     # explicit weight DQ (ort_cpu stores LSTM/GRU weights prefolded: test_quantize_latency_shape.py)
-    res = quantize(proto, samples([S, 1, I], 8), target={"base": "ort_cpu", "prefold_unfused_weight_dq": False}, optimize="accuracy")
+    res = quantize(proto, samples([S, 1, I], 8), target={"base": "ort_cpu", "prefold_unfused_weight_dq": False},
+                   optimize="accuracy")
     q = check_runs_and_sqnr(proto, res, samples([S, 1, I], 3))
     for w, rows in (("wl", 4 * H), ("rl", 4 * H), ("wg", 3 * H), ("rg", 3 * H)):
         (dq,) = dq_nodes_reading(q, w + "_quantized")

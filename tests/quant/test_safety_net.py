@@ -163,7 +163,8 @@ def test_safety_net_reaches_the_floor_across_shapes(mean, d, target, tmp_path):
     m, x = ln_moments_model(d=d, mean=mean)
     feeds = [{"x": s} for s in x]
     cfg = load_config(str(tmp_path / "cfg.yaml"))
-    before = quantize(m, feeds, config=cfg, target=target, min_sqnr=OFF, optimize="accuracy").report["output_sqnr_db"]["y"]
+    before = quantize(m, feeds, config=cfg, target=target, min_sqnr=OFF,
+                      optimize="accuracy").report["output_sqnr_db"]["y"]
     rep = quantize(m, feeds, config=cfg, target=target, optimize="accuracy").report
     assert before < DEFAULT_MIN_SQNR_DB <= rep["output_sqnr_db"]["y"], (before, rep["safety_net"])
     assert rep["safety_net"]["seconds"] < 5 and rep["below_floor"] == []

@@ -1,4 +1,5 @@
-"""The size rule (`--optimize latency`): an integer region too small to pay for its border stays float.
+"""The size rule (`--optimize latency`, and `balanced` at float-Conv borders only): an integer region too small to
+pay for its border stays float.
 
 On onnxruntime's CPU EP a QLinearConv runs in NHWC (Transposes around it) and needs a QuantizeLinear before it
 and a DequantizeLinear after it, while the float Conv next to it runs in NCHWc and fuses its activation. A
@@ -7,6 +8,8 @@ its multiply-accumulates per call must reach the fusion table's `min_macs` (ort_
 its border (`small_regions`). The nodes of a region below it are judged "float kernel" by placement
 (float_regions._Kernels.size_rule), so their Q/DQ pairs go with the rest of the float region's. digits_cnn (one
 region, 2.3 M MACs, 2 borders) stays integer; ppocr_cls's islands between float HardSwish Convs go float.
+Under `balanced` (`layout_only`) a border counts only with a float Conv across it (through its elementwise
+activation), never a graph input or output: tiny models keep their one integer region, islands still go.
 
 Multiply-accumulates per call = output elements per call (calibration's observer count over the number of
 calibration runs, `calls` in the stats) x the reduction length read from the weight's dims (never its values):
