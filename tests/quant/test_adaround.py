@@ -218,7 +218,7 @@ def test_mixed_precision_plan_keeps_each_layers_bits():
     proto = _two_convs()
     feeds = _feeds((1, 3, 8, 8), 8)
     cfg = parse_config({"rules": [{"match": {"name": "conv1"}, "weights": {"bits": 4}}]})
-    res = quantize(proto, feeds, config=cfg, recipe="adaround", min_sqnr=float("-inf"))
+    res = quantize(proto, feeds, config=cfg, recipe="adaround", min_sqnr=float("-inf"), optimize="accuracy")
     per = _stats(res)["per_layer"]
     assert per["conv1"]["bits"] == 4 and per["conv2"]["bits"] == 8
     assert all(v["loss"] <= v["loss_nearest"] for v in per.values())
@@ -245,7 +245,8 @@ def test_bias_correction_after_adaround_corrects_the_learned_weights():
     """b' = b - (W_q - W)·E[x] with W_q the learned integers' values, not round-to-nearest's."""
     proto, shape = _gemm_model(np.random.default_rng(0), 1)
     feeds = _feeds(shape)
-    res = quantize(proto, feeds, weight_bits=4, recipe="adaround,bias-correction", min_sqnr=float("-inf"))
+    res = quantize(proto, feeds, weight_bits=4, recipe="adaround,bias-correction", min_sqnr=float("-inf"),
+                   optimize="accuracy")
     assert [n for n in res.report["pipeline"] if n in ("adaround", "bias-correction")] == ["adaround",
                                                                                            "bias-correction"]
     q = model_to_proto(res.model)

@@ -79,5 +79,5 @@ def test_unmasked_scores_stay_8_bit():
     m, feeds = _attention(-1e4, False)
     for f in feeds:
         f["mask"][:] = 1
-    res = quantize(m, feeds, progress=False, min_sqnr=float("-inf"))
+    res = quantize(m, feeds, progress=False, min_sqnr=float("-inf"), optimize="accuracy")
     assert res.report["quantized_activations"]["scores"]["bits"] == 8

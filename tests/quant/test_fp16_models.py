@@ -144,7 +144,8 @@ def test_ort_cpu_computes_in_float32(family, opset, io):
     integer kernels) and keeps its float16 inputs and outputs; no float16 Q/DQ, and Casts only at the edges (one
     more pair for a float16 input, whose own Q/DQ stays float16)."""
     m, feeds = build(family, opset, io)
-    res = quantize(m, feeds, opset=opset, progress=False)
+    # every Q/DQ kept (--optimize accuracy): their types are what is checked
+    res = quantize(m, feeds, opset=opset, progress=False, optimize="accuracy")
     q = _proto(res)
     _check(m, q, feeds[-3:], FLOOR_8BIT_DB)
     assert _scale_types(q) - {T.FLOAT} == ({T.FLOAT16} if io == "fp16" and opset >= 19 else set())

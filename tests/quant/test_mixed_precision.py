@@ -313,7 +313,7 @@ def test_budget_holds_on_fresh_samples_when_the_calibration_set_is_tiny(budget, 
 
     def fresh_drop():
         r = quantize(proto, calib, max_drop=budget, metric=_mean_cosine, executor=SerialExecutor(),
-                     min_sqnr=float("-inf"))
+                     min_sqnr=float("-inf"), optimize="accuracy")
         ref, got = _drop_on(proto, r.model, fresh)
         return r.report["mixed_precision"], 1.0 - _mean_cosine(got, ref)
     mp, drop = fresh_drop()

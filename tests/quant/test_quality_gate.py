@@ -68,7 +68,8 @@ def test_default_floor_passes_a_healthy_model(tmp_path):
 def test_the_unrecognised_normalization_passes_after_the_safety_net(tmp_path):
     mp, dp = _files(tmp_path, ln=True)
     (tmp_path / "cfg.yaml").write_text("supergroups: false\n")
-    r = CliRunner().invoke(main, _args(tmp_path, mp, dp, "--config", str(tmp_path / "cfg.yaml")))
+    r = CliRunner().invoke(main, _args(tmp_path, mp, dp, "--config", str(tmp_path / "cfg.yaml"),
+                                       "--optimize", "accuracy"))
     assert r.exit_code == 0 and "warning" not in r.stderr, r.output
     rep = json.loads((tmp_path / "r.json").read_text())
     assert rep["safety_net"]["changed"] and rep["below_floor"] == []

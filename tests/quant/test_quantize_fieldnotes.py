@@ -173,7 +173,7 @@ def test_integer_index_path_next_to_float_path():
              init("axes", np.array([0], np.int64)), init("m1", np.array([-1], np.int64))]
     proto = make_model(nodes, [tinfo("ids", [4], T.INT64)], [tinfo("y", [4, 8])], inits)
     data = [{"ids": np.random.default_rng(i).integers(0, 10, 4).astype(np.int64)} for i in range(8)]
-    res = quantize(proto, data)
+    res = quantize(proto, data, optimize="accuracy")
     q = check_runs_and_sqnr(proto, res, data[:3])
     ints = {"ids", "shp", "n", "n1", "newshape"}
     assert not ints & quantized_value_names(q)
@@ -227,7 +227,8 @@ def test_lstm_and_gru_weights_per_gate_channel():
                                                          ("rg", rg), ("bg", bg))] + [init("ax1", np.array([1]))]
     proto = make_model(nodes, [tinfo("x", [S, 1, I])], [tinfo("y", [S, 1, H]), tinfo("hl", [1, 1, H])], inits)
     # explicit weight DQ (ort_cpu stores LSTM/GRU weights prefolded: test_quantize_latency_shape.py)
-    res = quantize(proto, samples([S, 1, I], 8), target={"base": "ort_cpu", "prefold_unfused_weight_dq": False})
+    res = quantize(proto, samples([S, 1, I], 8), target={"base": "ort_cpu", "prefold_unfused_weight_dq": False},
+                   optimize="accuracy")
     q = check_runs_and_sqnr(proto, res, samples([S, 1, I], 3))
     for w, rows in (("wl", 4 * H), ("rl", 4 * H), ("wg", 3 * H), ("rg", 3 * H)):
         (dq,) = dq_nodes_reading(q, w + "_quantized")

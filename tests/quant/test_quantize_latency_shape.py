@@ -62,8 +62,8 @@ def _same_outputs(a, b, feeds):
 
 def test_lstm_gru_weights_prefolded_and_bit_identical():
     proto, shape = _rnn_model()
-    fast = quantize(proto, samples(shape, 8))
-    slow = quantize(proto, samples(shape, 8), target=EXPLICIT)
+    fast = quantize(proto, samples(shape, 8), optimize="accuracy")
+    slow = quantize(proto, samples(shape, 8), target=EXPLICIT, optimize="accuracy")
     pf, ps = model_to_proto(fast.model), model_to_proto(slow.model)
     assert "LSTM" not in _dq_weight_readers(pf) and "GRU" not in _dq_weight_readers(pf)
     assert _dq_weight_readers(ps)["LSTM"] == 2 and _dq_weight_readers(ps)["GRU"] == 2
@@ -79,8 +79,8 @@ def test_lstm_gru_weights_prefolded_and_bit_identical():
 
 def test_fused_conv_keeps_dq_unfused_conv_prefolded():
     proto, shape = _conv_model()
-    fast = quantize(proto, samples(shape, 8))
-    slow = quantize(proto, samples(shape, 8), target=EXPLICIT)
+    fast = quantize(proto, samples(shape, 8), optimize="accuracy")
+    slow = quantize(proto, samples(shape, 8), target=EXPLICIT, optimize="accuracy")
     pf, ps = model_to_proto(fast.model), model_to_proto(slow.model)
     assert set(fast.report["prefolded_params"]) == {"w2"}                  # c2: no Q after it (HardSwish)
     assert _dq_weight_readers(pf) == {"Conv": 1} and _dq_weight_readers(ps) == {"Conv": 2}

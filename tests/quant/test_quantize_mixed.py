@@ -54,7 +54,7 @@ def _check(res, proto):
 
 def test_w4a8_w8a8_w8a16_and_float_bn():
     proto = _model()
-    res = quantize(proto, _feeds(16, 1), config=_config({"keep_float": True}))
+    res = quantize(proto, _feeds(16, 1), config=_config({"keep_float": True}), optimize="accuracy")
     q = _check(res, proto)
     assert q.opset_import[0].version >= 21
     layers = res.report["layers"]

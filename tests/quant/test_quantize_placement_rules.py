@@ -86,7 +86,7 @@ def _stacked_rnn_model():
 
 def test_no_second_quantizer_on_data_movement_read_by_float_kernels_or_shape():
     proto = _stacked_rnn_model()
-    res = quantize(proto, samples((1, S, I)))
+    res = quantize(proto, samples((1, S, I)), optimize="accuracy")
     q = model_to_proto(res.model)
     onnx.checker.check_model(q)
     quantized = _quantized_inputs(q)

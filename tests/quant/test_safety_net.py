@@ -88,10 +88,10 @@ def test_the_normalization_is_left_unrecognised_by_the_config(ln_files):
 
 def test_safety_net_widens_the_cancelling_quantizers_on_ort_cpu(ln_files, tmp_path):
     mp, dp, cp, x = ln_files
-    before = quantize(mp, dp, config=cp, min_sqnr=OFF)
+    before = quantize(mp, dp, config=cp, min_sqnr=OFF, optimize="accuracy")
     s0 = before.report["output_sqnr_db"]["y"]
     assert s0 < DEFAULT_MIN_SQNR_DB and before.report["safety_net"]["triggered"] is False
-    res = quantize(mp, dp, config=cp)
+    res = quantize(mp, dp, config=cp, optimize="accuracy")
     rep = res.report
     s1 = rep["output_sqnr_db"]["y"]
     assert s1 >= DEFAULT_MIN_SQNR_DB > s0, (s0, s1)
@@ -144,7 +144,7 @@ def test_trial_cap_bounds_the_cost(ln_files, monkeypatch):
         real(self, *a, **k)
     monkeypatch.setattr(safety_net, "MAX_TRIALS", 3)
     monkeypatch.setattr(safety_net._Trials, "__init__", spy)
-    rep = quantize(mp, dp, config=cp).report
+    rep = quantize(mp, dp, config=cp, optimize="accuracy").report
     assert rep["safety_net"]["trials"] <= 3 and len(made) == 1
 
 
@@ -163,7 +163,8 @@ def test_safety_net_reaches_the_floor_across_shapes(mean, d, target, tmp_path):
     m, x = ln_moments_model(d=d, mean=mean)
     feeds = [{"x": s} for s in x]
     cfg = load_config(str(tmp_path / "cfg.yaml"))
-    before = quantize(m, feeds, config=cfg, target=target, min_sqnr=OFF).report["output_sqnr_db"]["y"]
-    rep = quantize(m, feeds, config=cfg, target=target).report
+    before = quantize(m, feeds, config=cfg, target=target, min_sqnr=OFF,
+                      optimize="accuracy").report["output_sqnr_db"]["y"]
+    rep = quantize(m, feeds, config=cfg, target=target, optimize="accuracy").report
     assert before < DEFAULT_MIN_SQNR_DB <= rep["output_sqnr_db"]["y"], (before, rep["safety_net"])
     assert rep["safety_net"]["seconds"] < 5 and rep["below_floor"] == []

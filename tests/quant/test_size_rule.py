@@ -47,9 +47,11 @@ def test_a_big_conv_relu_chain_runs_integer_and_a_tiny_one_stays_float_without_q
     assert not any(n.integer for n in kr.nodes)
     assert not kr.runtime_qdq, kr.runtime_qdq                      # no Q/DQ pair left to cost time
     assert not res.report.get("prefolded_params")                  # float kernels read float weights
-    # balanced (the default) and accuracy keep every 8-bit quantizer: the cost rules are latency's
+    # balanced (the default) and accuracy keep a model's one integer region whatever its size: under balanced
+    # only a border with a float Conv counts (tests below), never a graph input or output
     for opt in ("balanced", "accuracy"):
-        assert kernel_report(quantize(m, cal, optimize=opt).model).runtime_qdq
+        kr = kernel_report(quantize(m, cal, optimize=opt).model)
+        assert kr.runtime_qdq and all(n.integer for n in kr.nodes)
 
 
 def test_macs_per_call_from_the_statistics_and_the_weight_dims():
@@ -77,7 +79,7 @@ def test_an_elementwise_unit_between_float_ops_gets_no_qdq():
     assert not kr.runtime_qdq, kr.runtime_qdq
 
 
-def test_an_lstm_gets_no_qdq_pair_under_latency():
+def test_an_lstm_gets_no_qdq_pair_and_balanced_keeps_its_weights_on_their_grid():
     rng = np.random.default_rng(2)
     h, i = 16, 8
     inits = [numpy_helper.from_array((rng.standard_normal((1, 4 * h, i)) * 0.2).astype(np.float32), "W"),
@@ -87,7 +89,11 @@ def test_an_lstm_gets_no_qdq_pair_under_latency():
     cal = [{"x": rng.standard_normal((5, 1, i)).astype(np.float32)} for _ in range(4)]
     kr = kernel_report(quantize(m, cal, optimize="latency").model)
     assert not kr.runtime_qdq, kr.runtime_qdq
-    assert kernel_report(quantize(m, cal).model).runtime_qdq           # balanced keeps them (test_corpus_targets)
+    res = quantize(m, cal)          # balanced: no Q/DQ pair either (no integer kernel for LSTM on ort_cpu), but
+    assert not kernel_report(res.model).runtime_qdq, kernel_report(res.model).runtime_qdq
+    for w in ("W", "R"):            # the weights stay 8-bit per channel, stored on their grid (test_corpus_targets)
+        assert res.report["quantized_params"][w]["bits"] == 8 and w in res.report["prefolded_params"]
+    assert not quantize(m, cal, optimize="latency").report.get("prefolded_params")     # latency: float weights
 
 
 @pytest.mark.parametrize("bad", [-1, True, "big", 1.5])
@@ -96,3 +102,48 @@ def test_a_bad_min_macs_is_one_config_error(bad):
                                                       "kernel": "QLinearConv", "min_macs": bad}]}
     with pytest.raises(ConfigError, match="min_macs"):
         parse_fusions(doc, "t.yaml")
+
+
+def _island(c, hw, seed=4):
+    """Conv -> HardSwish (a float Conv unit on ort_cpu) -> Conv -> Relu (an integer island) -> Conv -> HardSwish."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) * 0.2).astype(np.float32), f"w{i}")
+             for i in range(3)]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c0"], ["h0"], name="hs0"),
+             helper.make_node("Conv", ["h0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("HardSwish", ["c2"], ["y"], name="hs2")]
+    m = make_model(nodes, [tinfo("x", [1, c, hw, hw])], [tinfo("y", [1, c, hw, hw])], inits, opset=14)
+    cal = [{"x": rng.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(4)]
+    return m, cal
+
+
+def test_balanced_sends_a_small_island_between_float_convs_float_and_keeps_a_big_one():
+    m, cal = _island(4, 8)                  # conv1: 9 k MACs, 2 borders with float Convs
+    kr = kernel_report(quantize(m, cal).model)
+    assert not any(n.integer for n in kr.nodes) and not kr.runtime_qdq, kr.runtime_qdq
+    m, cal = _island(16, 48)                # conv1: 5.3 M MACs >= 2 x 500 k
+    kr = kernel_report(quantize(m, cal).model)
+    assert {n.node: n.integer for n in kr.nodes}.get("conv1") is True
+    # accuracy keeps every quantizer, small island or not
+    m, cal = _island(4, 8)
+    assert kernel_report(quantize(m, cal, optimize="accuracy").model).runtime_qdq
+
+
+def test_balanced_counts_no_border_at_a_float_op_that_is_no_conv():
+    """Conv+Relu whose output goes to a graph output and a float ConvTranspose: no layout border, so the small
+    region stays integer under balanced (latency sends it float)."""
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array((rng.standard_normal((4, 2, 3, 3)) * 0.3).astype(np.float32), "wc"),
+             numpy_helper.from_array((rng.standard_normal((4, 3, 2, 2)) * 0.3).astype(np.float32), "wt")]
+    nodes = [helper.make_node("Conv", ["x", "wc"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("ConvTranspose", ["r", "wt"], ["z"], name="convt", group=2, strides=[2, 2])]
+    m = make_model(nodes, [tinfo("x", [1, 2, 4, 4])], [tinfo("z", [1, 6, 8, 8])], inits, opset=13)
+    cal = [{"x": rng.standard_normal((1, 2, 4, 4)).astype(np.float32)} for _ in range(4)]
+    kr = kernel_report(quantize(m, cal).model)
+    assert {n.node: n.integer for n in kr.nodes}["conv"] is True
+    kr = kernel_report(quantize(m, cal, optimize="latency").model)
+    assert not any(n.integer for n in kr.nodes)

@@ -108,8 +108,8 @@ def reference_fold(model, profile):
 
 
 def _compare(proto, calib, feeds, **kw):
-    new = quantize(proto, calib, **kw)
-    old = quantize(proto, calib, target=EXPLICIT, **kw)
+    new = quantize(proto, calib, **kw, optimize="accuracy")
+    old = quantize(proto, calib, target=EXPLICIT, **kw, optimize="accuracy")
     from qcompiler.quant.profiles import get_profile
     expected = reference_fold(old.model, get_profile("ort_cpu"))
     assert new.report["prefolded_params"] == expected

@@ -78,9 +78,9 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
         table = load_fusions(profile.fusions)
         sized = {op for r in table.fusions if r.min_macs for op in r.ops}
         plan.node_macs = node_macs(g, stats, sized) if sized else {}
-        fast = opts.optimize == "latency"     # the cost rules and every pair out: latency only (see float_regions)
-        drop_float_region_quantizers(plan, g, table, everywhere=fast,  # then quant/latency_search.py
-                                     narrow=fast, cost=fast)
+        fast = opts.optimize == "latency"     # narrowing and the latency search: latency only (see float_regions)
+        drop_float_region_quantizers(plan, g, table, everywhere=True,  # then quant/latency_search.py
+                                     narrow=fast, cost=opts.optimize)
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

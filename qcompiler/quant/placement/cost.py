@@ -1,4 +1,5 @@
-"""The size rule (`--optimize latency`): an integer region too small to pay for its border stays float.
+"""The size rule (`--optimize latency`, and `balanced` at float-Conv borders only): an integer region too small to
+pay for its border stays float.
 
 On onnxruntime's CPU EP a QLinearConv runs in NHWC (Transposes around it) and needs a QuantizeLinear before it
 and a DequantizeLinear after it, while the float Conv next to it runs in NCHWc and fuses its activation. A
@@ -7,6 +8,8 @@ its multiply-accumulates per call must reach the fusion table's `min_macs` (ort_
 its border (`small_regions`). The nodes of a region below it are judged "float kernel" by placement
 (float_regions._Kernels.size_rule), so their Q/DQ pairs go with the rest of the float region's. digits_cnn (one
 region, 2.3 M MACs, 2 borders) stays integer; ppocr_cls's islands between float HardSwish Convs go float.
+Under `balanced` (`layout_only`) a border counts only with a float Conv across it (through its elementwise
+activation), never a graph input or output: tiny models keep their one integer region, islands still go.
 
 Multiply-accumulates per call = output elements per call (calibration's observer count over the number of
 calibration runs, `calls` in the stats) x the reduction length read from the weight's dims (never its values):
@@ -95,12 +98,41 @@ def node_macs(g, stats: Dict[str, dict], ops) -> Dict[str, float]:
     return out
 
 
-def small_regions(k, g) -> set:
+# `--optimize balanced`: the float ops across a border that make it cost a layout change (onnxruntime runs a float
+# Conv in NCHWc and a QLinearConv in NHWC: reorders and Transposes at every such border, besides the Q or DQ)
+LAYOUT_OPS = {"Conv"}
+# float ops looked through (each way) for one of LAYOUT_OPS: the activation of a float Conv unit (HardSwish,
+# ppocr_cls's decomposed Add/Clip/Mul/Div) runs in its layout
+_LAYOUT_THROUGH = SAME_SIZE | {"Clip", "HardSigmoid"}
+
+
+def _near_layout_op(node, downstream: bool, depth: int = 0) -> bool:
+    """Is `node` (a float op at a region's border) a LAYOUT_OPS op, or reached from/into one through at most 4
+    elementwise ops?"""
+    if node is None:
+        return False
+    if node.op_type in LAYOUT_OPS:
+        return True
+    if depth >= 4 or node.op_type not in _LAYOUT_THROUGH:
+        return False
+    if downstream:
+        return any(_near_layout_op(u.user, True, depth + 1) for o in node.outputs if o is not None
+                   for u in o.uses() if not u.is_graph_output and u.user.graph is node.graph)
+    return any(x is not None and x.producer is not None and x.producer.graph is node.graph
+               and _near_layout_op(x.producer, False, depth + 1) for x in node.inputs)
+
+
+def small_regions(k, g, layout_only: bool = False) -> set:
     """ids of the main-graph nodes whose integer region is too small to pay for its border: a region is a set
     of integer kernels joined by quantized values (directly, through the Relu/Clip a unit absorbs, or through
     ops whose Q/DQ the runtime drops); it
     pays when its multiply-accumulates per call reach `min_macs` for each Q or DQ at its border (each value
     entering it from a float op or a graph input, each value leaving it to a float op or a graph output).
+
+    `layout_only` (`--optimize balanced`): only a border with a float Conv across it counts (LAYOUT_OPS: the
+    layout change is the cost that sinks small islands), never a graph input or output, a Q or DQ next to a
+    float Gemm, Flatten or Add: a model's integer kernels go float only where they are islands between float
+    Convs (ppocr_cls, MobileNet-style HardSwish blocks); tiny models keep their integer kernels and Q/DQ.
 
     `k` is float_regions._Kernels judging without the rule. A region whose kernels have no known size (an
     activation x activation MatMul) is kept; one of elementwise units only (`inputs_from_integer` records) has
@@ -123,7 +155,7 @@ def small_regions(k, g) -> set:
         out = []
         if v is None:
             return out
-        if v.is_output_of_any_graph():
+        if v.is_output_of_any_graph() and not layout_only:
             out.append(None)
         for u in v.uses():
             if u.is_graph_output:
@@ -134,7 +166,7 @@ def small_regions(k, g) -> set:
             elif depth < 8 and r.graph is g and u.index == 0 and r.outputs and (
                     k.rule(r, "drop_qdq") is not None or r.op_type in k.through):   # Relu/Clip the unit absorbs
                 out.extend(readers(r.outputs[0], depth + 1))
-            else:
+            elif not layout_only or _near_layout_op(r, True):
                 out.append(None)
         return out
 
@@ -152,12 +184,15 @@ def small_regions(k, g) -> set:
             use = k.plan.uses.get((n.name, slot))
             if v is None or (use is not None and use.kind in ("weight", "bias")) or v.is_constant():
                 continue
-            p = v.producer
+            p, x = v.producer, v
             for _ in range(8):          # back through data movement to the kernel that wrote it
                 if p is None or id(p) in ids or p.graph is not g or not p.inputs or (
                         k.rule(p, "drop_qdq") is None and p.op_type not in k.through):
                     break
-                p = p.inputs[0].producer if p.inputs[0] is not None else None
+                x = p.inputs[0]
+                p = x.producer if x is not None else None
+            if layout_only and not _near_layout_op(p, False):
+                continue                # balanced: a graph input or a float op that is no Conv is no border
             if p is None or id(p) not in ids:
                 border[id(n)] = border.get(id(n), 0) + 1
     macs, known, need, crossings, products = {}, {}, {}, {}, set()

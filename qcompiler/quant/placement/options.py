@@ -13,9 +13,10 @@ class PlacementOptions:
         self.weight_block = weight_block
         self.act_symmetric, self.weight_symmetric = act_symmetric, weight_symmetric
         self.config, self.supergroups = config, supergroups
-        # accuracy keeps every quantizer; balanced (default) drops 16-bit ones with no integer-kernel neighbour
-        # on a target whose fusions are known; latency applies the table's cost rules and drops every one with
-        # no integer-kernel neighbour and the weights of float kernels (float_regions.py, cost.py)
+        # accuracy keeps every quantizer; balanced (default) drops, on a target whose fusions are known, every
+        # 8-bit or widened quantizer with no integer-kernel neighbour and sends integer islands too small for
+        # their borders with float Convs float, weights kept on their grid; latency applies the table's cost
+        # rules everywhere and floats the weights of float kernels too (float_regions.py, cost.py)
         self.optimize = optimize
 
 
