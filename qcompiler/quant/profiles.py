@@ -21,6 +21,14 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
 - `wide_activation_bits`: grid used instead of float for activations whose bulk 8 bits cannot resolve
   (field notes §6); None keeps them float (TensorRT has no int16 activations).
 - `fused_activations`: (producer op, activation op) pairs treated as one unit: no quantizer between them.
+- `split_fused_above_macs`: activation op -> multiply-accumulates per call of its producer from which the pair is
+  NOT one unit: the activation gets a QDQ unit of its own so the producer runs its integer kernel (ort_cpu: no
+  QLinearConv absorbs HardSwish, so a Conv+HardSwish unit ran a float Conv at any size; a chain of 3 Convs C->C 3x3
+  + HardSwish, split / float: 0.65x at 1.8 M MACs each, 0.43x at 7.2 M, 0.33x at 116 M, while fused stays 1.0x).
+  Below it the pair stays one float unit. NOTE: 8 M is tuned, not derived: inside MobileNet-style blocks (a 1x1
+  expand Conv between float depthwise Convs) splitting at 2 M made benchmarks/bench_latency.py's mobilenet_like
+  1.28x float (layout changes at every border); 8 M splits none of its Convs (0.96x) and every dense Conv from
+  about 32 channels at 28x28 up.
 - `bias_add_ops`: linear ops whose product, read only by an Add of a constant (an exported Linear's bias),
   goes on to that Add unquantized (the runtime takes the bias into the kernel; placement._mark_bias_adds).
 - `per_block_weight_bits`: weight bit widths that may be per-block (default 4 and 8); others fall back to
@@ -94,6 +102,7 @@ PROFILES: dict = {
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": _FIXED,
         "fused_activations": _FUSED,
+        "split_fused_above_macs": {"HardSwish": 8000000},
         "bias_add_ops": ["MatMul", "Gemm"],
         # anchors B, checked on ORT 1.31: Conv->QLinearConv needs an output Q (Relu/Clip before it fold into
         # the Q); MatMul->MatMulIntegerToFloat and Gemm->QGemm take a float output; int16 inputs never fuse
@@ -217,6 +226,7 @@ class Profile:
     fixed_output_range: Dict[str, Tuple[float, float]] = field(default_factory=dict)
     wide_activation_bits: Optional[int] = None
     fused_activations: Tuple[Tuple[str, str], ...] = ()
+    split_fused_above_macs: Dict[str, int] = field(default_factory=dict)
     bias_add_ops: Tuple[str, ...] = ()
     per_block_weight_bits: Tuple[int, ...] = (4, 8)
     prefold_unfused_weight_dq: bool = False
@@ -401,6 +411,9 @@ def check_profile(p: dict, source: str = "profile") -> Profile:
             lo, hi = c.number(r[0], w), c.number(r[1], w)
             if not lo < hi:
                 raise c.err(w, "min must be below max")
+    for op, m in c.mapping(p.get("split_fused_above_macs", {}), "split_fused_above_macs").items():
+        if isinstance(m, bool) or not isinstance(m, int) or m < 0:
+            raise c.err(f"split_fused_above_macs.{_key(op)}", f"expected a whole number >= 0, got {short(m)}")
     if "fused_activations" in p:
         fa = p["fused_activations"]
         if not isinstance(fa, list) or not all(isinstance(x, list) and len(x) == 2
@@ -433,6 +446,7 @@ def _typed(p: dict) -> Profile:
         wide_activation_bits=p.get("wide_activation_bits"), fusions=p.get("fusions"),
         float16_compute=p.get("float16_compute", "float32"),
         fused_activations=tuple(tuple(pair) for pair in p.get("fused_activations", ())),
+        split_fused_above_macs={op: int(m) for op, m in p.get("split_fused_above_macs", {}).items()},
         per_block_weight_bits=tuple(p.get("per_block_weight_bits", (4, 8))),
         integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},
         **{k: tuple(p[k]) for k in _NAME_LISTS if k in p}, **{k: p[k] for k in _BOOLS if k in p})

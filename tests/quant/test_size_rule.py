@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from onnx import helper, numpy_helper
+from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.errors import ConfigError
+from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.api import quantize
 from qcompiler.quant.fusions import load_fusions, parse_fusions
 from qcompiler.quant.kernels import kernel_report
@@ -147,3 +148,37 @@ def test_balanced_counts_no_border_at_a_float_op_that_is_no_conv():
     assert {n.node: n.integer for n in kr.nodes}["conv"] is True
     kr = kernel_report(quantize(m, cal, optimize="latency").model)
     assert not any(n.integer for n in kr.nodes)
+
+
+def _conv_hardswish_chain(c, hw):
+    r = np.random.default_rng(0)
+    nodes, inits, x = [], [], "x"
+    for i in range(3):
+        inits += [numpy_helper.from_array((r.standard_normal((c, c, 3, 3)) / np.sqrt(9 * c)).astype(np.float32),
+                                          f"w{i}"),
+                  numpy_helper.from_array((r.standard_normal(c) * 0.1).astype(np.float32), f"b{i}")]
+        nodes += [helper.make_node("Conv", [x, f"w{i}", f"b{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1]),
+                  helper.make_node("HardSwish", [f"c{i}"], [f"h{i}"], name=f"hs{i}")]
+        x = f"h{i}"
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+                          [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, c, hw, hw])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m, [{"x": r.standard_normal((1, c, hw, hw)).astype(np.float32)} for _ in range(4)]
+
+
+@pytest.mark.parametrize("optimize", ["balanced", "latency"])
+def test_a_big_conv_hardswish_chain_runs_qlinearconv(optimize):
+    """Issue 13's test: a Conv+HardSwish chain on ort_cpu leaves no float Conv once its Convs are big enough
+    for QLinearConv to pay (profile split_fused_above_macs: 64 channels at 32x32, 38 M MACs per Conv); a tiny one
+    (8 channels at 8x8) stays one float unit per pair, with no Q/DQ between Conv and HardSwish."""
+    from qcompiler.quant.kernels import kernel_report
+    big, feeds = _conv_hardswish_chain(64, 32)
+    res = quantize(big, feeds, optimize=optimize, progress=False)
+    rep = kernel_report(model_to_proto(res.model))
+    convs = [n for n in rep.nodes if n.op == "Conv"]
+    assert len(convs) == 3 and all(n.integer and n.kernel == "QLinearConv" for n in convs), convs
+    assert min(res.report["output_sqnr_db"].values()) >= 25
+    small, feeds = _conv_hardswish_chain(8, 8)
+    q = model_to_proto(quantize(small, feeds, optimize=optimize, progress=False).model)
+    assert not [n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0].startswith("c")]

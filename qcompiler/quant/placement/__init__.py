@@ -62,7 +62,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     plan = QuantPlan(profile)
     plan.nodes = nodes_by_name(g)
     plan.dtypes = propagate_dtypes(g, profile, dtypes)
-    mark_supergroups(plan, g, profile, opts)
+    mark_supergroups(plan, g, profile, opts, stats)
     place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)
     place_activations(plan, g, profile, opts)
     quantize_inputs(plan, g, profile, opts, stats)  # config input_quantized (the W8A8 preset)

@@ -21,6 +21,12 @@ def observed_names(model, profile: Profile, opts: Optional[PlacementOptions] = N
     mark_supergroups(plan, g, profile, opts)
     share = set(profile.shares_input_encoding)
     skip = set(plan.interior)
+    # a pair the sizes may split (profile split_fused_above_macs: known only after calibration) keeps its
+    # producer's output observed, so it can get its quantizer then
+    splits = {op.lower() for op in profile.split_fused_above_macs}
+    for sg in plan.supergroups:
+        if "+" in sg.kind and sg.kind.split("+", 1)[1].lower() in splits:
+            skip.difference_update(sg.interior)
     for n in g.nodes:
         # NOTE: outputs of ops that are not quantizable are still observed: their dtype decides whether a
         # Concat reading them needs a per-use quantizer, and the report lists integer tensors by name

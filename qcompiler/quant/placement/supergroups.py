@@ -41,8 +41,11 @@ def _interior_values(nodes: list) -> List:
     return interior
 
 
-def mark_supergroups(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -> None:
-    """Supergroups (decomposed norms/activations, fused op+activation pairs): their interiors stay float."""
+def mark_supergroups(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions, stats=None) -> None:
+    """Supergroups (decomposed norms/activations, fused op+activation pairs): their interiors stay float.
+
+    A pair whose producer is big enough for its integer kernel to pay (profile `split_fused_above_macs`, measured
+    from `stats`) is not one unit: the activation gets its own quantizers."""
     if opts.supergroups:
         kinds = SUPERGROUP_KINDS
         if isinstance(opts.supergroups, (list, tuple)):
@@ -63,12 +66,26 @@ def mark_supergroups(plan: QuantPlan, g, profile: Profile, opts: PlacementOption
             if v is None or v.is_output_of_any_graph():
                 continue
             cons = v.consumers()
+            if cons and _split(n, cons[0].op_type if len(cons) == 1 and cons[0].name not in entry else
+                               ("HardSwish" if entry.get(cons[0].name) == "hardswish" else None), profile, stats):
+                continue
             if len(cons) == 1 and (n.op_type, cons[0].op_type) in fused:
                 plan.add_supergroup(f"{n.op_type}+{cons[0].op_type}", [n.name, cons[0].name], [v.name])
             elif cons and all(c.name in entry for c in cons) and \
                     (n.op_type, "HardSwish" if entry[cons[0].name] == "hardswish" else "Gelu") in fused:
                 plan.add_supergroup(f"{n.op_type}+{entry[cons[0].name]}", [n.name] + [c.name for c in cons],
                                     [v.name])
+
+
+def _split(producer, act_op, profile: Profile, stats) -> bool:
+    """Whether the (producer, activation) pair is two units: the producer's MACs per call reach the profile's
+    `split_fused_above_macs` for that activation."""
+    limit = profile.split_fused_above_macs.get(act_op) if act_op else None
+    if limit is None or not stats:
+        return False
+    from .cost import macs_per_call
+    macs = macs_per_call(producer, stats)
+    return macs is not None and macs >= limit
 
 
 def _mark_bias_adds(plan: QuantPlan, g, profile: Profile) -> None:
