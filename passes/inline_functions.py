@@ -11,7 +11,7 @@ initializer names do not change.
 
 Only functions called from the model are inlined (a FunctionProto nobody calls is kept verbatim); a call to a
 function that another one calls is inlined all the way down. The inliner works on the graph only: initializers
-above 4 KiB go to it as stubs (name, type, shape, no data) and the model keeps its own tensors, so no weight is
+go to it as stubs (qcompiler/onnx_io/rewrite.py) (name, type, shape, no data) and the model keeps its own tensors, so no weight is
 copied or decoded.
 """
 from __future__ import annotations
@@ -19,11 +19,8 @@ from __future__ import annotations
 import onnx
 import onnx.inliner
 
-from qcompiler.errors import QCompilerError
-from qcompiler.onnx_io import model_from_proto, model_to_proto
+from qcompiler.onnx_io.rewrite import rewrite_in_place
 from qcompiler.passmanager import Pass, PassResult, register_pass
-
-_STUB_BYTES = 4096
 
 
 def _called(model) -> set:
@@ -39,26 +36,7 @@ def inline_local_functions(model) -> int:
     if not called:
         return 0
     sites = sum(1 for g in model.graphs() for n in g.nodes if (n.domain, n.op_type) in called)
-    proto = model_to_proto(model, stub_over=_STUB_BYTES)
-    try:
-        out = onnx.inliner.inline_local_functions(proto)
-    except Exception as e:   # noqa: BLE001 - onnx raises anything; one line
-        msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise QCompilerError(f"cannot inline the model's local functions: {msg}") from None
-    del proto
-    new = model_from_proto(out, data_stubs=True)
-    del out
-    for name, v in model.graph.initializers.items():
-        t = v.tensor
-        if t.nbytes <= _STUB_BYTES:
-            continue
-        w = new.graph.initializers.get(name)
-        if w is None or tuple(w.tensor.dims) != tuple(t.dims) or w.tensor.dtype != t.dtype:
-            raise QCompilerError(f"inlining the local functions changed initializer '{name[:80]}'")
-        w.tensor = t   # the stub's Tensor, replaced before anyone reads it (as opset.convert_in_place does)
-    model.graph = new.graph
-    model.opset_imports = dict(new.opset_imports)
-    model.functions = list(new.functions)
+    rewrite_in_place(model, onnx.inliner.inline_local_functions, "inline the model's local functions")
     return sites
 
 

@@ -742,9 +742,6 @@ class BodyCalibration:
 
 # --------------------------------------------------------------------------------------------- never taken
 
-UNTAKEN_BRANCHES = ("float", "mirror")   # `--untaken-branches`: what a branch calibration never took gets
-
-
 def _branch_values(model) -> Dict[Tuple[str, str], List[str]]:
     """(If label, branch attribute) -> the float-typed values defined in that branch (node outputs)."""
     out: Dict[Tuple[str, str], List[str]] = {}

@@ -48,6 +48,11 @@ class CalibrationResult:
         return out
 
 
+def min_max_step(st: dict, bits: int) -> float:
+    """The step of an asymmetric min/max grid of `bits` over the observed range of `st`, zero included."""
+    return (max(st.get("max", 0.0), 0.0) - min(st.get("min", 0.0), 0.0)) / (2 ** bits - 1)
+
+
 def estimated_sqnr_db(obs, st: dict, bits: int = 8) -> float:
     """10·log10(E[x²] / (s²/12)) for the min/max grid of `bits`: signal power over uniform rounding noise.
 
@@ -68,8 +73,7 @@ def estimated_sqnr_db(obs, st: dict, bits: int = 8) -> float:
         lo, hi = e[:-1], np.minimum(e[1:], np.finfo(np.float32).max)
         centre = np.sqrt(np.maximum(lo, 0.0) * hi)
         power = float((counts * centre ** 2).sum() / max(counts.sum(), 1))
-    span = max(st["max"], 0.0) - min(st["min"], 0.0)
-    scale = span / (2 ** bits - 1)
+    scale = min_max_step(st, bits)
     if scale <= 0 or power <= 0:
         return float("inf")
     return float(10 * np.log10(power * 12 / scale ** 2))

@@ -8,12 +8,10 @@ of the pipeline. `--opset N` pins it; a pin the settings' grids cannot live in i
 """
 from __future__ import annotations
 
-from ..errors import ArgumentError, QCompilerError
-from ..onnx_io import model_from_proto, model_to_proto
+from ..errors import ArgumentError
 
 PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
 WIDE_INT_OPSET = 21      # int16/int4 QuantizeLinear in the standard domain, per-block DequantizeLinear
-_STUB_BYTES = 4096       # initializers above this size go to the version converter without their data
 
 
 def _config_updates(cfg) -> list:
@@ -62,31 +60,9 @@ def convert_in_place(model, opset: int) -> bool:
     if model.opset == opset:
         return False
     from onnx import version_converter
-    # NOTE: the converter copies the model several times over (minilm: +540 MB for 90 MB); its adapters read
-    # no initializer data, so it gets the graph with large initializers as stubs (no data), and the new model
-    # takes the old model's Tensor objects back: no copy of the weights is made at all
-    proto = model_to_proto(model, stub_over=_STUB_BYTES)
-    try:
-        conv = version_converter.convert_version(proto, opset)
-    except Exception as e:   # noqa: BLE001 - onnx raises anything; one line
-        raise QCompilerError(f"cannot convert the model's opset {model.opset} to {opset} (needed for "
-                             f"per-channel/int16 Q/DQ): {str(e).splitlines()[0][:200] if str(e) else type(e).__name__}") from None
-    del proto
-    new = model_from_proto(conv, data_stubs=True)   # stubs: the weights are put back below
-    del conv
-    for name, v in model.graph.initializers.items():
-        t = v.tensor
-        if t.nbytes <= _STUB_BYTES:
-            continue
-        w = new.graph.initializers.get(name)
-        if w is None or tuple(w.tensor.dims) != tuple(t.dims) or w.tensor.dtype != t.dtype:
-            raise QCompilerError(f"converting the opset to {opset} changed initializer '{name[:80]}'; "
-                                 f"cannot restore it")
-        w.tensor = t   # the stub's Tensor, replaced before anyone reads it (as the importer sets it)
-    model.graph = new.graph
-    model.opset_imports = dict(new.opset_imports)
-    model.ir_version = max(model.ir_version, new.ir_version)
-    model.functions = list(new.functions)
+    from ..onnx_io.rewrite import rewrite_in_place
+    rewrite_in_place(model, lambda proto: version_converter.convert_version(proto, opset),
+                     f"convert the model's opset {model.opset} to {opset} (needed for per-channel/int16 Q/DQ)")
     return True
 
 

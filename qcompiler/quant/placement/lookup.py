@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+import ml_dtypes
 import numpy as np
 
 
@@ -50,12 +51,7 @@ def nodes_by_name(g) -> Dict[str, object]:
 
 
 # float types a Q/DQ can meet (qdq.float_route); ml_dtypes' bfloat16 when onnxruntime hands one back
-QUANTIZABLE_FLOATS = {np.dtype(np.float32), np.dtype(np.float16)}
-try:
-    import ml_dtypes
-    QUANTIZABLE_FLOATS.add(np.dtype(ml_dtypes.bfloat16))
-except ImportError:   # pragma: no cover - onnx depends on ml_dtypes
-    pass
+QUANTIZABLE_FLOATS = frozenset({np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16)})
 
 
 def float_check(dtypes: Dict[str, np.dtype]):

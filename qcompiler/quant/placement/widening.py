@@ -5,6 +5,7 @@ from typing import Dict
 
 import numpy as np
 
+from ..calibrate import min_max_step
 from ..plan import QuantPlan
 from ..profiles import Profile
 
@@ -44,11 +45,11 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
         if absmax >= (SENTINEL_FLOAT16 if fp16 else SENTINEL_MAGNITUDE):
             spec.float_(f"holds sentinel values of magnitude {absmax:.3g} (an additive mask?): "
                         f"{spec.bits} bits cannot carry them together with the rest")
-        elif name in exp_inputs and _step(st, spec.bits) > SOFTMAX_MAX_STEP:
+        elif name in exp_inputs and min_max_step(st, spec.bits) > SOFTMAX_MAX_STEP:
             why = (f"feeds a Softmax: a {spec.bits}-bit grid over [{st['min']:.3g}, {st['max']:.3g}] has steps of "
-                   f"{_step(st, spec.bits):.3g} (an additive mask of {st['min']:.3g}?), over {SOFTMAX_MAX_STEP} "
-                   f"in exp's units")
-            if wide and wide > spec.bits and _step(st, wide) <= SOFTMAX_MAX_STEP:
+                   f"{min_max_step(st, spec.bits):.3g} (an additive mask of {st['min']:.3g}?), over "
+                   f"{SOFTMAX_MAX_STEP} in exp's units")
+            if wide and wide > spec.bits and min_max_step(st, wide) <= SOFTMAX_MAX_STEP:
                 spec.bits, spec.widened = int(wide), why
             else:
                 spec.float_(why)
@@ -68,11 +69,6 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
                 spec.float_(why)
         elif st.get("nonfinite", 0):
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
-
-
-def _step(st: dict, bits: int) -> float:
-    """The min/max grid's step over the observed range (zero included) at `bits`."""
-    return (max(st.get("max", 0.0), 0.0) - min(st.get("min", 0.0), 0.0)) / (2 ** bits - 1)
 
 
 def _exp_inputs(g, profile: Profile) -> set:
