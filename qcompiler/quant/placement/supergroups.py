@@ -58,7 +58,7 @@ def mark_supergroups(plan: QuantPlan, g, profile: Profile, opts: PlacementOption
     # Conv+HardSwish supergroup): its input is then interior too
     entry = {}
     for sg in plan.supergroups:
-        if sg.kind in ("hardswish", "gelu"):
+        if sg.kind in _DECOMPOSED:
             for name in sg.nodes:
                 entry[name] = sg.kind
     for n in g.nodes:
@@ -66,15 +66,20 @@ def mark_supergroups(plan: QuantPlan, g, profile: Profile, opts: PlacementOption
             if v is None or v.is_output_of_any_graph():
                 continue
             cons = v.consumers()
-            if cons and _split(n, cons[0].op_type if len(cons) == 1 and cons[0].name not in entry else
-                               ("HardSwish" if entry.get(cons[0].name) == "hardswish" else None), profile, stats):
+            if not cons:
                 continue
             if len(cons) == 1 and (n.op_type, cons[0].op_type) in fused:
-                plan.add_supergroup(f"{n.op_type}+{cons[0].op_type}", [n.name, cons[0].name], [v.name])
-            elif cons and all(c.name in entry for c in cons) and \
-                    (n.op_type, "HardSwish" if entry[cons[0].name] == "hardswish" else "Gelu") in fused:
-                plan.add_supergroup(f"{n.op_type}+{entry[cons[0].name]}", [n.name] + [c.name for c in cons],
-                                    [v.name])
+                act, kind, members = cons[0].op_type, cons[0].op_type, [cons[0].name]
+            elif all(c.name in entry for c in cons) and (n.op_type, _DECOMPOSED[entry[cons[0].name]]) in fused:
+                kind = entry[cons[0].name]
+                act, members = _DECOMPOSED[kind], [c.name for c in cons]
+            else:
+                continue
+            if not _split(n, act, profile, stats):
+                plan.add_supergroup(f"{n.op_type}+{kind}", [n.name] + members, [v.name])
+
+
+_DECOMPOSED = {"hardswish": "HardSwish", "gelu": "Gelu"}   # decomposed supergroup kind -> the op it computes
 
 
 def _split(producer, act_op, profile: Profile, stats) -> bool:
