@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""AdaRound on digits_cnn W4A8 (issue 15 item 3): qcompiler's `adaround` pass against aimet-onnx's apply_adaround,
+"""AdaRound on digits_cnn W4A8: qcompiler's `adaround` pass against aimet-onnx's apply_adaround,
 same model, same calibration data, one run.
 
     python benchmarks/bench_adaround.py [--corpus DIR] [--model digits_cnn] [--aimet-iterations 10000] [--no-aimet]

@@ -1,4 +1,4 @@
-"""AIMET-ONNX <-> qcompiler encodings, both directions and both formats, on corpus models (issue 16).
+"""AIMET-ONNX <-> qcompiler encodings, both directions and both formats, on corpus models.
 
 usage: python benchmarks/bench_aimet_interop.py [--corpus DIR] [--models digits_cnn,minilm_l6] [--out DIR]
 
@@ -23,7 +23,7 @@ Per model:
    QDQ model.
 4. The ort_cpu file (7-bit weights, bw 7) loaded into AIMET with strict=False: AIMET takes the 7-bit grids.
 5. With BatchNorm in the model: AIMET's encodings of the un-folded model given to qcompiler with the original
-   model (which qcompiler BN-folds): refused with one line naming the cause (issue 16 item 3).
+   model (which qcompiler BN-folds): refused with one line naming the cause.
 Prints a pass/fail table; exit 1 when a row fails. Evaluation runs with onnxruntime's default session options
 (ORT_ENABLE_ALL), as the corpus eval.py does.
 """

@@ -1,4 +1,4 @@
-"""Quantization inside If/Loop/Scan bodies (issue 14): the test models and the corpus char_rnn, in one run.
+"""Quantization inside If/Loop/Scan bodies: the test models and the corpus char_rnn, in one run.
 
 usage: python benchmarks/bench_bodies.py [--corpus DIR] [--target ort_cpu] [--runs 200] [--clock cpu|wall]
                                        [--optimize accuracy|balanced|latency]
@@ -6,7 +6,7 @@ usage: python benchmarks/bench_bodies.py [--corpus DIR] [--target ort_cpu] [--ru
 Per model: QuantizeLinear nodes inside bodies (and in all), the worst output SQNR against float over every
 branch's evaluation inputs (char_rnn: its first 64 eval windows), onnxruntime CPU latency of the float and the
 quantized model (default session options, one intra-op thread, float and quantized runs interleaved by
-quant/latency.time_interleaved, median over `--runs` runs of the first evaluation input of each branch, summed
+qcompiler/quant/runtime/latency.time_interleaved, median over `--runs` runs of the first evaluation input of each branch, summed
 over the branches; `--clock cpu` (default) times the CPU time of the running thread, which leaves out the time a
 loaded machine keeps the process waiting) and the ratio; `kern f/q`: the nodes inside the bodies of onnxruntime's
 optimized float and quantized graphs (what each If run or Loop/Scan iteration launches: with tensors of 8 to 256
@@ -65,7 +65,7 @@ def quantizers(proto):
 def body_kernels(proto) -> int:
     """Nodes inside bodies of onnxruntime's optimized graph (one If branch each, one Loop/Scan iteration): the
     kernels a run or an iteration launches, which is what a body of tiny tensors costs."""
-    from qcompiler.quant.kernels import optimized_graph
+    from qcompiler.quant.runtime.kernels import optimized_graph
 
     def walk(g, inside):
         n = 0
@@ -90,7 +90,7 @@ def worst_sqnr(fs, qs, evals):
 
 def latency_ms(proto, q, evals, runs, clock):
     """(float ms, quantized ms): medians of interleaved runs on each branch's first input, summed."""
-    from qcompiler.quant.latency import time_interleaved
+    from qcompiler.quant.runtime.latency import time_interleaved
     lf = lq = 0.0
     for ev in evals:
         med = time_interleaved({"float": proto, "quantized": q}, ev[0], runs=runs, warmup=20, threads=1, clock=clock)

@@ -1,4 +1,4 @@
-"""Cross-layer equalisation (`--recipe cle`, issue 15 item 4) on corpus CNNs: eval.py metric and eval-set SQNR,
+"""Cross-layer equalisation (`--recipe cle`) on corpus CNNs: eval.py metric and eval-set SQNR,
 without and with cle, for per-channel W8A8 (the default), per-tensor W8A8 and per-tensor W8A16.
 
 usage: python benchmarks/bench_cle.py [--corpus DIR] [--models digits_cnn,ppocr_cls] [--out DIR]

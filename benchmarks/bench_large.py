@@ -6,7 +6,7 @@ min/max) in its own child process; wall time and peak RSS (wait4) are the child'
     Q  qcompiler quantize MODEL --calib calib.npz -o q.onnx
     P  onnxruntime.quantization.quantize_static(..., quant_format=QDQ, per_channel=True,
        use_external_data_format=True) with a CalibrationDataReader over the same samples
-Targets (issue 11 item 9): Q peak RSS <= 1.5x the weights' bytes; Q time <= P time. Output SQNR of each quantized
+Targets: Q peak RSS <= 1.5x the weights' bytes; Q time <= P time. Output SQNR of each quantized
 model against the float model (numpy, one sample) is printed too. Exit status 0 even when a target is missed
 (this measures, it does not test); a missed target is printed as MISSED. The last line is JSON.
 The issue's second figure (a 0.5 B decoder from torch's dynamo exporter) needs a model not available offline.

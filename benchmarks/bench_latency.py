@@ -7,16 +7,16 @@ For each corpus model (DIR/*/model.onnx with calib.npz; read in place, never cop
 built here with random weights (MobileNet-style Conv+HardSwish+SE, ResNet-style Conv+BN+Relu+Add, a BERT-style
 encoder), the float model is quantized by qcompiler (`qcompiler.quant.api.quantize`, default settings) and by
 onnxruntime (`quantize_static`, QDQ, per-channel, MinMax, its default int8 types) on the same calibration samples,
-and the three models are timed round-robin in one process (quant/latency.py: default session options, a fixed
+and the three models are timed round-robin in one process (qcompiler/quant/runtime/latency.py: default session options, a fixed
 intra-op thread count, median of --runs after warm-up). The table gives the medians, the two ratios
 qc/float and qc/ort, and how many nodes of each quantized model run on integer kernels in onnxruntime's
-optimized graph (quant/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
+optimized graph (qcompiler/quant/runtime/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
 `--optimize a,b` quantizes once per mode (qc rows `model/mode`, all timed in the same round-robin); `--eval` adds
 the accuracy column: the corpus model's own eval.py on the qc model (agreement, cosine or top-1 drop in points),
 or for a built model the output SQNR on its calibration samples (dB).
 The CPU's instruction-set flags come first (AVX2 / AVX512-VNNI / AVX-VNNI: VNNI makes u8 x s8 products cheap).
 Compare ratios within one run; the machine is shared and absolute times move. The default clock is the timing
-thread's CPU time (quant/latency.py): under load the wall-clock median of a run longer than a scheduler slice
+thread's CPU time (qcompiler/quant/runtime/latency.py): under load the wall-clock median of a run longer than a scheduler slice
 jumps several-fold (a 1.7 ms model read 10-20 ms at load average 12 while its 1.2 ms float model did not).
 """
 from __future__ import annotations
@@ -38,8 +38,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from qcompiler.onnx_io import model_to_proto  # noqa: E402
 from qcompiler.quant.api import quantize  # noqa: E402
-from qcompiler.quant.kernels import kernel_report  # noqa: E402
-from qcompiler.quant.latency import time_interleaved  # noqa: E402
+from qcompiler.quant.runtime.kernels import kernel_report  # noqa: E402
+from qcompiler.quant.runtime.latency import time_interleaved  # noqa: E402
 
 CORPUS = "/work/shared/corpus"
 N_CALIB = 16

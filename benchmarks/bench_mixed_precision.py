@@ -1,4 +1,4 @@
-"""Mixed precision under a budget (issue 15 item 6) on the shared corpus: `--max-drop 1%` per model.
+"""Mixed precision under a budget on the shared corpus: `--max-drop 1%` per model.
 
 For each model: `quantize(model, calib, max_drop=0.01, metric=TASK)` where TASK mirrors the model's eval.py
 metric on the calibration samples (calib.npz has no labels): top-1 agreement with the float model's argmax
@@ -117,7 +117,7 @@ def run_eval(model, candidate) -> dict:
 
 def initializer_bytes(path) -> int:
     from qcompiler.onnx_io import load_model
-    from qcompiler.quant.memory import weight_bytes
+    from qcompiler.quant.runtime.memory import weight_bytes
     return weight_bytes(load_model(path))
 
 

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from qcompiler.quant.observers import make_observer
+from qcompiler.quant.calibration.observers import make_observer
 
 
 def best(fn, n=5):

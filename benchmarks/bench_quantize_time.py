@@ -8,7 +8,7 @@ each run is its own process (the second `quantize()` call's wall time: imports a
 baseline and current alternate, and
 the table prints the median wall and CPU seconds of each (warm: the second call; cold: the first) and their ratios
 (current/baseline; < 1 is faster), plus the task
-metric of both so a speed-up that changes the result shows. Issue 12: quantize time must not grow.
+metric of both so a speed-up that changes the result shows. quantize time must not grow.
 """
 import argparse
 import json

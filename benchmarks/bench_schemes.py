@@ -3,7 +3,7 @@
 usage: python benchmarks/bench_schemes.py [--corpus DIR] [--models digits_cnn,ppocr_cls] [--schemes a,b] [--out DIR]
                                           [--subsets K]
 
-min_max runs first; each scheme's row gives the eval.py metric, the metric minus min_max's (issue 12 item 5: no
+min_max runs first; each scheme's row gives the eval.py metric, the metric minus min_max's (no
 scheme more than 0.5 point below), calibration seconds (wall clock and the process's CPU time: onnxruntime's
 thread plus the observers', steadier on a loaded machine) and their ratio to min_max's (at most 3x), the range
 search's seconds (`assign-encodings`, after calibration), and how many activations the scheme clipped by more
@@ -47,10 +47,10 @@ def main():
     ap.add_argument("--subsets", type=int, default=0)
     a = ap.parse_args()
     from qcompiler.quant import api
-    from qcompiler.quant import calibrate as calibrate_module
+    from qcompiler.quant.calibration import calibrate as calibrate_module
     from qcompiler.quant.api import quantize
-    from qcompiler.quant.calibrate import clipped_fractions
-    from qcompiler.quant.observers import CLIP_WARN_FRACTION
+    from qcompiler.quant.calibration.calibrate import clipped_fractions
+    from qcompiler.quant.calibration.observers import CLIP_WARN_FRACTION
     import qcompiler.passes.quantize.calibrate as calibrate_pass
     captured, cpu = [], []
     real_calibrate = calibrate_module.calibrate

@@ -1,4 +1,4 @@
-"""Sequential MSE (issue 15 item 2): accuracy on minilm_l6 W4A16 per-block, search speed, and aimet-onnx.
+"""Sequential MSE: accuracy on minilm_l6 W4A16 per-block, search speed, and aimet-onnx.
 
 usage: python benchmarks/bench_seq_mse.py [--corpus DIR] [--block 32] [--skip-aimet] [--skip-synthetic]
        python benchmarks/bench_seq_mse.py --search-only 4096 [--no-before]   (the search alone, before/after)
@@ -161,10 +161,10 @@ def synthetic(size=4096, old=False):
     chose the same candidates."""
     import numpy as np
     from types import SimpleNamespace
-    from qcompiler.quant import seq_mse
-    from qcompiler.quant.encoding import compute_encoding
-    from qcompiler.quant.layer_inputs import Layer
-    from qcompiler.quant.qdq import block_encoding
+    from qcompiler.passes.quantize import seq_mse
+    from qcompiler.quant.core.encoding import compute_encoding
+    from qcompiler.quant.calibration.layer_inputs import Layer
+    from qcompiler.quant.core.qdq import block_encoding
     rng = np.random.default_rng(0)
     k = n = int(size)
     x = (rng.normal(size=(size, k)) * rng.uniform(0.1, 3, k)).astype(np.float32)

@@ -1,4 +1,4 @@
-"""SmoothQuant on minilm_l6 (issue 15 item 1): mean cosine with and without `--recipe smoothquant`, per setting.
+"""SmoothQuant on minilm_l6: mean cosine with and without `--recipe smoothquant`, per setting.
 
 usage: python benchmarks/bench_smoothquant.py [--corpus DIR] [--alpha A] [--runs 40] [--no-latency] [--only TEXT]
 
@@ -10,15 +10,15 @@ model's own eval.py, mean cosine to the float sentence embedding over 200 senten
   widened), the safety net off, so the number is the plan as asked.
 - `W8A8, residual stream float`: W8A8 with the residual stream (the dense Adds and the residual Adds, i.e. the
   LayerNorm inputs) excluded: what the MatMul inputs cost on their own.
-- `W8A8 as in the paper (--config w8a8)`: the preset qcompiler/quant/presets/w8a8.yaml, SmoothQuant's own
+- `W8A8 as in the paper (--config w8a8)`: the preset qcompiler/quant/settings/presets/w8a8.yaml, SmoothQuant's own
   definition (Xiao et al. 2023): int8 inputs and weights for the linear layers and the attention matmuls
-  (every MatMul/Gemm), every element-wise op float. Run as a user would (safety net on); the issue 15 target
+  (every MatMul/Gemm), every element-wise op float. Run as a user would (safety net on); the target
   (mean cosine >= 0.995) is this row with smoothquant. The exact CLI command of each row is printed below the
   table. `seq-mse weights`: the same with Sequential MSE weight ranges (after smoothing the 7-bit per-channel
   weights cost as much as all the MatMul inputs together).
 Each is run without and with smoothquant (alpha searched per layer, or --alpha for all). The table gives the
 cosine (mean / min), how many MatMuls have int8 weights, the smoothquant folds (fold / fold+restore / explicit
-Mul) and, unless --no-latency, the median CPU time of one sentence (quant/latency.py, clock="cpu",
+Mul) and, unless --no-latency, the median CPU time of one sentence (qcompiler/quant/runtime/latency.py, clock="cpu",
 interleaved, 1 thread) of the quantized model against float. The machine is shared: compare ratios in one run.
 """
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _cosine(folder, path):
 
 def _latency(float_path, quant_path, runs):
     from qcompiler.onnx_io import load_model
-    from qcompiler.quant.latency import measure_latency
+    from qcompiler.quant.runtime.latency import measure_latency
     d = np.load(os.path.join(os.path.dirname(float_path), "eval.npz"))
     feed = {k: d[k][0] for k in d.files}
     lat = measure_latency(load_model(float_path), load_model(quant_path), feed=feed, runs=runs, threads=1, clock="cpu")

@@ -4,7 +4,7 @@ Relu is positively scale-equivariant: Relu(x / s) = Relu(x) / s for s > 0. So ou
 can be divided by s_i (weight row i and bias i) if input channel i of the second Conv is multiplied by s_i; the
 float model computes the same. With r1_i = max|W1[i]| and r2_i = max|W2[:, i]|, s_i = sqrt(r1_i * r2_i) / r2_i
 makes both ranges sqrt(r1_i * r2_i): a first Conv whose channels differ 100x in range becomes one a per-tensor
-weight grid resolves (issue 15 item 4). Chains of three or more Convs are iterated a few rounds (ROUNDS).
+weight grid resolves. Chains of three or more Convs are iterated a few rounds (ROUNDS).
 
 Equalised: Conv -> Relu -> Conv and Conv -> Conv, standard domain, in one graph; the first Conv's output read only
 by the Relu (or the second Conv) and not a graph output, the Relu's output read only by the second Conv (as its
@@ -35,7 +35,7 @@ bias is absent (created) or a float [C] constant. It narrows the quantized activ
 (digits_cnn and ppocr_cls absorb nothing: every pair into an unpadded 1x1 Conv has no channel that stays
 positive on all calibration samples; the pairs into padded 3x3/depthwise Convs are skipped for the padding.)
 
-When it equalises (the rule that keeps cle from hurting; issue 15 item 4). Equalising every pair as in §4.1
+When it equalises (the rule that keeps cle from hurting). Equalising every pair as in §4.1
 lowered ppocr_cls agreement, per-channel W8A8 0.9925 -> 0.9825 and per-tensor W8A8 0.965 -> 0.9525:
 - with per-channel weights the first Conv's row scaling is free already (its grid is per row): equalising
   buys nothing there, yet channels with s_i < 1 grow in the per-tensor activation between the pair and set a
@@ -64,12 +64,13 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from qcompiler.passes.scale_folding import is_protected, write_constant_input
 
+from qcompiler.errors import DataError
 from qcompiler.ir import Graph, Node, Value
 from qcompiler.ir.annotations import annotation
 from qcompiler.passmanager import Pass, PassResult, register_pass
-
-from .scale_folding import is_protected, write_constant_input
+from qcompiler.quant.calibration.layer_inputs import stream_values
 
 ROUNDS = 4
 SIGMAS = 3.0   # high-bias absorption: c = max(0, min(mean - SIGMAS * std, observed min)) of the pre-activation
@@ -272,8 +273,6 @@ class _Stats:
 
 def _collect(ctx, model, pairs) -> dict:
     """{c1 name: _Stats} of the main-graph pairs, from one onnxruntime pass over ctx.samples."""
-    from qcompiler.errors import DataError
-    from qcompiler.quant.layer_inputs import stream_values
     g = model.graph
     main = [p for p in pairs if p[0].graph is g]
     inputs = {v.name for v in g.inputs}

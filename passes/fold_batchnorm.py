@@ -15,11 +15,10 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from qcompiler.passes.scale_folding import _rank, apply_plan, plan_producer_fold
 
 from qcompiler.ir import Graph, Node
 from qcompiler.passmanager import Pass, PassResult, register_pass
-
-from .scale_folding import _rank, apply_plan, plan_producer_fold
 
 _PRODUCERS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "Add")
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
+from onnx.reference import ReferenceEvaluator
 
+from qcompiler.onnx_io.exporter import node_attr_protos
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
 _NEVER = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial", "Bernoulli",
@@ -42,11 +44,10 @@ def _output_size_bound(node, arrays) -> float:
 
 
 def _evaluate(node, arrays, opset: int):
-    from onnx.reference import ReferenceEvaluator
     in_names = [f"i{k}" if a is not None else "" for k, a in enumerate(arrays)]
     out_names = [f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs)]
     p = helper.make_node(node.op_type, in_names, out_names, domain=node.domain)
-    p.attribute.extend(node.attr_protos())
+    p.attribute.extend(node_attr_protos(node))
     ev = ReferenceEvaluator(p, opsets={"": opset})
     feeds = {n: a for n, a in zip(in_names, arrays) if n}
     return ev.run(None, feeds)

@@ -2,7 +2,7 @@
 
 PaddlePaddle exports the bias of some Convs (the squeeze-excite Convs of ppocr) as a separate
 Add(conv, Reshape(Constant b, [1, C, 1, 1])). Quantized, that Add runs float between a DQ and a Q and
-keeps the Conv from an integer kernel's fused bias (issue 13, FINDINGS §1 rule 3: 18 such Adds in ppocr_cls).
+keeps the Conv from an integer kernel's fused bias (FINDINGS §1 rule 3: 18 such Adds in ppocr_cls).
 
 Folded when: the producer is a Conv or ConvTranspose (standard domain) whose weight shape is known; its output
 is read only by this Add (once) and is not a graph output; the Add's other operand is a float constant of the
@@ -19,11 +19,10 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import numpy as np
+from qcompiler.passes.scale_folding import is_protected, write_constant_input
 
 from qcompiler.ir import Graph, Node, Value
 from qcompiler.passmanager import Pass, PassResult, register_pass
-
-from .scale_folding import is_protected, write_constant_input
 
 _PRODUCERS = ("Conv", "ConvTranspose")
 _MAX_RESHAPE_DIMS = 16

@@ -5,7 +5,7 @@ Clip with attributes before opset 11, Min/Max, or Min(Relu, 6); /6 as ·(1/6); t
 or as x·HardSigmoid(x; α=1/6, β=½). The pattern library's `hardswish` group finds them (patterns/activations.py),
 with the exclusive-use rule: no interior value is read outside the match or is a graph output.
 
-Why (issue 13, FINDINGS §1 rule 2): onnxruntime fuses a HardSwish op into the NCHWc Conv before it, while the
+Why (FINDINGS §1 rule 2): onnxruntime fuses a HardSwish op into the NCHWc Conv before it, while the
 decomposition runs as four float elementwise passes; ppocr_cls's float model alone runs 0.80× with the ops.
 
 The pattern matches constants with rtol 1e-3 (it recognises); this pass rewrites, so `check` re-reads every
@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
+from qcompiler.passes.supergroups import replace_match
+from qcompiler.patterns import find_matches
+from qcompiler.patterns.activations import clip_bounds
 
 from qcompiler.passmanager import Pass, PassResult, register_pass
-
-from .supergroups import replace_match
 
 HARDSWISH_OPSET = 14
 RTOL = 1e-6
@@ -37,7 +38,6 @@ def _close(got: float, want: float) -> bool:
 def check(match) -> Optional[str]:
     """None if the match is exactly HardSwish (constants within 1e-6 relative, x float, no broadcast widening),
     else the reason it stays decomposed."""
-    from qcompiler.patterns.activations import clip_bounds
     x = match.get("x")
     if x is None:
         return "no input bound"
@@ -79,7 +79,6 @@ class FuseHardSwish(Pass):
     preserves_semantics = True
 
     def run(self, model) -> PassResult:
-        from qcompiler.patterns import find_matches
         matches = find_matches(model.graph, "hardswish")
         if model.opset < HARDSWISH_OPSET:
             return PassResult(False, {"fused": 0, "kept": len(matches),

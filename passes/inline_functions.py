@@ -16,7 +16,6 @@ copied or decoded.
 """
 from __future__ import annotations
 
-import onnx
 import onnx.inliner
 
 from qcompiler.onnx_io.rewrite import rewrite_in_place

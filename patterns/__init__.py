@@ -5,11 +5,12 @@
         m.nodes, m.bindings, m.inputs, m.outputs, m.constants
     print(explain(graph, "gelu", "Mul_12"))
 """
-from .dsl import Const, OpBuilder, Optional, OrValue, Through, Var
-from .library import all_patterns, get_pattern, register, resolve
-from .matcher import Matcher, find_matches, structural_constants
-from .pattern import CheckFailure, Match, Pattern
-from .tracer import Tracer, explain
+from qcompiler.patterns.dsl import Const, OpBuilder, Optional, OrValue, Through, Var
+from qcompiler.patterns.explain import explain
+from qcompiler.patterns.library import all_patterns, get_pattern, register, resolve
+from qcompiler.patterns.matcher import Matcher, find_matches, structural_constants
+from qcompiler.patterns.pattern import CheckFailure, Match, Pattern
+from qcompiler.patterns.tracer import Tracer
 
 __all__ = ["Pattern", "Match", "CheckFailure", "Var", "Const", "Optional", "OrValue", "Through", "OpBuilder",
            "find_matches", "explain", "structural_constants", "get_pattern", "all_patterns", "register", "resolve", "Matcher", "Tracer"]

@@ -8,8 +8,7 @@ HardSwish too. A HardSigmoid gate multiplies some other tensor by HardSigmoid(g)
 from __future__ import annotations
 
 import numpy as np
-
-from .pattern import Pattern
+from qcompiler.patterns.pattern import Pattern
 
 INF = float("inf")
 

@@ -6,8 +6,8 @@ read). A Clip activation needs constant bounds (a Relu6-like clamp) so it can fo
 """
 from __future__ import annotations
 
-from .activations import clip_bounds
-from .pattern import Pattern
+from qcompiler.patterns.activations import clip_bounds
+from qcompiler.patterns.pattern import Pattern
 
 
 class ConvBnAct(Pattern):

@@ -21,11 +21,12 @@ The builder records a small graph of pattern values:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional as Opt, Sequence, Union
+from typing import Any, Callable, Sequence, Union
+from typing import Optional as Opt
 
 import numpy as np
 
-from ..errors import PatternError
+from qcompiler.errors import PatternError
 
 COMMUTATIVE_OPS = frozenset({"Add", "Mul", "Max", "Min", "Sum", "Mean", "And", "Or", "Xor", "Equal"})
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from .pattern import Pattern
+from qcompiler.patterns.pattern import Pattern
 
 
 def half_times(op, x, gate):

@@ -5,7 +5,7 @@ features only (size N or 1), else the Add is a residual or a mask, not a bias.
 """
 from __future__ import annotations
 
-from .pattern import Pattern
+from qcompiler.patterns.pattern import Pattern
 
 
 def _const_shape(value):

@@ -16,8 +16,16 @@ must reduce the same axes; a ReduceSum's 1/N must match the reduced size when it
 """
 from __future__ import annotations
 
-from .pattern import Pattern
-from .stats import check_epsilon, check_stats, inverse_sqrt, mean_of, mean_of_squares, reduce_axes
+from qcompiler.patterns.pattern import Pattern
+from qcompiler.patterns.stats import (
+    check_epsilon,
+    check_stats,
+    inverse_sqrt,
+    mean_of,
+    mean_of_squares,
+    reduce_axes,
+    reduction,
+)
 
 
 def _centered_variance(op, x, mu):
@@ -85,7 +93,6 @@ class LayerNorm(Pattern):
 
 def layernorm_axes(match):
     """Axes the LayerNorm of `match` normalizes over (None = all, "dynamic" = not constant)."""
-    from .stats import reduction
     return reduce_axes(reduction(match, "mean"))
 
 

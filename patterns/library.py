@@ -7,9 +7,19 @@ from __future__ import annotations
 
 from typing import Union
 
-from ..errors import PatternError
-from ..shorten import short_value
-from .pattern import Pattern
+from qcompiler.patterns import (
+    activations,
+    conv,
+    gelu,
+    gemm,
+    layernorm,
+    rmsnorm,
+    softmax,
+)
+from qcompiler.patterns.pattern import Pattern
+
+from qcompiler.errors import PatternError
+from qcompiler.shorten import short_value
 
 _GROUPS: dict = {}
 _LOADED = False
@@ -25,7 +35,6 @@ def _load() -> None:
     if _LOADED:
         return
     _LOADED = True
-    from . import activations, conv, gelu, gemm, layernorm, rmsnorm, softmax
     for mod in (layernorm, gelu, rmsnorm, activations, conv, gemm, softmax):
         for group, variants in mod.GROUPS.items():
             register(group, *variants)

@@ -14,12 +14,21 @@ A structural match is accepted only if
 from __future__ import annotations
 
 import gc
-from typing import Iterator, Optional as Opt
+from typing import Iterator
+from typing import Optional as Opt
 
-from .dsl import Const, NodeOut, Optional, OrValue, Through, Var, broadcast_only
-from .pattern import CheckFailure, Match, Pattern
-from .tracer import Tracer
-
+from qcompiler.patterns.dsl import (
+    Const,
+    NodeOut,
+    Optional,
+    OrValue,
+    Through,
+    Var,
+    broadcast_only,
+)
+from qcompiler.patterns.library import all_patterns, resolve
+from qcompiler.patterns.pattern import CheckFailure, Match, Pattern
+from qcompiler.patterns.tracer import Tracer
 
 FEASIBLE_DEPTH = 3  # producers looked at before the full search (2-4 measured alike on make_llm_graph)
 
@@ -397,7 +406,6 @@ def find_matches(graph, pattern, recurse: bool = True) -> list:
     so a smaller variant never steals part of a larger one. With `recurse`, If/Loop/Scan bodies are searched
     too (field notes: bodies are graphs like any other); their matches follow the main graph's.
     """
-    from .library import resolve
     pats = resolve(pattern)
     out = []
     # NOTE: matching allocates many short-lived dicts and generators; with a 90k-node graph alive, the cyclic
@@ -473,7 +481,6 @@ def structural_constants(graph, patterns=None) -> dict:
     Field notes §4: a pass (SmoothQuant, BN folding) asks this before writing into a constant, and refuses or
     copies on write. `patterns` defaults to every registered group.
     """
-    from .library import all_patterns
     out: dict = {}
     for name in (patterns if patterns is not None else list(all_patterns())):
         for m in find_matches(graph, name):

@@ -9,10 +9,22 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Optional as Opt, Union
+from typing import Any, Union
+from typing import Optional as Opt
 
-from ..errors import PatternError
-from .dsl import Const, NodeOut, OpBuilder, Optional, OrValue, PatternNode, PatternValue, Through, Var
+from qcompiler.patterns.dsl import (
+    Const,
+    NodeOut,
+    OpBuilder,
+    Optional,
+    OrValue,
+    PatternNode,
+    PatternValue,
+    Through,
+    Var,
+)
+
+from qcompiler.errors import PatternError
 
 
 @dataclass

@@ -9,9 +9,14 @@ itself x − mean(x) is refused: that is the variance/normalize tail of a LayerN
 """
 from __future__ import annotations
 
-from .dsl import BROADCAST_OPS
-from .pattern import Pattern
-from .stats import check_epsilon, check_stats, inverse_sqrt, mean_of_squares
+from qcompiler.patterns.dsl import BROADCAST_OPS
+from qcompiler.patterns.pattern import Pattern
+from qcompiler.patterns.stats import (
+    check_epsilon,
+    check_stats,
+    inverse_sqrt,
+    mean_of_squares,
+)
 
 
 def _skip_broadcast(v):

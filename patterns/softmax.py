@@ -11,8 +11,7 @@ masked scores are left float by the calibration rules already, field notes §6).
 from __future__ import annotations
 
 import numpy as np
-
-from .pattern import Pattern
+from qcompiler.patterns.pattern import Pattern
 
 LARGE_NEGATIVE = -1e3
 MASK_DEPTH = 4  # producers walked up from the mask looking for its large negative constant

@@ -14,8 +14,7 @@ Each statistic is named by a tag: its reduction node is bound as `tag` (ReduceMe
 from __future__ import annotations
 
 import numpy as np
-
-from .dsl import BROADCAST_OPS
+from qcompiler.patterns.dsl import BROADCAST_OPS
 
 EPS_MAX = 0.1  # an epsilon above this is a different formula, not a guard against division by zero
 REDUCE_OPS = ("ReduceMean", "ReduceSum", "ReduceSumSquare")

@@ -1,3 +1,3 @@
-from .cli import main
+from qcompiler.cli import main
 
 main(prog_name="qcompiler")

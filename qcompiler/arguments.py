@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import os
 
-from .errors import ArgumentError
-from .shorten import short_argument as got   # what a caller passed, in a few words (qcompiler/shorten.py)
+from qcompiler.errors import ArgumentError
+from qcompiler.input_files import check_path_text
+from qcompiler.ir.model import Model
+from qcompiler.shorten import (
+    short_argument as got,  # what a caller passed, in a few words (qcompiler/shorten.py)
+)
 
 
 def require_model(value, what: str = "model"):
     """`value` must be a qcompiler IR Model; returns it."""
-    from .ir.model import Model
     if not isinstance(value, Model):
         hint = ""
         if isinstance(value, (str, os.PathLike)):
@@ -59,7 +62,6 @@ def require_int(value, what: str, lo: "int | None" = None, hi: "int | None" = No
 
 def require_path(value, what: str) -> str:
     """A str or os.PathLike naming a file (not empty, no NUL byte); returns it as a str."""
-    from .input_files import check_path_text
     if not isinstance(value, (str, bytes, os.PathLike)):
         raise ArgumentError(f"{what} must be a path (str or os.PathLike), got {got(value)}")
     return check_path_text(value, what, ArgumentError)

@@ -8,17 +8,20 @@ usage errors keep click's form (usage line, exit 2).
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import platform
 import sys
+import tempfile
+import traceback
 
 import click
 
-from .cli_instruments import Instruments, first_sample, instrument_options
-
-from .errors import PassError, QCompilerError
-from .shorten import MESSAGE_CHARS
-from .shorten import one_line as _one_line
+from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.errors import PassError, QCompilerError
+from qcompiler.shorten import MESSAGE_CHARS
+from qcompiler.shorten import one_line as _one_line
 
 
 def _fail(msg: str, code: int, prefix: str = "error") -> None:
@@ -29,10 +32,6 @@ def _fail(msg: str, code: int, prefix: str = "error") -> None:
 def _crash_report(exc: BaseException) -> str:
     """Write the traceback (with the command line and versions) to a new private file; returns its path, or a
     short reason in parentheses why it could not be written."""
-    import datetime
-    import platform
-    import tempfile
-    import traceback
     try:
         from importlib.metadata import version
         versions = []
@@ -125,8 +124,8 @@ def main():
 @click.option("--no-patterns", is_flag=True, help="skip pattern matching")
 def inspect_cmd(model_path, as_json, no_patterns):
     """Op histogram, inputs/outputs, shared constants and their readers, subgraphs, pattern matches."""
-    from .inspect_model import format_inspect, inspect_model
-    from .onnx_io import load_model
+    from qcompiler.inspect_model import format_inspect, inspect_model
+    from qcompiler.onnx_io import load_model
     info = inspect_model(load_model(model_path), with_patterns=not no_patterns)
     click.echo(json.dumps(info, indent=1) if as_json else format_inspect(info))
 
@@ -139,9 +138,9 @@ def inspect_cmd(model_path, as_json, no_patterns):
 @instrument_options
 def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
     """Run a pipeline of passes over MODEL and write the result to OUTPUT."""
-    from .onnx_io import load_model, save_model
-    from .onnx_io.files import check_output_paths
-    from .passmanager import PassManager
+    from qcompiler.onnx_io import load_model, save_model
+    from qcompiler.onnx_io.files import check_output_paths
+    from qcompiler.passmanager import PassManager
     pm = PassManager(pipeline)  # unknown pass names and broken contracts fail before the model is read
     inputs = (model_path, verify_inputs)
     outputs = [("-o", output)] + Instruments.dump_outputs(pm.passes, flags["dump_dir"])
@@ -151,7 +150,7 @@ def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
     for inst in instruments.list:
         pm.add_instrumentation(inst)
     model = load_model(model_path)
-    from .ort_session import model_label
+    from qcompiler.ort_session import model_label
     with model_label(model_path):   # onnxruntime's refusals of the input (--verify-each) name MODEL
         pm.run(model)
     save_model(model, output, protect=inputs)
@@ -163,8 +162,8 @@ def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
 def list_passes_cmd():
     """List the registered passes (built-in and plug-ins): graph passes for `run`, then the quantization passes
     for `quantize` (the default pipeline in its order, then the optional ones for --recipe)."""
-    from .passmanager import available_passes
-    from .quant.pipeline import DEFAULT_PIPELINE
+    from qcompiler.passmanager import available_passes
+    from qcompiler.quant.core.pipeline import DEFAULT_PIPELINE
     passes = available_passes()
     quant = {n: c for n, c in passes.items() if "quant-context" in getattr(c, "requires", ())}
 
@@ -185,7 +184,7 @@ def list_passes_cmd():
     for name, cls in passes.items():
         if name not in DEFAULT_PIPELINE and (name in quant or getattr(cls, "after", "")):
             row(name, cls, f"  [after {cls.after}]" if getattr(cls, "after", "") else "  [--pipeline only]")
-    from .passmanager.registry import BROKEN_PLUGINS
+    from qcompiler.passmanager.registry import BROKEN_PLUGINS
     for name, why in BROKEN_PLUGINS.items():
         click.echo(f"qcompiler: warning: plug-in '{name}' failed to load: {why}", err=True)
 
@@ -197,8 +196,8 @@ def list_passes_cmd():
 @click.option("--json", "as_json", is_flag=True)
 def match_cmd(model_path, pattern, explain_node, as_json):
     """Find the matches of PATTERN (see `qcompiler match MODEL list`) in MODEL."""
-    from .onnx_io import load_model
-    from .patterns import all_patterns, explain, find_matches, get_pattern
+    from qcompiler.onnx_io import load_model
+    from qcompiler.patterns import all_patterns, explain, find_matches, get_pattern
     if pattern == "list":
         for name, pats in all_patterns().items():
             click.echo(f"{name:<20}" + ", ".join(p.name for p in pats))
@@ -208,7 +207,7 @@ def match_cmd(model_path, pattern, explain_node, as_json):
     if explain_node:
         node = next((n for g in model.graphs() for n in g if n.name == explain_node), None)
         if node is None:
-            from .errors import QCompilerError as _E
+            from qcompiler.errors import QCompilerError as _E
             raise _E(f"{model_path}: no node named '{explain_node}'")
         click.echo(explain(node.graph, pattern, node))
         return
@@ -223,7 +222,7 @@ def match_cmd(model_path, pattern, explain_node, as_json):
 
 
 def _register_commands():
-    from .quant.cli_quantize import quantize_cmd
+    from qcompiler.cli_quantize import quantize_cmd
     main.add_command(quantize_cmd, "quantize")
 
 

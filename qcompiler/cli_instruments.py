@@ -9,6 +9,16 @@ import os
 
 import click
 
+from qcompiler.errors import ArgumentError
+from qcompiler.passmanager.instrumentation import (
+    DumpONNX,
+    PrintIR,
+    Statistics,
+    Timing,
+    Verifier,
+)
+from qcompiler.quant.calibration.data import input_specs, load_samples
+
 
 def instrument_options(f):
     """Add the shared instrumentation flags to a click command (keyword arguments of the same names)."""
@@ -31,7 +41,6 @@ class Instruments:
 
     def __init__(self, passes, inputs, verify_each=False, print_after=(), dump_dir=None, time_passes=False,
                  stats=False, feeds=None, feeds_name=None, feeds_factory=None):
-        from .passmanager.instrumentation import DumpONNX, PrintIR, Statistics, Timing, Verifier
         self.verifier = Verifier(feeds=feeds, feeds_name=feeds_name, feeds_factory=feeds_factory) \
             if verify_each else None
         self.timing = Timing() if time_passes else None
@@ -41,7 +50,6 @@ class Instruments:
             known = {p.name for p in passes} | {"all"}
             unknown = [n for n in print_after if n not in known]
             if unknown:
-                from .errors import ArgumentError
                 raise ArgumentError(f"--print-after '{unknown[0][:80]}' is not a pass of this pipeline "
                                     f"({', '.join(p.name for p in passes)})")
             self.list.append(PrintIR(print_after, stream=click.get_text_stream("stdout")))
@@ -51,7 +59,6 @@ class Instruments:
     @staticmethod
     def dump_outputs(passes, dump_dir) -> list:
         """[("--dump-dir", path)] for every file a dump will write (checked with the other outputs, up front)."""
-        from .passmanager.instrumentation import DumpONNX
         if dump_dir is None:
             return []
         return [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(passes)]
@@ -73,6 +80,5 @@ def first_sample(path, what: str):
         return None
 
     def feeds(model):
-        from .quant.data import input_specs, load_samples
         return next(iter(load_samples(path, input_specs(model.graph), limit=1, what=what)))
     return feeds

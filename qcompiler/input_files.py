@@ -11,8 +11,8 @@ import os
 import stat
 from typing import BinaryIO, Type
 
-from .errors import QCompilerError
-from .shorten import file_kind
+from qcompiler.errors import QCompilerError
+from qcompiler.shorten import file_kind
 
 # One source for how large each kind of input may be (bytes). A model file above protobuf's 2 GB limit cannot
 # parse anyway; larger models keep their tensors in external data, which is read tensor by tensor.

@@ -6,7 +6,8 @@ from collections import Counter
 
 import onnx
 
-from .ir.model import Model
+from qcompiler.ir.model import Model
+from qcompiler.patterns import all_patterns, find_matches
 
 _DT = {v: k for k, v in onnx.TensorProto.DataType.items()}
 
@@ -54,10 +55,6 @@ def inspect_model(model: Model, with_patterns: bool = True) -> dict:
 
 
 def pattern_counts(model: Model) -> dict:
-    try:
-        from .patterns import all_patterns, find_matches
-    except ImportError:
-        return {}
     counts = {}
     for name in all_patterns():
         n = len(find_matches(model.graph, name))  # recurses into bodies

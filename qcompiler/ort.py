@@ -49,8 +49,13 @@ import re
 import warnings as _warnings
 from typing import Optional
 
-from .errors import ArgumentError
-from .quant.schemes import canonical_scheme
+from qcompiler.arguments import got, require_path
+from qcompiler.errors import ArgumentError
+from qcompiler.onnx_io import load_model, model_from_proto
+from qcompiler.quant.api import quantize
+from qcompiler.quant.core.schemes import canonical_scheme
+from qcompiler.quant.settings.config import parse_config
+from qcompiler.quant.settings.selection import check_names, warning_text
 
 _FORMATS = {"qdq": "QDQ", "qoperator": "QOperator"}
 _TYPES = {"qint8": "QInt8", "quint8": "QUInt8", "qfloat8e4m3fn": "QFLOAT8E4M3FN", "qint16": "QInt16",
@@ -75,7 +80,6 @@ _LABELS = {"exclude": "nodes_to_exclude", "op_types": "op_types_to_quantize", "n
 def _enum_name(value, enum_type: str, what: str, known: dict) -> str:
     """The lower-case name of an onnxruntime enum member, or of its name given as a string ("QInt8",
     "QuantType.QInt8"); `known` maps lower-case names to display names."""
-    from .arguments import got
     if isinstance(value, enum.Enum):
         if type(value).__name__ != enum_type:
             raise ArgumentError(f"{what} must be a {enum_type}, got {type(value).__name__}.{value.name}")
@@ -99,13 +103,11 @@ def _type_bits(value, what: str) -> tuple:
 
 def _bool(v, what: str) -> bool:
     if not isinstance(v, bool):
-        from .arguments import got
         raise ArgumentError(f"{what} must be True or False, got {got(v)}")
     return v
 
 
 def _names(v, what: str) -> Optional[list]:
-    from .quant.selection import check_names
     t = check_names(v, what)
     return None if t is None else list(t)
 
@@ -119,8 +121,6 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
     `calibration_data_reader` (an onnxruntime CalibrationDataReader, any object with `get_next()`, an iterable
     of feed dicts, or an .npz/.npy path or folder). Arguments as onnxruntime's `quantize_static`; see the module
     docstring for what each maps to and what is refused. Returns the QuantizeResult (report in `.report`)."""
-    from .arguments import got, require_path
-    from .quant.api import quantize
     if calibration_data_reader is None:
         raise ArgumentError("calibration_data_reader is required (calibration caches are not supported)")
     if calibration_cache_path is not None:
@@ -162,7 +162,6 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
     overridden = []     # activation names given an override
     if overrides:
         rules += _override_rules(model_input, overrides, act_key, overridden)
-    from .quant.config import parse_config
     w_sym = opts.get("WeightSymmetric", True)
     a_sym = opts.get("ActivationSymmetric", False) or opts.get("CalibTensorRangeSymmetric", False)
     config = parse_config({"weights": {"bits": weight_bits, "symmetric": w_sym, "per_channel": per_channel},
@@ -173,7 +172,6 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
     res = quantize(model_input, calibration_data_reader, target=target, scheme=scheme, per_channel=per_channel,
                    weight_bits=weight_bits, act_bits=act_bits, config=config, exclude=list(anchored) or None,
                    op_types=op_types, nodes=nodes, act_symmetric=a_sym, weight_symmetric=w_sym)
-    from .quant.selection import warning_text
     for w in res.report.get("warnings", []):
         if w["kind"] == "exclude":
             w = dict(w, value=anchored.get(w["value"], w["value"]))
@@ -190,7 +188,6 @@ def quantize_static(model_input, model_output, calibration_data_reader=None, qua
 
 
 def _extra_options(extra) -> dict:
-    from .arguments import got
     if extra is None:
         return {}
     if not isinstance(extra, dict):
@@ -223,8 +220,6 @@ def _extra_options(extra) -> dict:
 
 def _override_rules(model_input, overrides: dict, act_key: str, overridden: list) -> list:
     """Config rules for TensorQuantOverrides: activations by their producer node, weights by their readers."""
-    from .arguments import got
-    from .onnx_io import load_model, model_from_proto
     model = model_from_proto(model_input) if hasattr(model_input, "SerializeToString") else \
         load_model(os.fspath(model_input))
     producers, readers, inputs = {}, {}, set()

@@ -16,8 +16,8 @@ our line: the default logger, every session and every run are set to FATAL only.
 from __future__ import annotations
 
 import contextlib
-import functools
 import contextvars
+import functools
 import os
 import re
 import shutil
@@ -26,7 +26,11 @@ import tempfile
 import threading
 from typing import Optional
 
-from .errors import DataError, OnnxRuntimeError
+from qcompiler.errors import DataError, OnnxRuntimeError
+from qcompiler.onnx_io.exporter import ExternalData, write_model
+from qcompiler.onnx_io.files import _total_tensor_bytes
+from qcompiler.onnx_io.importer import model_from_proto
+from qcompiler.onnx_io.safe_write import pid_alive
 
 LOG_FATAL_ONLY = 4   # onnxruntime severities: 0 verbose, 1 info, 2 warning, 3 error, 4 fatal
 REASON_CHARS = 240   # onnxruntime's reason quotes node and value names from the model: keep it short
@@ -169,7 +173,7 @@ class Session:
 
     @property
     def raw(self):
-        """The onnxruntime InferenceSession itself, for timing loops (quant/latency.py): `run` starts a timeout
+        """The onnxruntime InferenceSession itself, for timing loops (qcompiler/quant/runtime/latency.py): `run` starts a timeout
         timer per call, which a millisecond model would measure too. Its failures are onnxruntime's own."""
         return self._sess
 
@@ -234,7 +238,6 @@ def _sweep_leftovers() -> None:
 
 
 def _alive(pid: int) -> bool:
-    from .onnx_io.safe_write import pid_alive   # one check for leftovers of dead processes (outputs' too)
     return pid_alive(pid)
 
 
@@ -248,7 +251,6 @@ def _session_data(folder: str, data_file):
     """The ExternalData of a large session model (see create_session): an input tensor still in its external
     data file is referred to in place through a hard link to that file inside the private folder; every other
     tensor's bytes go to the folder's own data file."""
-    from .onnx_io.exporter import ExternalData
 
     class SessionData(ExternalData):
         def __init__(self):
@@ -278,7 +280,6 @@ def _session_data(folder: str, data_file):
 
 
 def _is_large(model) -> bool:
-    from .onnx_io.files import _total_tensor_bytes
     return _total_tensor_bytes(model) > LARGE_MODEL_BYTES
 
 
@@ -290,7 +291,7 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
     (None: onnxruntime's default); `extra_outputs`: value names added as graph outputs (IR models only);
     `optimized_path`: onnxruntime writes its optimized graph there (`optimized_model_filepath`), its initializers
     of 1 KiB and more in `<optimized_path>.data` beside it, so the graph reads back without its weights
-    (quant/kernels.py; the caller owns that folder).
+    (qcompiler/quant/runtime/kernels.py; the caller owns that folder).
     A refusal raises OnnxRuntimeError naming the model and onnxruntime's reason.
 
     NOTE: the model goes to onnxruntime as a file, not as bytes: from bytes it keeps ~90 MB more for minilm (210 vs
@@ -323,7 +324,6 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
     prefix = model_prefix(role)
     if hasattr(model, "SerializeToString") and not isinstance(model, (bytes, bytearray)) \
             and model.ByteSize() > LARGE_MODEL_BYTES:
-        from .onnx_io.importer import model_from_proto
         model = model_from_proto(model)   # too big for one protobuf file: the IR path writes it in parts
     _sweep_leftovers()
     folder = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-")
@@ -335,7 +335,6 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
             elif hasattr(model, "SerializeToString"):
                 f.write(model.SerializeToString())
             else:
-                from .onnx_io.exporter import write_model
                 if _is_large(model):
                     with open(os.path.join(folder, DATA_NAME), "wb", buffering=1 << 20) as data:
                         write_model(model, f, extra_outputs, external=_session_data(folder, data))

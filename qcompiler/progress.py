@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 from typing import Optional
 
+from tqdm import tqdm
+
 LOG_INTERVAL = 10.0   # seconds between two lines of a bar written to a log
 DELAY = 0.5           # seconds before a bar shown by default (on a terminal) first draws
 
@@ -84,7 +86,6 @@ def bar(desc: str, total: Optional[int], progress: Optional[bool], unit: str = "
     """A tqdm bar on stderr (a context manager with update/close), or one that does nothing."""
     if not enabled(progress):
         return _NoBar()
-    from tqdm import tqdm
     err = sys.stderr
     tty = False
     try:

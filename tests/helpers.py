@@ -35,8 +35,6 @@ def run(proto_or_model, feeds, opt_level=None):
     return s.run(None, feeds)
 
 
-
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -5,7 +5,7 @@ import stat
 
 from qcompiler import arguments, cli, input_files, ort_session, shorten
 from qcompiler.onnx_io import safe_write, tensor_check
-from qcompiler.quant import untrusted
+from qcompiler.quant.settings import untrusted
 
 
 def test_the_old_names_are_the_one_helper():

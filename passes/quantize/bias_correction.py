@@ -1,8 +1,8 @@
 """`bias-correction` (optional, `--recipe bias-correction` or `--bias-correction`): empirical bias correction of
-Conv/Gemm weights (qcompiler/quant/qdq.correct_biases; Nagel et al. 2019). Off by default: on ppocr_cls it helped
+Conv/Gemm weights (qcompiler/quant/core/qdq.correct_biases; Nagel et al. 2019). Off by default: on ppocr_cls it helped
 weight-only quantization (49 -> 56 dB output SQNR) but hurt W8A8 (43 -> 32 dB).
 
-Inside If/Loop/Scan bodies too (issue 14): the per-channel input means of a body Conv/Gemm are observed through
+Inside If/Loop/Scan bodies too: the per-channel input means of a body Conv/Gemm are observed through
 body_probe.py like any body value. An input defined in a body is asked for with a negative channel axis, so the
 same axis holds whether the probe hands calibration the value itself (If branches) or its iterations stacked on a
 new leading axis (inside one Loop/Scan); an input the probe can only give as per-run [min, max] (nested loops,
@@ -13,8 +13,8 @@ the corrected node's own graph.
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.qdq import correct_biases
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.qdq import correct_biases
 
 
 def _channel_inputs(model) -> dict:

@@ -1,18 +1,18 @@
-"""`calibrate`: one streaming pass of the float model over the calibration data (qcompiler/quant/calibrate.py).
+"""`calibrate`: one streaming pass of the float model over the calibration data (qcompiler/quant/calibration/calibrate.py).
 
 What to observe comes from placement's structural rules (`observed_names`: no supergroup interiors, no
 data-movement copies; `observed_body_names`: the same rules inside If/Loop/Scan bodies, observed through
-quant/body_probe.py) plus what later passes in the pipeline ask for (`QuantPass.calibration_request`: the
+qcompiler/quant/calibration/body_probe.py) plus what later passes in the pipeline ask for (`QuantPass.calibration_request`: the
 per-channel means bias correction needs), so the data is read once whatever the recipe."""
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.body_probe import has_bodies
-from qcompiler.quant.calibrate import calibrate
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.memory import release
+from qcompiler.quant.calibration.body_probe import has_bodies
+from qcompiler.quant.calibration.calibrate import calibrate
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.interop.report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES
 from qcompiler.quant.placement import observed_body_names, observed_names
-from qcompiler.quant.report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES
+from qcompiler.quant.runtime.memory import release
 
 
 @register_pass

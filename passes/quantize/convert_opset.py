@@ -1,13 +1,13 @@
-"""`convert-opset`: bring the model to the output opset chosen before the pipeline (qcompiler/quant/opset.py),
+"""`convert-opset`: bring the model to the output opset chosen before the pipeline (qcompiler/quant/core/opset.py),
 once, before calibration: nothing later converts again, so the statistics, the plan and the IR's annotations
 all refer to one model."""
 from __future__ import annotations
 
 from qcompiler.errors import QCompilerError
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.memory import release, weight_bytes
-from qcompiler.quant.opset import convert_in_place, opset_note
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.opset import convert_in_place, opset_note
+from qcompiler.quant.runtime.memory import release, weight_bytes
 
 COLLECT_OVER_BYTES = 16 << 20   # below this, a full gc (~15 ms) costs more than the replaced graph holds
 

@@ -2,15 +2,17 @@
 (its FLOAT entries go to `ctx.float_encodings`, so the result's encodings keep them); `assign-encodings`
 computes every other encoding from the statistics (and per-block weight grids).
 
-The file is read once more before the pipeline (quant/opset.py): its int4/int16/per-block entries choose the
+The file is read once more before the pipeline (qcompiler/quant/core/opset.py): its int4/int16/per-block entries choose the
 output opset, so `--load-encodings FILE` alone is enough for such a file."""
 from __future__ import annotations
 
+from qcompiler.errors import ConfigError
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.calibrate import assign_encodings
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.qdq import assign_block_encodings
-from qcompiler.quant.report import layer_choices
+from qcompiler.quant.calibration.calibrate import assign_encodings
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.qdq import assign_block_encodings
+from qcompiler.quant.interop.freeze import freeze_encodings
+from qcompiler.quant.interop.report import layer_choices
 
 
 @register_pass
@@ -21,8 +23,6 @@ class LoadEncodings(QuantPass):
     after = "place"
 
     def run(self, ctx) -> PassResult:
-        from qcompiler.errors import ConfigError
-        from qcompiler.quant.freeze import freeze_encodings
         path = ctx.settings.load_encodings
         if path is None:
             raise ConfigError("pass 'load-encodings' needs an encodings file: pass --load-encodings FILE")

@@ -1,10 +1,10 @@
 """`float16-islands`: nodes a config marks `precision: float16` compute in fp16 between Casts
-(qcompiler/quant/float16.py); `place` chose them, on the float model's names."""
+(qcompiler/quant/core/float16.py); `place` chose them, on the float model's names."""
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.float16 import apply_float16
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.float16 import apply_float16
 
 
 @register_pass

@@ -5,7 +5,7 @@ list every weight as a graph input too. Such an input is overridable, so nothing
 weight of such a model used to stay float (no weight quantizer at all, and nothing said so), and an IR 3 model
 came out invalid (its new Q/DQ scales were initializers that are not inputs). Quantization fixes the weights: a
 QDQ model's weights are its quantized initializers, a feed could not override them anyway, and the calibration
-data never provides them (qcompiler.quant.data.input_specs skips them). So in the main graph each of them
+data never provides them (qcompiler.quant.calibration.data.input_specs skips them). So in the main graph each of them
 leaves the input list (name, tensor and readers unchanged), the IR version becomes at least 4 (where initializers
 need not be inputs) and the report's notes say how many. Body graphs are left alone (their inputs are formal
 parameters).
@@ -13,7 +13,7 @@ parameters).
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
+from qcompiler.quant.core.context import QuantPass
 
 MIN_IR = 4   # the first IR version in which an initializer need not be a graph input
 

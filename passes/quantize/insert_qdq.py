@@ -1,12 +1,12 @@
 """`insert-qdq`: write the plan into the model: QuantizeLinear/DequantizeLinear pairs on activations, weights
 as integers with a DequantizeLinear or float on their int grid (the plan's `storage`, decided first from the
-target's integer-kernel rule: quant/weight_storage.py), biases as int32 (qcompiler/quant/qdq.py)."""
+target's integer-kernel rule: quant/weight_storage.py), biases as int32 (qcompiler/quant/core/qdq.py)."""
 from __future__ import annotations
 
 from qcompiler.ir import verify
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.qdq import apply_plan
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.qdq import apply_plan
 from qcompiler.quant.placement import decide_storage
 
 

@@ -1,19 +1,22 @@
 """`measure-latency` (optional: `--measure-latency` or `--recipe measure-latency`): the quantized model's latency
 against the float model's in onnxruntime (default session options, one thread, interleaved runs, medians;
-qcompiler/quant/latency.py) on the first calibration sample, and which nodes run on integer kernels in
-onnxruntime's optimized graph and why the others do not (qcompiler/quant/kernels.py, the ort_cpu fusion table).
+qcompiler/quant/runtime/latency.py) on the first calibration sample, and which nodes run on integer kernels in
+onnxruntime's optimized graph and why the others do not (qcompiler/quant/runtime/kernels.py, the ort_cpu fusion table).
 """
 from __future__ import annotations
 
+import os
+
+from qcompiler.onnx_io import load_model
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.runtime.kernels import kernel_report
+from qcompiler.quant.runtime.latency import measure_latency
 
 
 def float_model_of(source):
     """The float model as the caller gave it (path, ModelProto or IR Model), never the pipeline's copy."""
-    import os
     if isinstance(source, (str, os.PathLike)):
-        from qcompiler.onnx_io import load_model
         return load_model(os.fspath(source))
     return source
 
@@ -26,8 +29,6 @@ class MeasureLatency(QuantPass):
     after = "safety-net"
 
     def run(self, ctx) -> PassResult:
-        from qcompiler.quant.kernels import kernel_report
-        from qcompiler.quant.latency import measure_latency
         kept = ctx.calibration.kept
         feed = dict(kept[0][0]) if kept else None
         lat = measure_latency(float_model_of(ctx.source), ctx.model, feed=feed)

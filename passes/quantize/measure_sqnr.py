@@ -1,5 +1,5 @@
 """`measure-sqnr`: each graph output's SQNR and max abs error against float, on the calibration samples kept
-during calibration (their float outputs were kept then; quant/report.py). A quantized model onnxruntime's
+during calibration (their float outputs were kept then; qcompiler/quant/interop/report.py). A quantized model onnxruntime's
 default session options fail on (one of its graph fusions) is a warning, never silent: a user's first session
 would fail."""
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 import numpy as np
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.memory import release
-from qcompiler.quant.report import output_errors
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.interop.report import output_errors
+from qcompiler.quant.runtime.memory import release
+from qcompiler.quant.settings.selection import warning
 
 
 @register_pass
@@ -23,7 +24,6 @@ class MeasureSQNR(QuantPass):
         refusals: list = []
         ctx.errors = output_errors(ctx.model, ctx.calibration.kept, ctx.settings.progress, refusals)
         if refusals:
-            from qcompiler.quant.selection import warning
             ctx.warnings.append(warning(
                 "onnxruntime", "default session options",
                 f"fail on the quantized model ({refusals[0]}); it runs with graph_optimization_level="

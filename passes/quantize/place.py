@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from qcompiler.errors import QCompilerError
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.float16 import float16_nodes
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.float16 import float16_nodes
 from qcompiler.quant.placement import build_plan
 
 

@@ -1,9 +1,9 @@
 """`smoothquant` (optional, `--recipe smoothquant`): migrate activation outliers into the weights (Xiao et al.
-2023, "SmoothQuant"; issue 15 item 1).
+2023, "SmoothQuant").
 
 For an activation X [.., K] read by MatMul/Gemm nodes with constant weights W [K, N] (Gemm: transB respected),
 X := X / s and W rows := W * s leave the float model unchanged; with s_k = max|X_k|^alpha / max|W_k,:|^(1 -
-alpha) (qcompiler/quant/smoothquant.py) the channels of X that are 50x the rest shrink and the per-tensor
+alpha) the channels of X that are 50x the rest shrink and the per-tensor
 activation grid fits the others. Several MatMuls reading one X (Q/K/V) get one s, from the max over all their
 weights.
 
@@ -37,7 +37,7 @@ and onnxruntime fuses the decomposed GELU into one Gelu/BiasGelu kernel only whi
 explicit Mul (one element-wise op on the fc2 input) keeps that fusion.
 
 W8A8 as the paper means it (int8 inputs and weights for every MatMul/Gemm, the rest float) is the config preset
-`--config w8a8` (qcompiler/quant/presets/w8a8.yaml): `qcompiler quantize m.onnx --calib c.npz --config w8a8
+`--config w8a8` (qcompiler/quant/settings/presets/w8a8.yaml): `qcompiler quantize m.onnx --calib c.npz --config w8a8
 --recipe smoothquant -o q.onnx`. On minilm_l6: mean cosine 0.9964 (0.9878 without smoothquant; 0.8487 with every
 activation 8-bit); with `--recipe smoothquant,seq-mse` 0.9978, and `--scheme tf_enhanced` too 0.9982: after
 smoothing, the 7-bit per-channel weights cost about as much as all the MatMul inputs together, and of those the
@@ -50,19 +50,142 @@ only.
 X's rows come from one onnxruntime pass over ctx.samples (calibrate.make_session with X as extra outputs; a
 uniform reservoir of 512 rows per X plus max|X_k| over all rows); the SampleSet rewinds for `calibrate` (a
 reader without rewind raises one DataError line there).
+
+SmoothQuant's numbers (Xiao et al. 2023): the smoothing scale and the per-layer alpha search, in numpy.
+
+For a linear layer Y = X W (X [n, K], W [K, N]) and a per-channel s > 0, (X / s)(s W) = Y. With
+s_k = max|X_k|^alpha / max|W_k,:|^(1 - alpha) the outlier channels of X shrink and W's rows grow: alpha moves
+the quantization difficulty from the activation (alpha -> 1) to the weight (alpha -> 0).
+
+`search_alpha` picks alpha per layer on calibration rows: every alpha of the grid at once (one batched matmul,
+no loop over alphas), each scored by the MSE of the layer output with X/s fake-quantized per tensor at the
+activation bits and s W fake-quantized per output channel (or per block along K) at the weight bits, as the
+plan will quantize them. The grid always holds 0.5 (the paper's default), so the pick is never worse than 0.5 on
+that MSE; `NO_SMOOTHING` scores s = 1 too, so a layer that smoothing would not help can be left alone.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
+from onnx import helper
+from qcompiler.passes.scale_folding import (
+    apply_plan,
+    is_protected,
+    plan_producer_fold,
+    write_constant_input,
+)
+from qcompiler.patterns import find_matches
 
+from qcompiler.errors import DataError
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.smoothquant import (ALPHA_GRID, DEFAULT_ALPHA, NO_SMOOTHING, S_MAX, S_MIN, RowReservoir,
-                                         search_alpha, smoothing_scale)
+from qcompiler.quant.calibration.layer_inputs import stream_values
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.placement.options import config_with_rules, node_settings
+from qcompiler.quant.settings.config import Rule
 
-from ..scale_folding import apply_plan, is_protected, plan_producer_fold, write_constant_input
+DEFAULT_ALPHA = 0.5
+ALPHA_GRID = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+NO_SMOOTHING = None            # the grid entry meaning s = 1 (no scale)
+S_MIN, S_MAX = 1e-5, 1e5
+MAX_ROWS = 512                 # calibration rows of X kept per layer for the search (uniform reservoir)
+
+
+def smoothing_scale(xmax: np.ndarray, wmax: np.ndarray, alpha=DEFAULT_ALPHA) -> np.ndarray:
+    """s_k = max|X_k|^alpha / max|W_k|^(1 - alpha), clipped to [S_MIN, S_MAX]; 1 where either is 0 or not finite.
+
+    `alpha` may be an array: the result then has shape alpha.shape + xmax.shape (one row per alpha)."""
+    a = np.asarray(alpha, np.float64)
+    xm, wm = np.asarray(xmax, np.float64), np.asarray(wmax, np.float64)
+    ab = a.reshape(a.shape + (1,) * xm.ndim)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s = np.power(xm, ab) / np.power(wm, 1.0 - ab)
+    s = np.where(np.isfinite(s) & (xm > 0) & (wm > 0), s, 1.0)
+    return np.clip(s, S_MIN, S_MAX)
+
+
+def fake_quant_activation(x: np.ndarray, bits: int, symmetric: bool = False) -> np.ndarray:
+    """x [A, n, K]: each x[a] rounded to its own per-tensor min/max grid (the range always holds 0)."""
+    red = tuple(range(1, x.ndim))
+    if symmetric:
+        m = np.abs(x).max(axis=red, keepdims=True)
+        scale = np.where(m > 0, m / (2 ** (bits - 1) - 1), 1.0)
+        lim = 2 ** (bits - 1) - 1
+        return np.clip(np.round(x / scale), -lim - 1, lim) * scale
+    lo = np.minimum(x.min(axis=red, keepdims=True), 0.0)
+    hi = np.maximum(x.max(axis=red, keepdims=True), 0.0)
+    scale = np.where(hi > lo, (hi - lo) / (2 ** bits - 1), 1.0)
+    zp = np.round(-lo / scale)
+    return (np.clip(np.round(x / scale) + zp, 0, 2 ** bits - 1) - zp) * scale
+
+
+def fake_quant_weight(w: np.ndarray, bits: int, range_bits: Optional[int] = None,
+                      block: Optional[int] = None) -> np.ndarray:
+    """w [A, K, N]: symmetric per output channel N (per block of `block` rows of K when it divides K)."""
+    rb = range_bits or bits
+    lim = 2 ** (rb - 1) - 1
+    a, k, n = w.shape
+    if block and 0 < block < k and k % block == 0:
+        wb = w.reshape(a, k // block, block, n)
+        m = np.abs(wb).max(axis=2, keepdims=True)
+        scale = np.where(m > 0, m / lim, 1.0)
+        return (np.clip(np.round(wb / scale), -lim, lim) * scale).reshape(w.shape)
+    m = np.abs(w).max(axis=1, keepdims=True)
+    scale = np.where(m > 0, m / lim, 1.0)
+    return np.clip(np.round(w / scale), -lim, lim) * scale
+
+
+def layer_mse(x: np.ndarray, w: np.ndarray, scales: np.ndarray, act_bits: int = 8, act_symmetric: bool = False,
+              weight_bits: int = 8, weight_range_bits: Optional[int] = None,
+              block: Optional[int] = None) -> np.ndarray:
+    """MSE of Q(X / s) Q(s W) against X W for each row of `scales` [A, K]; x [n, K], w [K, N]. Returns [A]."""
+    x = np.asarray(x, np.float32)
+    w = np.asarray(w, np.float32)
+    s = np.asarray(scales, np.float32)
+    ref = x @ w
+    xq = fake_quant_activation(x[None] / s[:, None, :], act_bits, act_symmetric)
+    wq = fake_quant_weight(w[None] * s[:, :, None], weight_bits, weight_range_bits, block)
+    err = np.matmul(xq.astype(np.float32), wq.astype(np.float32)) - ref[None]
+    return np.mean(np.square(err, dtype=np.float64), axis=(1, 2))
+
+
+def search_alpha(x: np.ndarray, w: np.ndarray, xmax: np.ndarray, wmax: np.ndarray,
+                 grid: Sequence = ALPHA_GRID, **quant) -> tuple:
+    """(best alpha, {alpha: layer MSE}) over `grid`; alpha None in the grid scores s = 1 (no smoothing).
+
+    Ties go to the earlier grid entry. `quant`: act_bits, act_symmetric, weight_bits, weight_range_bits, block."""
+    grid = list(grid)
+    rows = [np.ones(np.size(xmax)) if a is NO_SMOOTHING else smoothing_scale(xmax, wmax, a) for a in grid]
+    mse = layer_mse(x, w, np.stack(rows), **quant)
+    best = int(np.argmin(np.where(np.isfinite(mse), mse, np.inf)))
+    return grid[best], dict(zip(grid, (float(m) for m in mse)))
+
+
+class RowReservoir:
+    """A uniform sample of at most `size` rows (last axis = channels) out of every row seen, plus max|x| per channel."""
+
+    def __init__(self, size: int = MAX_ROWS, seed: int = 0):
+        self.size, self.rng = size, np.random.default_rng(seed)
+        self.rows: Optional[np.ndarray] = None
+        self.keys: Optional[np.ndarray] = None
+        self.absmax: Optional[np.ndarray] = None
+
+    def add(self, a: np.ndarray) -> None:
+        if a.ndim == 0 or a.size == 0:
+            return
+        r = np.asarray(a, np.float32).reshape(-1, a.shape[-1])
+        if self.absmax is not None and self.absmax.size != r.shape[1]:
+            return
+        m = np.abs(r).max(axis=0).astype(np.float64)
+        self.absmax = m if self.absmax is None else np.maximum(self.absmax, m)
+        keys = self.rng.random(r.shape[0])
+        if self.rows is not None:
+            r, keys = np.concatenate([self.rows, r]), np.concatenate([self.keys, keys])
+        if r.shape[0] > self.size:
+            keep = np.argpartition(keys, self.size)[:self.size]
+            r, keys = r[keep], keys[keep]
+        self.rows, self.keys = r, keys
+
 
 SMOOTHQUANT_ALPHA = DEFAULT_ALPHA
 SHAPE_ONLY = ("Shape", "Size")   # readers that see only X's shape, which the scale does not change
@@ -115,7 +238,6 @@ class _Structures:
     """The pattern library's matches in the main graph: decomposed norm tails, structure nodes and constants."""
 
     def __init__(self, graph):
-        from qcompiler.patterns import find_matches
         self.tails, self.nodes, self.consts = {}, {}, set()
         for kind in STRUCTURES:
             try:
@@ -281,7 +403,6 @@ def _float_for_others(ctx, x, others) -> bool:
     unquantized and none of those readers asks for quantized inputs, as in the w8a8 preset)? Then 1/s goes into
     a Mul before the MatMuls rather than into the producer with a Mul restoring X for the others: the same one
     Mul, and the others read X itself instead of X/s's grid times s (minilm_l6, --config w8a8: 0.9960 -> 0.9964)."""
-    from qcompiler.quant.placement.options import node_settings
     opts = getattr(ctx, "options", None)
     if opts is None or opts.config is None or x.producer is None:
         return False
@@ -294,8 +415,6 @@ def _float_for_others(ctx, x, others) -> bool:
 
 def _collect(ctx, names) -> dict:
     """{name: RowReservoir} from one pass over ctx.samples (layer_inputs.stream_values: the one capture path)."""
-    from qcompiler.errors import DataError
-    from qcompiler.quant.layer_inputs import stream_values
     out = {name: RowReservoir() for name in names}
     n = 0
     for _, _, arrays in stream_values(ctx.model, ctx.samples, names, where="smoothquant sample"):
@@ -347,7 +466,6 @@ def _dtype(x, readers=()):
     """x's float type: declared, else its readers' weights' (a MatMul/Gemm reads both in one type: fp16 models)."""
     elem = x.dtype or next((r.inputs[1].dtype for r, _, _ in readers if r.inputs[1].dtype), None)
     try:
-        from onnx import helper
         return helper.tensor_dtype_to_np_dtype(elem)
     except Exception:   # noqa: BLE001 - unknown type: float32, the only type the readers' weights had
         return np.dtype(np.float32)
@@ -463,7 +581,6 @@ def _keep_unsmoothed_float(ctx, x) -> list:
     inserted Mul is its only reader: a grid on X before the Mul would round the outliers' neighbours away
     before the scale can help (measured on minilm_l6: 0.9862 -> 0.9858 with it, 0.9894 without). A config
     rule `output_quantized: false` per node, added to this run's placement options; returns the node names."""
-    from qcompiler.quant.config import Rule
     opts = getattr(ctx, "options", None)
     if opts is None:
         return []
@@ -477,7 +594,6 @@ def _keep_unsmoothed_float(ctx, x) -> list:
         v = p.inputs[0]
     if not names:
         return []
-    from qcompiler.quant.placement.options import config_with_rules
     start = max([r.index for r in opts.config.rules] + [-1]) + 1 if opts.config is not None else 0
     opts.config = config_with_rules(opts, ctx.profile, [Rule(index=start + i, names=(name,),
                                                              updates={"output_quantized": False})

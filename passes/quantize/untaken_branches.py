@@ -16,8 +16,12 @@ what differs.
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.body_probe import has_bodies, mirror_candidates, mirror_untaken
-from qcompiler.quant.context import QuantPass
+from qcompiler.quant.calibration.body_probe import (
+    has_bodies,
+    mirror_candidates,
+    mirror_untaken,
+)
+from qcompiler.quant.core.context import QuantPass
 
 
 @register_pass

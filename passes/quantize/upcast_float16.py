@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from qcompiler.ir import verify
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.context import QuantPass
-from qcompiler.quant.float16 import compute_in_float32
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.float16 import compute_in_float32
 
 
 @register_pass

@@ -19,6 +19,7 @@ the outputs) and the invariant checker.
 """
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING, Iterable, Iterator, Optional, Sequence, Union
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -27,11 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
 import numpy as np
 import onnx
 
-from ..errors import InvalidModelError
-from .names import NameScope
-from .node import Node, attr_from_python
-from .tensor import Tensor
-from .value import Usage, Value
+from qcompiler.errors import InvalidModelError
+from qcompiler.ir.names import NameScope
+from qcompiler.ir.node import Node, Subgraph, attr_from_python
+from qcompiler.ir.tensor import Tensor
+from qcompiler.ir.value import Usage, Value
 
 SOURCE = "<source>"
 SINK = "<sink>"
@@ -56,7 +57,7 @@ def _result_type(op_type: str, value: Value, extra: list, node: Node) -> Optiona
     return t
 
 
-class Graph:
+class Graph(Subgraph):
     """One graph (the main graph or an If/Loop/Scan body). Bodies resolve outer-scope names through `parent`."""
 
     def __init__(self, name: str = "graph", parent: Optional[Node] = None, names: Optional[NameScope] = None,
@@ -697,7 +698,6 @@ class Graph:
         the index for it would cost a 90k-node import ~2 s instead of 0.17 s. Passes that want an order without
         reordering call `topological_nodes`, which reads the index.
         """
-        import heapq
         order = list(self._nodes)
         pos = {n: i for i, n in enumerate(order)}
         indeg = dict.fromkeys(order, 0)

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-
-from ..errors import InvariantError
-from .graph import SINK, SOURCE, Graph
-from .value import Usage
+from qcompiler.errors import InvariantError
+from qcompiler.ir.graph import SINK, SOURCE, Graph
+from qcompiler.ir.value import Usage
 
 
 def problems(graph: Graph) -> list:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .graph import Graph
+from qcompiler.ir.graph import Graph
 
 
 class Model:

@@ -12,9 +12,11 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from qcompiler.errors import InvalidModelError
+
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Graph
-    from .value import Value
+    from qcompiler.ir.graph import Graph
+    from qcompiler.ir.value import Value
 
 AT = onnx.AttributeProto
 
@@ -32,14 +34,19 @@ class Attr:
         return f"Attr({self.name}={self.value!r})"
 
 
+class Subgraph:
+    """What a GRAPH attribute holds: the IR's Graph derives from it, so attributes know a body without the node
+    module importing the graph module (which imports this one)."""
+    __slots__ = ()
+
+
 def attr_from_python(name: str, value: Any) -> Attr:
     """Build an Attr from a plain Python value, inferring the ONNX type as onnx.helper does."""
-    from .graph import Graph
     if isinstance(value, Attr):
         return value
-    if isinstance(value, Graph):
+    if isinstance(value, Subgraph):
         return Attr(name, AT.GRAPH, value)
-    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Graph) for v in value):
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, Subgraph) for v in value):
         return Attr(name, AT.GRAPHS, list(value))
     if isinstance(value, np.ndarray):
         return Attr(name, AT.TENSOR, numpy_helper.from_array(value, name))
@@ -101,12 +108,6 @@ class Node:
                 out.extend(a.value)
         return out
 
-    def attr_protos(self) -> list:
-        """AttributeProtos for export (original protos when never decoded)."""
-        if self._attrs is None:
-            return self._attr_protos
-        return [_encode_attr(a) for a in self._attrs.values()]
-
     def input_names(self) -> list:
         return ["" if v is None else v.name for v in self.inputs]
 
@@ -135,51 +136,8 @@ def _decode_attr(p: onnx.AttributeProto) -> Attr:
     elif t in (AT.GRAPH, AT.GRAPHS):   # the importer decodes these (bodies are graphs of the IR)
         raise ValueError(f"attribute {p.name[:80]!r} of type {t} must be imported as a subgraph")
     else:   # the importer refuses these; a hand-built proto may still carry one
-        from ..errors import InvalidModelError
         raise InvalidModelError(f"attribute {p.name[:80]!r} has {'no type' if t == 0 else f'unknown type {t}'}")
     return Attr(p.name, t, v, "", p.doc_string)
-
-
-def _encode_attr(a: Attr) -> onnx.AttributeProto:
-    p = onnx.AttributeProto()
-    p.name, p.type = a.name, a.type
-    if a.doc_string:
-        p.doc_string = a.doc_string
-    if a.ref_attr_name:
-        p.ref_attr_name = a.ref_attr_name
-        return p
-    t, v = a.type, a.value
-    if t == AT.FLOAT:
-        p.f = v
-    elif t == AT.INT:
-        p.i = v
-    elif t == AT.STRING:
-        p.s = v if isinstance(v, bytes) else str(v).encode()
-    elif t == AT.INTS:
-        p.ints.extend(v)
-    elif t == AT.FLOATS:
-        p.floats.extend(v)
-    elif t == AT.STRINGS:
-        p.strings.extend(s if isinstance(s, bytes) else str(s).encode() for s in v)
-    elif t == AT.TENSOR:
-        p.t.CopyFrom(v)
-    elif t == AT.SPARSE_TENSOR:
-        p.sparse_tensor.CopyFrom(v)
-    elif t == AT.TYPE_PROTO:
-        p.tp.CopyFrom(v)
-    elif t == AT.TENSORS:
-        p.tensors.extend(v)
-    elif t == AT.SPARSE_TENSORS:
-        p.sparse_tensors.extend(v)
-    elif t == AT.TYPE_PROTOS:
-        p.type_protos.extend(v)
-    elif t == AT.GRAPH:
-        from ..onnx_io.exporter import graph_to_proto
-        p.g.CopyFrom(graph_to_proto(v))
-    elif t == AT.GRAPHS:
-        from ..onnx_io.exporter import graph_to_proto
-        p.graphs.extend(graph_to_proto(g) for g in v)
-    return p
 
 
 def constant_node_value(node: Node) -> Optional[np.ndarray]:

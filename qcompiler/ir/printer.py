@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import onnx
 
-from .graph import Graph
+from qcompiler.ir.graph import Graph
 
 _DT = {v: k for k, v in onnx.TensorProto.DataType.items()}
 

@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..errors import ModelLoadError
-from ..input_files import open_regular
+from qcompiler.errors import ModelLoadError
+from qcompiler.input_files import open_regular
 
 
 class ExternalRef:

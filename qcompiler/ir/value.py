@@ -12,11 +12,12 @@ from typing import TYPE_CHECKING, NamedTuple, Optional, Union
 import numpy as np
 import onnx
 
-from .tensor import Tensor
+from qcompiler.ir.node import constant_node_value
+from qcompiler.ir.tensor import Tensor
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .graph import Graph
-    from .node import Node
+    from qcompiler.ir.graph import Graph
+    from qcompiler.ir.node import Node
 
 
 class Usage(NamedTuple):
@@ -90,7 +91,6 @@ class Value:
             return None if self.is_input else self.tensor.numpy()
         p = self.producer
         if p is not None and p.op_type == "Constant" and p.domain in ("", "ai.onnx"):
-            from .node import constant_node_value
             return constant_node_value(p)
         return None
 

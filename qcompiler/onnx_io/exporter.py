@@ -6,10 +6,12 @@ import sys
 import onnx
 from onnx import numpy_helper
 
-from ..ir.graph import Graph
-from ..ir.model import Model
-from ..ir.tensor import read_external_bytes
-from .gc_pause import gc_paused
+AT = onnx.AttributeProto
+
+from qcompiler.ir.graph import Graph
+from qcompiler.ir.model import Model
+from qcompiler.ir.tensor import read_external_bytes
+from qcompiler.onnx_io.gc_pause import gc_paused
 
 EXTERNAL_MIN_BYTES = 1024   # tensors under this stay inline (onnx's own size_threshold)
 _ALIGN = 4096               # large tensors start on a page boundary, so onnxruntime can map them
@@ -56,6 +58,54 @@ class ExternalData:
         self.write(raw)
         self.offset += len(raw)
         return stub
+
+
+def encode_attr(a) -> onnx.AttributeProto:
+    """An IR Attr as an AttributeProto (a body attribute through graph_to_proto)."""
+    p = onnx.AttributeProto()
+    p.name, p.type = a.name, a.type
+    if a.doc_string:
+        p.doc_string = a.doc_string
+    if a.ref_attr_name:
+        p.ref_attr_name = a.ref_attr_name
+        return p
+    t, v = a.type, a.value
+    if t == AT.FLOAT:
+        p.f = v
+    elif t == AT.INT:
+        p.i = v
+    elif t == AT.STRING:
+        p.s = v if isinstance(v, bytes) else str(v).encode()
+    elif t == AT.INTS:
+        p.ints.extend(v)
+    elif t == AT.FLOATS:
+        p.floats.extend(v)
+    elif t == AT.STRINGS:
+        p.strings.extend(s if isinstance(s, bytes) else str(s).encode() for s in v)
+    elif t == AT.TENSOR:
+        p.t.CopyFrom(v)
+    elif t == AT.SPARSE_TENSOR:
+        p.sparse_tensor.CopyFrom(v)
+    elif t == AT.TYPE_PROTO:
+        p.tp.CopyFrom(v)
+    elif t == AT.TENSORS:
+        p.tensors.extend(v)
+    elif t == AT.SPARSE_TENSORS:
+        p.sparse_tensors.extend(v)
+    elif t == AT.TYPE_PROTOS:
+        p.type_protos.extend(v)
+    elif t == AT.GRAPH:
+        p.g.CopyFrom(graph_to_proto(v))
+    elif t == AT.GRAPHS:
+        p.graphs.extend(graph_to_proto(g) for g in v)
+    return p
+
+
+def node_attr_protos(n) -> list:
+    """A node's AttributeProtos for export: the original protos while never decoded, else re-encoded."""
+    if n._attrs is None:
+        return n._attr_protos
+    return [encode_attr(a) for a in n._attrs.values()]
 
 
 def external_stub(name: str, tensor, location: str, offset: int, length: int) -> onnx.TensorProto:
@@ -120,7 +170,7 @@ def _node_protos(g: Graph) -> list:
         p = NodeProto(op_type=n.op_type, name=n.name, input=ins, output=outs)
         if n.domain:
             p.domain = n.domain
-        attrs = n._attr_protos if n._attrs is None else n.attr_protos()
+        attrs = node_attr_protos(n)
         if attrs:
             p.attribute.extend(attrs)
         if n.doc_string:

@@ -6,23 +6,66 @@ External data is read lazily and only from inside the model's own folder.
 from __future__ import annotations
 
 import math
+import mmap
 import os
 
 import onnx
 from google.protobuf.message import DecodeError
 
-from ..errors import InvalidModelError, ModelLoadError, OutputError, QCompilerError
-from ..input_files import check_path_text, read_bounded
-from ..ir.model import Model
-from ..ir.tensor import _itemsize
-from .exporter import ExternalData, model_to_byte_pieces, model_to_proto, write_model
-from .importer import model_from_proto
-from .safe_write import (Protected, check_output_folder, data_target, output_target, show, write_file,
-                         write_pair, write_through)
-from .tensor_check import short
+from qcompiler.arguments import require_model
+from qcompiler.errors import (
+    InvalidModelError,
+    ModelLoadError,
+    OutputError,
+    QCompilerError,
+)
+from qcompiler.input_files import check_path_text, open_regular, read_bounded
+from qcompiler.ir.model import Model
+from qcompiler.ir.tensor import _itemsize
+from qcompiler.onnx_io.exporter import (
+    ExternalData,
+    model_to_byte_pieces,
+    model_to_proto,
+    write_model,
+)
+from qcompiler.onnx_io.importer import model_from_proto
+from qcompiler.onnx_io.safe_write import (
+    Protected,
+    check_output_folder,
+    data_target,
+    model_input_files,
+    output_target,
+    show,
+    write_file,
+    write_pair,
+    write_through,
+)
+from qcompiler.onnx_io.tensor_check import short
 
 TWO_GB = 2 ** 31 - 1
 _WRITE_BUFFER = 1 << 20
+
+
+def _external_files_of(path: str) -> list:
+    """External-data files of the model file at `path`, found before any work; [] when it cannot be read.
+
+    NOTE: every external-data entry carries the key "location", so a file without those bytes has none and is
+    not parsed twice (the common case: the model is read again by the command itself). A file that has them is
+    loaded (lazily: no weights are read) to learn the files its tensors point at.
+    """
+    try:
+        f = open_regular(path, "model")
+    except QCompilerError:
+        return []   # not readable as a model: the command's own load reports it
+    with f:
+        try:
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+                if mm.find(b"location") < 0:
+                    return []
+        except (ValueError, OSError):   # empty file
+            return []
+    model = load_model(path)
+    return [p for p in model_input_files(model) if p != getattr(model, "source_path", None)]
 
 
 def load_proto(path: str) -> onnx.ModelProto:
@@ -114,7 +157,7 @@ def check_output_paths(outputs, inputs: tuple = (), models: tuple = (), new_fold
     for opt, folder in (new_folders or {}).items():
         if folder is not None:
             new.add(os.path.abspath(check_output_folder(folder, opt)))
-    guard = Protected(inputs, models)
+    guard = Protected(inputs, models, _external_files_of)
     seen: dict = {}
 
     def claim(path: str, opt: str) -> None:   # `opt` is also the name used in messages
@@ -161,10 +204,9 @@ def save_model(model: Model, path: str, external_data: "bool | None" = None, pro
     file `model` was loaded from and its external-data files (by identity, links resolved). A character device
     such as /dev/null is written through; any other non-regular output is refused with one line.
     """
-    from ..arguments import require_model
     require_model(model, "save_model: model")   # 'str' or a ModelProto: one ArgumentError line, not AttributeError
     target = output_target(path, "output model")
-    guard = Protected(protect, models=(model,))
+    guard = Protected(protect, models=(model,), external_files_of=_external_files_of)
     guard.refuse(target.path, "the output model")
     # NOTE: protobuf cannot serialize a message over 2 GB; keep 1/32 of that for the graph itself
     use_external = external_data if external_data is not None else \

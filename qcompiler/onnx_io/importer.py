@@ -12,17 +12,26 @@ from typing import Optional
 
 import onnx
 
-from ..errors import InvalidModelError, ModelLoadError
-from ..ir.graph import Graph
-from ..ir.model import Model
-from ..ir.names import NameScope
-from ..ir.node import AT, Attr, Node
-from ..ir.tensor import Tensor
-from ..ir.value import Usage, Value
-from .gc_pause import gc_paused
-from .tensor_check import (check_sparse, check_tensor, check_text, collect_external_files, default_schema,
-                           not_utf8, scan_attributes, scan_model_extras, schema_attribute_types, short)
-
+from qcompiler.errors import InvalidModelError, ModelLoadError
+from qcompiler.ir.graph import Graph
+from qcompiler.ir.model import Model
+from qcompiler.ir.names import NameScope
+from qcompiler.ir.node import AT, Attr, Node, _decode_attr
+from qcompiler.ir.tensor import Tensor
+from qcompiler.ir.value import Usage, Value
+from qcompiler.onnx_io.gc_pause import gc_paused
+from qcompiler.onnx_io.tensor_check import (
+    check_sparse,
+    check_tensor,
+    check_text,
+    collect_external_files,
+    default_schema,
+    not_utf8,
+    scan_attributes,
+    scan_model_extras,
+    schema_attribute_types,
+    short,
+)
 
 
 def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, data_stubs: bool = False) -> Model:
@@ -346,7 +355,6 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                     attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
                                          a.ref_attr_name, a.doc_string)
                 else:
-                    from ..ir.node import _decode_attr
                     attrs[a.name] = _decode_attr(a)
             n._attrs = attrs
             n._attr_protos = None

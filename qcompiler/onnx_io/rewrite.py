@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from ..errors import QCompilerError
-from .exporter import model_to_proto
-from .importer import model_from_proto
+from qcompiler.errors import QCompilerError
+from qcompiler.onnx_io.exporter import model_to_proto
+from qcompiler.onnx_io.importer import model_from_proto
 
 STUB_BYTES = 4096       # initializers above this size go to the function without their data
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import mmap
 import os
 import re
 import secrets
@@ -27,9 +26,9 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterable, Optional
 
-from ..errors import OutputError, QCompilerError
-from ..input_files import check_path_text, open_regular
-from ..shorten import file_kind, short_path
+from qcompiler.errors import OutputError
+from qcompiler.input_files import check_path_text
+from qcompiler.shorten import file_kind, short_path
 
 try:
     import fcntl
@@ -75,33 +74,12 @@ def model_input_files(model) -> list:
     return files
 
 
-def _external_files_of(path: str) -> list:
-    """External-data files of the model file at `path`, found before any work; [] when it cannot be read.
-
-    NOTE: every external-data entry carries the key "location", so a file without those bytes has none and is
-    not parsed twice (the common case: the model is read again by the command itself). A file that has them is
-    loaded (lazily: no weights are read) to learn the files its tensors point at.
-    """
-    try:
-        f = open_regular(path, "model")
-    except QCompilerError:
-        return []   # not readable as a model: the command's own load reports it
-    with f:
-        try:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-                if mm.find(b"location") < 0:
-                    return []
-        except (ValueError, OSError):   # empty file
-            return []
-    from .files import load_model
-    model = load_model(path)
-    return [p for p in model_input_files(model) if p != getattr(model, "source_path", None)]
-
-
 class Protected:
     """The files some input reads, by identity (st_dev, st_ino) and by resolved path, each with a label."""
 
-    def __init__(self, paths: Iterable = (), models: Iterable = ()):
+    def __init__(self, paths: Iterable = (), models: Iterable = (), external_files_of: Optional[Callable] = None):
+        # `external_files_of(path)`: the external-data files of a model given as a path (onnx_io.files reads them)
+        self.external_files_of = external_files_of
         self.ids: dict = {}
         self.real: dict = {}
         if isinstance(paths, (str, bytes, os.PathLike)):
@@ -142,7 +120,7 @@ class Protected:
         if isinstance(model, (str, bytes, os.PathLike)):
             path = os.fspath(model)
             self.add(path, members=False)
-            for ext in _external_files_of(path):
+            for ext in (self.external_files_of(path) if self.external_files_of else ()):
                 self.add(ext, f" (external data of '{show(path)}')", members=False)
             return
         files = model_input_files(model)

@@ -32,9 +32,9 @@ from typing import Callable, Optional
 
 import onnx
 
-from ..errors import InvalidModelError, ModelLoadError
-from ..shorten import short_text
-from ..ir.tensor import ExternalRef, read_external_bytes
+from qcompiler.errors import InvalidModelError, ModelLoadError
+from qcompiler.ir.tensor import ExternalRef, read_external_bytes
+from qcompiler.shorten import short_text
 
 TP = onnx.TensorProto
 AT = onnx.AttributeProto

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict
 
-from ..ir.model import Model
+from qcompiler.ir.model import Model
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Pass:
 
     def apply(self, model: Model, context=None) -> PassResult:
         """What the manager calls. A model pass ignores the context; a pass on a shared context (the
-        quantization passes: qcompiler.quant.context.QuantPass) overrides this to run on it."""
+        quantization passes: qcompiler.quant.core.context.QuantPass) overrides this to run on it."""
         return self.run(model)
 
     def __repr__(self) -> str:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from ..errors import PipelineError
+from qcompiler.errors import PipelineError
+from qcompiler.passmanager.registry import available_passes
 
 FACTS = {
     "model": "a model to work on",
@@ -28,7 +29,6 @@ START_FACTS = ("model",)
 
 def check_contracts(passes: Sequence, start: Iterable[str] = START_FACTS) -> None:
     """Raise PipelineError (one line) on the first pass whose `requires` no earlier pass or the start ensures."""
-    from .registry import available_passes
     have = set(start)
     for i, p in enumerate(passes):
         for fact in tuple(p.requires) + tuple(p.ensures):

@@ -11,13 +11,21 @@ from typing import Optional, Sequence
 import numpy as np
 import onnx
 
-from ..errors import DataError, PassError, VerificationError
-from ..ir.invariants import problems
-from ..ir.printer import format_graph
-from ..onnx_io import model_to_proto
-from ..onnx_io.tensor_check import short
-from ..sqnr import sqnr_db
-from .manager import Instrumentation
+from qcompiler.errors import (
+    DataError,
+    InvalidModelError,
+    OnnxRuntimeError,
+    PassError,
+    VerificationError,
+)
+from qcompiler.ir.invariants import problems
+from qcompiler.ir.printer import format_graph
+from qcompiler.onnx_io import model_to_proto, save_model
+from qcompiler.onnx_io.safe_write import make_output_folder
+from qcompiler.onnx_io.tensor_check import short
+from qcompiler.ort_session import create_session, model_prefix, short_path
+from qcompiler.passmanager.manager import Instrumentation
+from qcompiler.sqnr import sqnr_db
 
 
 class PrintIR(Instrumentation):
@@ -44,7 +52,6 @@ class DumpONNX(Instrumentation):
     """
 
     def __init__(self, folder: str, protect: Sequence = ()):
-        from ..onnx_io.safe_write import make_output_folder
         self.folder = make_output_folder(folder, "--dump-dir")
         self.protect = tuple(protect)
         self.n = 0
@@ -59,7 +66,6 @@ class DumpONNX(Instrumentation):
         return [cls._name(0, "input")] + [cls._name(i + 1, p.name) for i, p in enumerate(passes)]
 
     def _write(self, model, label):
-        from ..onnx_io import save_model
         save_model(model, os.path.join(self.folder, self._name(self.n, label)), protect=self.protect)
         self.n += 1
 
@@ -170,7 +176,6 @@ def random_feeds(proto: onnx.ModelProto, seed: int = 0, dims: Optional[dict] = N
 def run_onnxruntime(proto: onnx.ModelProto, feeds: dict, role: str = "") -> list:
     """Every output of `proto` on `feeds`, through a quiet session (qcompiler.ort_session): a refusal raises
     OnnxRuntimeError, a failed run DataError, each one line naming the model and onnxruntime's reason."""
-    from ..ort_session import create_session
     return create_session(proto, role=role, threads=None).run(None, feeds)
 
 
@@ -214,8 +219,6 @@ class Verifier(Instrumentation):
 
     def _input_outputs(self, model, proto=None):
         """The outputs of the model as it came in (or as the last unverified pass left it) on the feeds."""
-        from ..errors import DataError, InvalidModelError
-        from ..ort_session import create_session, model_prefix, short_path
         proto = proto if proto is not None else model_to_proto(model)
         sess = create_session(proto, threads=None)   # a refusal is the input's fault: OnnxRuntimeError, exit 2
         if self.feeds is None and self.feeds_factory is not None:
@@ -236,7 +239,6 @@ class Verifier(Instrumentation):
                                     f"({e.reason}); pass real inputs with --verify-inputs") from None
 
     def _outputs_after(self, p, proto):
-        from ..errors import DataError, OnnxRuntimeError
         try:
             return run_onnxruntime(proto, self.feeds)
         except (OnnxRuntimeError, DataError) as e:
@@ -259,8 +261,6 @@ class Verifier(Instrumentation):
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:240]
             if p is not None:
                 raise PassError(f"onnx.checker fails {where}: {reason}") from None
-            from ..errors import InvalidModelError
-            from ..ort_session import model_prefix
             raise InvalidModelError(f"{model_prefix()}onnx.checker rejects the model: {reason}") from None
         return proto
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import Iterable, List, Sequence
 
-from ..errors import PassError, QCompilerError
-from ..ir.model import Model
-from .base import Pass, PassResult
-from .facts import START_FACTS, check_contracts
-from .registry import parse_pipeline
+from qcompiler.errors import PassError, QCompilerError
+from qcompiler.ir.model import Model
+from qcompiler.passmanager.base import Pass, PassResult
+from qcompiler.passmanager.facts import START_FACTS, check_contracts
+from qcompiler.passmanager.registry import parse_pipeline
 
 
 class Instrumentation:

@@ -2,10 +2,11 @@
 `qcompiler.passes` (each entry point names a Pass subclass or a factory returning a Pass)."""
 from __future__ import annotations
 
+import importlib
 from typing import Dict, Type
 
-from ..errors import UnknownPassError
-from .base import Pass
+from qcompiler.errors import UnknownPassError
+from qcompiler.passmanager.base import Pass
 
 ENTRY_POINT_GROUP = "qcompiler.passes"
 # the graph passes, and the quantization passes (imported apart: they import qcompiler.quant, which imports
@@ -31,7 +32,6 @@ def _load() -> None:
     if _loaded:
         return
     _loaded = True
-    import importlib
     for module in BUILTIN_MODULES:   # built-ins register on import
         importlib.import_module(module)
     try:

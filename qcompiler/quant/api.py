@@ -1,7 +1,7 @@
 """`quantize(...)`: float ONNX model + calibration data in, QDQ model + encodings + report out.
 
 This module checks the arguments, loads the model (a private copy), makes the QuantContext (settings, profile,
-output opset, samples) and runs the quantization pipeline (qcompiler/quant/pipeline.py: every step a registered
+output opset, samples) and runs the quantization pipeline (qcompiler/quant/core/pipeline.py: every step a registered
 pass in passes/quantize/), then builds the report from the context. The report has per-output SQNR and max abs
 error on the calibration samples (their float outputs are kept during calibration, up to
 report.SQNR_MAX_SAMPLES samples / SQNR_KEEP_BYTES bytes).
@@ -13,16 +13,43 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from ..errors import ArgumentError
-from ..onnx_io import load_model, model_from_proto, model_to_proto
-from .context import QuantContext, QuantSettings
-from ..passmanager.instrumentation import Timing
-from .pipeline import DEFAULT_PIPELINE, pipeline_for, quantization_manager, run_quantization
-from .placement import PlacementOptions
-from .profiles import get_profile
-from .report import build_report, pass_stats
-from .selection import Selection
-from .switches import BY_NAME, OPTIMIZE, api_doc, check_switches
+import onnx
+
+from qcompiler.arguments import got, require_path
+from qcompiler.errors import ArgumentError
+from qcompiler.ir.model import Model
+from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model
+from qcompiler.onnx_io.safe_write import model_input_files
+from qcompiler.ort_session import model_label
+from qcompiler.passmanager.instrumentation import Timing
+from qcompiler.progress import bar
+from qcompiler.quant.calibration.calibrate import clipped_fractions
+from qcompiler.quant.calibration.data import input_specs, load_samples
+from qcompiler.quant.calibration.observers import CLIP_WARN_FRACTION
+from qcompiler.quant.core.context import Outcome, QuantContext, QuantSettings
+from qcompiler.quant.core.float16 import check_bfloat16
+from qcompiler.quant.core.opset import choose_opset
+from qcompiler.quant.core.pipeline import (
+    DEFAULT_PIPELINE,
+    pipeline_for,
+    quantization_manager,
+    run_quantization,
+)
+from qcompiler.quant.core.schemes import DEFAULT_SCHEME, canonical_scheme
+from qcompiler.quant.core.switches import BY_NAME, OPTIMIZE, api_doc, check_switches
+from qcompiler.quant.interop.encodings_io import write_encodings
+from qcompiler.quant.interop.report import build_report, pass_stats, report_fields
+from qcompiler.quant.placement import PlacementOptions
+from qcompiler.quant.settings.config import load_config
+from qcompiler.quant.settings.selection import (
+    Selection,
+    check_unmatched,
+    config_with_rules,
+    selection_rules,
+    unmatched_config_rules,
+    warning,
+)
+from qcompiler.quant.targets.profiles import get_profile
 
 __all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE", "OPTIMIZE"]
 
@@ -41,22 +68,17 @@ class QuantizeResult:
     def save(self, path: str, external_data: Optional[bool] = None, protect: tuple = ()) -> None:
         """Write the QDQ model atomically; never over the float model it came from, its external data, or a file
         in `protect` (see `save_model`)."""
-        from ..onnx_io import save_model
         save_model(self.model, path, external_data=external_data, protect=protect)
 
     def write_encodings(self, path: Optional[str], version: str = "1.0.0", protect: tuple = ()) -> dict:
         """The encodings document; written atomically to `path` when given, never over the float model it came
         from, its external data, or a file in `protect`."""
-        from .encodings_io import write_encodings
         if path is not None:
-            from ..onnx_io.safe_write import model_input_files
             protect = tuple(protect) + tuple(model_input_files(self.model))
         args = self.report.get("quantizer_args", {})
         return write_encodings(path, self.encodings["activations"], self.encodings["params"], version=version,
                                quantizer_args=args, excluded_layers=sorted(self.report["left_float"]),
                                protect=protect)
-
-
 
 
 def _load(model_or_path):
@@ -71,7 +93,6 @@ def _load(model_or_path):
     return m
 
 
-
 def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, per_channel: bool = True,
              weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
@@ -84,16 +105,16 @@ def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, pe
              executor=None, instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
-    `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.data for the
+    `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.calibration.data for the
     batch-dim rule), an .npy path (single-input model), a folder of them, an iterable of feed dicts, or an object
     with `get_next()` (onnxruntime's CalibrationDataReader; read once, its len() is never asked); `config`: a
-    path, a built-in preset's name (qcompiler/quant/presets: `w8a8`) or a QuantConfig. `target`: None means the
+    path, a built-in preset's name (qcompiler/quant/settings/presets: `w8a8`) or a QuantConfig. `target`: None means the
     config's `target`, else ort_cpu (as the CLI).
     `instrumentations`: passmanager instrumentations (Timing, PrintIR, DumpONNX, Verifier, ...) run around
-    every pass. The other keywords are the switches of qcompiler/quant/switches.py, one entry each (listed
+    every pass. The other keywords are the switches of qcompiler/quant/core/switches.py, one entry each (listed
     below; `qcompiler quantize` has a flag for each). A selector, config rule or frozen encoding that matches
     nothing is listed in report['warnings']. The work is a pipeline of registered passes
-    (qcompiler.quant.pipeline.DEFAULT_PIPELINE); a switch that asks for a pass adds it like a `recipe` entry.
+    (qcompiler.quant.core.pipeline.DEFAULT_PIPELINE); a switch that asks for a pass adds it like a `recipe` entry.
 
     Errors (all subclasses of qcompiler.errors.QCompilerError, one line naming the file, argument or sample):
     ArgumentError for an argument of the wrong type or out of range (the switch table's checks); UnknownPassError /
@@ -117,7 +138,6 @@ def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, pe
     for k in ("target", "config", "load_encodings"):
         if isinstance(s[k], (bytes, os.PathLike)):
             s[k] = os.fsdecode(s[k])
-    from ..ort_session import model_label
     with model_label(model_or_path if isinstance(model_or_path, (str, os.PathLike)) else ""):
         return _quantize(model_or_path, calib, pm, QuantSettings(**s, selection=sel))
 
@@ -128,9 +148,6 @@ if quantize.__doc__:    # (python -OO strips docstrings)
 
 def _check_inputs(model_or_path, calib) -> None:
     """The model and the data arguments of `quantize`, by type, before any work: one ArgumentError line."""
-    from ..arguments import got, require_path
-    from ..ir.model import Model
-    import onnx
     if isinstance(model_or_path, (str, bytes, os.PathLike)):
         require_path(model_or_path, "model")
     elif not isinstance(model_or_path, (onnx.ModelProto, Model)):
@@ -146,7 +163,6 @@ def _check_inputs(model_or_path, calib) -> None:
 def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_bits, weight_block):
     """The config placement reads: the caller's (or one holding the arguments) plus the selection's rules and
     the symmetry overrides; warnings for what matches nothing go to `sel.warnings`."""
-    from .selection import config_with_rules, selection_rules
     rules = selection_rules(model, sel, len(config.rules) if config is not None else 0,
                             profile.fused_activations, profile.shares_input_encoding) \
         if not sel.empty else []
@@ -162,20 +178,10 @@ def _apply_selection(model, config, sel, profile, per_channel, weight_bits, act_
     return config_with_rules(config, rules, defaults, sym)
 
 
-
-
-
 def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     """Resolve the settings (config file, target, scheme), load the model and make the context: the profile,
     the output opset (decided here, once) and the calibration samples (read lazily by `calibrate`)."""
-    from ..progress import bar
-    from .data import input_specs, load_samples
-    from .float16 import check_bfloat16
-    from .opset import choose_opset
-    from .schemes import DEFAULT_SCHEME, canonical_scheme
-    from .selection import check_unmatched, unmatched_config_rules
     if s.config is not None and not hasattr(s.config, "settings_for"):
-        from .config import load_config
         s.config = load_config(os.fspath(s.config))
     cfg = s.config
     if s.target is None:
@@ -187,7 +193,7 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     with bar("loading", 1, s.progress) as loading:
         model = _load(model_or_path)
         loading.update(1)
-    check_bfloat16(model)   # onnxruntime CPU runs no bfloat16 MatMul/Conv: say so in the one line (quant/float16.py)
+    check_bfloat16(model)   # onnxruntime CPU runs no bfloat16 MatMul/Conv: say so in the one line (qcompiler/quant/core/float16.py)
     sel = s.selection
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))
@@ -230,9 +236,6 @@ def _clip_warnings(ctx, report: dict) -> list:
     """Activations whose grid leaves out more than observers.CLIP_WARN_FRACTION of the range calibration saw
     (a clipping scheme cut a ReLU output to a fifth of its range): listed in report['clipped'], and a warning
     each, since values beyond the grid saturate."""
-    from .calibrate import clipped_fractions
-    from .observers import CLIP_WARN_FRACTION
-    from .selection import warning
     if ctx.calibration is None or not ctx.activations:
         return []
     fractions = clipped_fractions(ctx.calibration, ctx.activations)
@@ -252,7 +255,6 @@ def _stats(ctx) -> dict:
 def _report(ctx, seconds: dict, ran: list) -> dict:
     """The report from the context; a pipeline without a plan or calibration (an expert's `--pipeline`) gets
     the fields it can have."""
-    from .safety_net import Outcome, report_fields
     s, cal, plan = ctx.settings, ctx.calibration, ctx.plan
     if plan is None or cal is None:
         report = {"target": s.target if isinstance(s.target, str) else ctx.profile.name,

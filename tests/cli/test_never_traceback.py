@@ -1,4 +1,4 @@
-"""Issue 10, items 5 and 8: never a traceback.
+"""Never a traceback.
 
 - A model onnxruntime refuses (or a run it fails) is one stderr line naming the model (or the sample) and
   onnxruntime's reason, exit 2, no output file, and none of onnxruntime's own log lines ahead of ours.

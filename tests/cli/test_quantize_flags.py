@@ -1,4 +1,4 @@
-"""The flags users of the peers reach for first on `qcompiler quantize` (issue 11 item 7): --exclude, --op-types,
+"""The flags users of the peers reach for first on `qcompiler quantize`: --exclude, --op-types,
 --symmetric-activations, --bias-correction, --json, --report -, --progress/--no-progress, -q; warnings for what
 matches nothing; reasons printed whole; no message cites documents users do not have; the README documents every
 flag the command has."""
@@ -150,7 +150,7 @@ def test_config_rule_that_matches_nothing_warns(tiny, tmp_path):
 
 
 def test_reasons_are_printed_whole(tiny):
-    from qcompiler.quant.report import format_summary
+    from qcompiler.quant.interop.report import format_summary
     report = _report(tiny, "--exclude", "fc")
     reason = "holds sentinel values of magnitude 3.4e+38 (an additive mask?): 8 bits cannot carry them " \
              "together with the rest"
@@ -179,7 +179,7 @@ def test_no_user_facing_string_cites_private_documents():
 
 
 def test_readme_documents_every_quantize_flag():
-    from qcompiler.quant.cli_quantize import quantize_cmd
+    from qcompiler.cli_quantize import quantize_cmd
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     flags = [o for p in quantize_cmd.params for o in getattr(p, "opts", []) + getattr(p, "secondary_opts", [])
              if o.startswith("--")]

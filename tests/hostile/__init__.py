@@ -1,4 +1,4 @@
-"""Hostile-input suite (issue 10): every CLI run on bad input exits 0 or 2 with one line, under limits, changing no input.
+"""Hostile-input suite: every CLI run on bad input exits 0 or 2 with one line, under limits, changing no input.
 
 - harness.py      run one CLI command in a limited child (RLIMIT_AS 3 GiB, RLIMIT_CPU, wall timeout), hash inputs
                   before/after, and check the promises (`check`, `problems`)

@@ -72,7 +72,7 @@ def _child(req: dict, out_path: str, err_path: str) -> None:
 
 def serve() -> None:
     import importlib
-    for name in ("qcompiler.cli", "qcompiler.quant.api", "qcompiler.quant.cli_quantize", "onnxruntime"):
+    for name in ("qcompiler.cli", "qcompiler.quant.api", "qcompiler.cli_quantize", "onnxruntime"):
         try:  # the expensive imports, done once; a module that moved only costs its import in each child
             importlib.import_module(name)
         except ImportError:

@@ -1,4 +1,4 @@
-"""Run the CLI on hostile input in a child process and check the promises of issue 10 for every run.
+"""Run the CLI on hostile input in a child process and check the hostile-input promises (README) for every run.
 
 `run_cli(args, inputs=...)` runs `python -m qcompiler ARGS` (or a fork of a pre-imported server, see
 forkserver.py) with RLIMIT_AS and RLIMIT_CPU set in the child, a wall timeout, stdin from /dev/null, and the
@@ -204,7 +204,7 @@ def problems(run: Run, allowed=(0, 2), word: "str | None" = None) -> list:
         last = [ln for ln in run.stderr.strip().splitlines() if ln.strip()][-1:] or ["?"]
         bad.append(f"traceback: {last[0][:200]}")
     if 0 in allowed:
-        allowed = tuple(allowed) + (3,)   # quantize finished, output SQNR below the floor (issue 11 item 3)
+        allowed = tuple(allowed) + (3,)   # quantize finished, output SQNR below the floor
     if not run.timeout and run.rc >= 0 and run.rc not in allowed:
         bad.append(f"exit code {run.rc}, expected one of {tuple(allowed)}")
     if run.rc == 2:

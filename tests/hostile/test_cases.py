@@ -1,4 +1,4 @@
-"""The hand-written cases of issue 10, one per item it names, each a CLI run (or a small API script) in a limited
+"""The hand-written hostile-input cases, one per promise, each a CLI run (or a small API script) in a limited
 child process: the expected exit code, the word the one error line must name, no traceback, no hang, no input
 changed (harness.check), and for some an extra check afterwards (output mode, a device left a device, ...).
 

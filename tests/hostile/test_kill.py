@@ -1,4 +1,4 @@
-"""Signals during the write of a large output (issue 10, item 3 and Tests): SIGKILL, SIGINT and SIGTERM while
+"""Signals during the write of a large output (item 3 and Tests): SIGKILL, SIGINT and SIGTERM while
 `run -o OUT` is writing leave the earlier OUT intact and no partial output; after the catchable signals no
 temporary file is left beside OUT, and after SIGKILL a later run removes what the killed one left. Two processes
 writing the same OUT at once leave one whole file.

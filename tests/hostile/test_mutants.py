@@ -1,5 +1,5 @@
 """Seeded protobuf mutants through `inspect`, `run` and `quantize`: exit 0 or 2 with one line, no traceback, no hang,
-within the memory limit, no input changed (issue 10, Tests).
+within the memory limit, no input changed (Tests).
 
 Default: every mutation kind once (seed 0), on the small models built in mutants.py in turn, and each unmutated
 source (a failure there is the source's, not the mutation's). `-m slow`: seeds 1..QC_HOSTILE_SEEDS

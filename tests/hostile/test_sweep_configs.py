@@ -17,7 +17,7 @@ import zipfile
 import numpy as np
 import pytest
 
-from qcompiler.quant.untrusted import MAX_NODES, MAX_YAML_CHARS
+from qcompiler.quant.settings.untrusted import MAX_NODES, MAX_YAML_CHARS
 from tests.hostile.harness import check, run_cli
 from tests.hostile.mutants import source
 

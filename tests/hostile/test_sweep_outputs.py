@@ -1,6 +1,6 @@
 """Findings of the hostile sweep in output paths.
 
-A character device is written through (issue 10: people send output to /dev/null on purpose), but a device that
+A character device is written through (people send output to /dev/null on purpose), but a device that
 refuses the write was an internal error: `-o /dev/full` (or a symlink to it, or `--report /dev/full`) ended in
 `OSError: [Errno 28] No space left on device`, exit 1. Now it is one line naming the output, exit 2, as a full
 disk is for a regular file.

@@ -1,4 +1,4 @@
-"""Hostile tensors (issue 10, items 1, 2, 3, 4, 5, 8, 9): every TensorProto anywhere in a model goes through one
+"""Hostile tensors (items 1, 2, 3, 4, 5, 8, 9): every TensorProto anywhere in a model goes through one
 check at import; external data never comes from outside the model's folder; a size that does not match the
 shape is one line before anything is allocated; recursive local functions, hostile model paths and huge random
 feeds are one line, exit 2.

@@ -287,7 +287,7 @@ def test_dump_dir_is_made_and_filled(work):
 
 # --- the Python API -------------------------------------------------------------------------------------------
 def test_save_model_never_writes_over_the_inputs_external_data(work):
-    """Issue 10 item 2: out.onnx.data was the input's external-data file, and the input no longer loaded."""
+    """out.onnx.data was the input's external-data file, and the input no longer loaded."""
     src = work / "ext" / "m.onnx"
     os.rename(work / "ext" / "weights.bin", work / "ext" / "out.onnx.data")
     proto = onnx.load(str(src), load_external_data=False)
@@ -311,7 +311,7 @@ def test_save_model_never_writes_over_the_inputs_external_data(work):
 def test_save_model_protects_the_file_the_model_came_from(work):
     src = str(work / "tiny_cnn.onnx")
     m = qcompiler.load_model(src)
-    m.source_path = src   # set by load_model itself (helper A's part of issue 10); set here so this test stands alone
+    m.source_path = src   # set by load_model itself ; set here so this test stands alone
     os.link(src, work / "alias.onnx")
     before = digest(work)
     for out in (src, str(work / "alias.onnx"), str(work / "." / "tiny_cnn.onnx")):
@@ -327,7 +327,7 @@ def test_quantize_result_save_protects_its_source(work):
     src = str(work / "tiny_cnn.onnx")
     res = quantize(src, str(work / "tiny_cnn_calib.npz"), limit=4)
     if getattr(res.model, "source_path", None) is None:
-        res.model.source_path = src   # set by load_model itself (helper A's part of issue 10)
+        res.model.source_path = src   # set by load_model itself
     before = digest(work)
     with pytest.raises(OutputError, match="would overwrite the input file"):
         res.save(src)

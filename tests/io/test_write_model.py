@@ -10,8 +10,8 @@ import onnx
 from benchmarks.llm_graph import make_llm_graph
 from qcompiler import model_from_proto, model_to_proto, verify
 from qcompiler.onnx_io.exporter import model_to_bytes, write_model
-from qcompiler.quant.opset import convert_in_place
-from qcompiler.quant.calibrate import make_session
+from qcompiler.quant.core.opset import convert_in_place
+from qcompiler.quant.calibration.calibrate import make_session
 from tests.helpers import run
 
 

@@ -1,4 +1,4 @@
-"""cle (issue 15 item 4): cross-layer equalisation of Conv -> Relu -> Conv pairs leaves float outputs unchanged
+"""cle: cross-layer equalisation of Conv -> Relu -> Conv pairs leaves float outputs unchanged
 within 1e-5, raises per-tensor SQNR on unbalanced channels, handles depthwise pairs and chains, skips shared
 weights and non-equivariant activations (Relu6 / Clip), and joins `qcompiler quantize --recipe cle` after
 fuse-hardswish."""

@@ -1,4 +1,4 @@
-"""cle inside `quantize` (issue 15 item 4): high-bias absorption from calibration statistics (exact on the
+"""cle inside `quantize`: high-bias absorption from calibration statistics (exact on the
 calibration data, only into a Conv that does not pad), no equalisation for per-channel weights, and a scale
 clamped so the activation between a pair never widens: on a model where plain equalisation widens that
 activation, cle must not lower W8A8 output SQNR (per-tensor or per-channel weights)."""
@@ -11,7 +11,7 @@ import pytest
 from qcompiler.ir import verify
 from qcompiler.onnx_io import model_from_proto, model_to_proto
 from qcompiler.passmanager import get_pass
-from qcompiler.quant.context import QuantSettings
+from qcompiler.quant.core.context import QuantSettings
 from tests.helpers import run, sqnr_db
 from tests.patterns.builders import Builder
 

@@ -1,4 +1,4 @@
-"""fold-conv-bias-add (issue 13, FINDINGS §1 rule 3): Add(Conv, per-channel constant), including Paddle's
+"""fold-conv-bias-add (FINDINGS §1 rule 3): Add(Conv, per-channel constant), including Paddle's
 Add(conv, Reshape(Constant b, [1, C, 1, 1])), goes into the Conv's bias; outputs unchanged in onnxruntime;
 anything not per-channel, not constant or read elsewhere stays."""
 import numpy as np

@@ -1,4 +1,4 @@
-"""fuse-hardswish (issue 13, FINDINGS §1 rule 2): exporter spellings of x·Relu6(x+3)/6 and x·HardSigmoid(x)
+"""fuse-hardswish (FINDINGS §1 rule 2): exporter spellings of x·Relu6(x+3)/6 and x·HardSigmoid(x)
 become one HardSwish op at opset >= 14; outputs unchanged in onnxruntime; refusals leave the graph alone."""
 import numpy as np
 import onnx

@@ -1,4 +1,4 @@
-"""Supergroup annotation and the LayerNorm/GELU fusions (issue 4 items 2-3)."""
+"""Supergroup annotation and the LayerNorm/GELU fusions."""
 import numpy as np
 import onnx
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 11 item 1: GELU, SiLU/Swish, HardSwish and Softmax-with-mask in each exporter's idioms; near misses not.
+"""GELU, SiLU/Swish, HardSwish and Softmax-with-mask in each exporter's idioms; near misses not.
 Positive cases check the float function, the nodes taken, and that quantizing leaves no quantizer inside."""
 from __future__ import annotations
 

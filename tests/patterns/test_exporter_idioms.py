@@ -1,4 +1,4 @@
-"""Issue 11 item 1: normalizations and activations in each exporter's idioms (tf2onnx, Paddle2ONNX, torch legacy
+"""normalizations and activations in each exporter's idioms (tf2onnx, Paddle2ONNX, torch legacy
 and dynamo, jax2onnx) are recognised, so quantizers sit only at the supergroup's boundary; near-misses are not.
 
 Each positive case checks the float model computes the reference function (so the idiom is really that

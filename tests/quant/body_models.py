@@ -1,4 +1,4 @@
-"""Small models whose network lives inside If/Loop/Scan bodies (issue 14 tests and benchmarks/bench_bodies.py).
+"""Small models whose network lives inside If/Loop/Scan bodies (the body tests and benchmarks/bench_bodies.py).
 
 Each builder returns (proto, calibration feeds, evaluation feeds per branch). The evaluation feeds reach every
 branch (both If conditions); the calibration feeds reach both branches except for `if_never_taken`.

@@ -1,4 +1,4 @@
-"""adaround (issue 15 item 3): learned weight rounding for Conv, ConvTranspose, Gemm and MatMul at each layer's own
+"""adaround: learned weight rounding for Conv, ConvTranspose, Gemm and MatMul at each layer's own
 bit width. Known answers: on two perfectly correlated inputs the learned rounding splits the pair that nearest
 rounding sends the same way; on every op the layer loss, measured by onnxruntime with the exported integers
 against the float weights, is never worse than round-to-nearest; a mixed-precision plan keeps each layer's bits;
@@ -15,8 +15,8 @@ from onnx import helper, numpy_helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant import quantize
-from qcompiler.quant.adaround import AdaRoundOptions, _Quadratic, linear_form, optimise_rounding
-from qcompiler.quant.config import parse_config
+from qcompiler.passes.quantize.adaround import AdaRoundOptions, _Quadratic, linear_form, optimise_rounding
+from qcompiler.quant.settings.config import parse_config
 from tests.helpers import make_model, run, tinfo
 
 F = np.float32
@@ -163,7 +163,7 @@ def test_per_block_int4_matmul():
 
 def test_a_layer_too_wide_for_its_gram_matrix_uses_rows(monkeypatch):
     import functools
-    import qcompiler.quant.adaround as A
+    import qcompiler.passes.quantize.adaround as A
     monkeypatch.setattr(A, "AdaRoundOptions", functools.partial(AdaRoundOptions, gram_max_k=4, max_kept_rows=10))
     proto, shape = _gemm_model(np.random.default_rng(0), 1)
     res = quantize(proto, _feeds(shape), weight_bits=4, recipe="adaround", min_sqnr=float("-inf"))
@@ -182,7 +182,7 @@ def test_linear_forms_reject_what_they_do_not_model():
 def test_a_form_that_misses_onnxruntime_is_skipped(monkeypatch):
     """Each linear form is checked against onnxruntime's output on the first sample: a wrong one (here a bias off
     by one) is skipped with that reason, never optimised against a wrong loss."""
-    import qcompiler.quant.adaround as A
+    import qcompiler.passes.quantize.adaround as A
 
     def wrong(node):
         layer, why = linear_form(node)
@@ -258,7 +258,7 @@ def test_bias_correction_after_adaround_corrects_the_learned_weights():
     c_new = inits["c_quantized"].astype(np.float64) * inits[dq.input[1]].astype(np.float64)
     want = c - (_dequantized(q).astype(np.float64) - w) @ mu
     assert np.allclose(c_new, want, atol=np.max(inits[dq.input[1]]) + 1e-4)
-    from qcompiler.quant.encoding import quantize_dequantize
+    from qcompiler.quant.core.encoding import quantize_dequantize
     rtn = quantize_dequantize(w, res.plan.uses[("layer", 1)].encoding)
     assert not np.allclose(c_new, c - (rtn - w) @ mu, atol=np.max(inits[dq.input[1]]) + 1e-4)
 

@@ -1,4 +1,4 @@
-"""AIMET encodings both ways (issue 16): files in AIMET's exact layouts (aimet_onnx 2.42 `_encoding.py`, written here
+"""AIMET encodings both ways: files in AIMET's exact layouts (aimet_onnx 2.42 `_encoding.py`, written here
 from its documented format) load with the right axis and layout or are refused with one line; qcompiler's own
 files round-trip bit-identically for every encoding kind."""
 import json
@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.encoding import Encoding
-from qcompiler.quant.encodings_io import read_encodings, write_encodings
+from qcompiler.quant.core.encoding import Encoding
+from qcompiler.quant.interop.encodings_io import read_encodings, write_encodings
 
 from ..helpers import make_model, run, sqnr_db, tinfo
 from .hostile_common import assert_one_line, quantize_cli, sha
@@ -244,7 +244,7 @@ def test_created_bias_named_like_aimet_and_matched_either_way(tmp_path):
     doc = res.write_encodings(None, "2.0.0")
     for e in doc["encodings"]:
         if e["name"] == "/c1/Conv.bias":
-            e["name"] = "/c1/Conv_bias"                          # a file from before issue 16
+            e["name"] = "/c1/Conv_bias"                          # a file from an older qcompiler
     res2 = quantize(mp, cp, load_encodings=_write(tmp_path, doc))
     assert res2.report["warnings"] == []
     assert any("other convention" in n and "/c1/Conv_bias" in n for n in res2.report["notes"])
@@ -363,7 +363,7 @@ def test_refusals_are_one_line(tmp_path):
         assert not (tmp_path / "q.onnx").exists()
 
 
-# --- issue 16 follow-up: what a file for AIMET needs, and what a file from AIMET needs no flag for -------------
+# --- what a file for AIMET needs, and what a file from AIMET needs no flag for -------------
 def _attention(rng, d=8, heads=2, seq=4):
     """A self-attention block as torch exports it: q/k/v = x @ W + b; K and V go through Reshape/Transpose into
     the second input of a MatMul (a "dynamic weight")."""

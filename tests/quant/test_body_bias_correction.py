@@ -1,4 +1,4 @@
-"""Issue 14: bias correction reaches Conv/Gemm inside If/Loop/Scan bodies (passes/quantize/bias_correction.py,
+"""bias correction reaches Conv/Gemm inside If/Loop/Scan bodies (passes/quantize/bias_correction.py,
 qdq.correct_biases), with per-channel input means observed inside the bodies by body_probe."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from onnx import helper, numpy_helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.qdq import quantize_dequantize
+from qcompiler.quant.core.qdq import quantize_dequantize
 from tests.helpers import make_model, tinfo
 from tests.quant.body_models import MODELS, init, rand
 from tests.quant.test_body_quantizers import check_sqnr

@@ -1,4 +1,4 @@
-"""Issue 14 with issue 13's --optimize: float_regions' rules inside If/Loop/Scan bodies
+"""--optimize: float_regions' rules inside If/Loop/Scan bodies
 (qcompiler/quant/placement/body_float_regions.py), and one encoding across each body boundary or float on both."""
 from __future__ import annotations
 

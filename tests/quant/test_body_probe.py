@@ -1,4 +1,4 @@
-"""body_probe: every float value inside If/Loop/Scan bodies observable from one onnxruntime run (issue 14 item 1).
+"""body_probe: every float value inside If/Loop/Scan bodies observable from one onnxruntime run.
 
 Each model is built here; each test checks that the probe copy runs, that the model's own outputs are bit-exact,
 and that the probed values equal a numpy reference (or the branch run as a model of its own)."""
@@ -11,7 +11,7 @@ from onnx import TensorProto as T, helper as h, numpy_helper as nh
 
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
-from qcompiler.quant.body_probe import BranchTally, build_probe, calibration_probe, has_bodies
+from qcompiler.quant.calibration.body_probe import BranchTally, build_probe, calibration_probe, has_bodies
 
 F = T.FLOAT
 
@@ -353,7 +353,7 @@ def test_input_model_unchanged():
 def test_unshaped_loop_values_learn_their_shape():
     """Split's outputs inside the body have no inferred shape (onnx does not see the outer split sizes): one run
     of the first sample teaches the per-iteration shapes, and they are stacked after all."""
-    from qcompiler.quant.body_probe import UNSHAPED, calibration_probe
+    from qcompiler.quant.calibration.body_probe import UNSHAPED, calibration_probe
     m, wx, wh = _lstm_loop(with_if=True)
     feed = _lstm_feed()
     assert build_probe(model_from_proto(m)).minmax_values.get("gi") == UNSHAPED
@@ -370,7 +370,7 @@ def test_unshaped_loop_values_learn_their_shape():
 # ------------------------------------------------------------------------------------------ calibrate(bodies=True)
 
 def test_calibrate_observes_body_values():
-    from qcompiler.quant.calibrate import calibrate
+    from qcompiler.quant.calibration.calibrate import calibrate
     m, wx, wh = _lstm_loop(with_if=True)
     feeds = [_lstm_feed()] + [{k: v * 0.5 for k, v in _lstm_feed().items()}]
     ir = model_from_proto(m)
@@ -392,7 +392,7 @@ def test_calibrate_observes_body_values():
 
 
 def test_calibrate_reports_branch_never_taken():
-    from qcompiler.quant.calibrate import calibrate
+    from qcompiler.quant.calibration.calibrate import calibrate
     m = _nested_if()
     x = np.ones((2, 3), np.float32)
     feeds = [{"c1": np.array(c1), "c2": np.array(True), "x": x} for c1 in (True, False)]
@@ -457,7 +457,7 @@ def test_float16_values_and_scan_attributes():
 def test_learnt_shape_changes_in_later_sample_falls_back():
     """Sample 0 teaches a per-iteration shape that sample 1 does not have, with an If inside the loop (whose
     filler needs that shape): the run fails once, the probe falls back to min/max pairs, calibration goes on."""
-    from qcompiler.quant.calibrate import calibrate
+    from qcompiler.quant.calibration.calibrate import calibrate
     then = h.make_graph([h.make_node("Mul", ["row", "two"], ["lf_mul"])], "t", [], [_vi("lf_mul", None)])
     els = h.make_graph([h.make_node("Neg", ["row"], ["lf_neg"])], "e", [], [_vi("lf_neg", None)])
     body = h.make_graph([h.make_node("Identity", ["c"], ["c_out"]),
@@ -476,7 +476,7 @@ def test_learnt_shape_changes_in_later_sample_falls_back():
 
 
 def test_calibrate_only_named_body_values():
-    from qcompiler.quant.calibrate import calibrate
+    from qcompiler.quant.calibration.calibrate import calibrate
     m, _, _ = _lstm_loop()
     res = calibrate(model_from_proto(m), iter([_lstm_feed()]), bodies=["gi", "h_out"])
     assert {"gi", "h_out"} <= set(res.observers) and "z" not in res.observers and "c_out" not in res.observers
@@ -484,7 +484,7 @@ def test_calibrate_only_named_body_values():
 
 
 def test_calibrate_bodies_on_a_model_without_bodies_changes_nothing():
-    from qcompiler.quant.calibrate import calibrate
+    from qcompiler.quant.calibration.calibrate import calibrate
     nodes = [h.make_node("Relu", ["x"], ["r"]), h.make_node("Neg", ["r"], ["y"])]
     m = model_from_proto(_model(nodes, [_vi("x", [2])], [_vi("y", [2])]))
     feeds = [{"x": np.array([1, -2], np.float32)}]
@@ -496,8 +496,8 @@ def test_calibrate_bodies_on_a_model_without_bodies_changes_nothing():
 def test_idle_branch_values_mirrored_from_the_taken_one():
     """then_branch never taken: its Conv reads the same captured x and W as else_branch's, so it may borrow
     e_conv's statistics; its Relu has no twin (else applies Sigmoid)."""
-    from qcompiler.quant.body_probe import mirrored_values
-    from qcompiler.quant.calibrate import calibrate
+    from qcompiler.quant.calibration.body_probe import mirrored_values
+    from qcompiler.quant.calibration.calibrate import calibrate
     m, _, _ = _conv_if()
     then = next(a.g for a in m.graph.node[2].attribute if a.name == "then_branch")
     del then.node[0].input[2:]                 # then's Conv now reads exactly what else's reads
@@ -522,7 +522,7 @@ def test_old_opset_is_skipped_with_a_reason():
 
 
 def test_minmax_values_get_a_min_max_observer_whatever_the_scheme():
-    from qcompiler.quant.calibrate import MinMaxPowerObserver, calibrate
+    from qcompiler.quant.calibration.calibrate import MinMaxPowerObserver, calibrate
     m, wx, wh = _lstm_loop(nested=True)
     feed = _lstm_feed()
     res = calibrate(model_from_proto(m), iter([feed]), scheme="percentile", bodies=True)

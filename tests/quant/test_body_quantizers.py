@@ -1,4 +1,4 @@
-"""Issue 14: quantizers inside If/Loop/Scan bodies, on every target (models in tests/quant/body_models.py).
+"""quantizers inside If/Loop/Scan bodies, on every target (models in tests/quant/body_models.py).
 
 Each model: onnxruntime runs the quantized model on every branch, QuantizeLinear nodes exist inside the bodies
 on the default target, and every output reaches SQNR_FLOOR_DB against float on held-out inputs. On qnn_htp and
@@ -232,7 +232,7 @@ def test_captured_activation_gets_a_dequantizer_inside_each_body():
 
 
 def test_body_placement_failure_leaves_the_body_float(monkeypatch):
-    """Issue 14 item 4: a body placement cannot handle stays float, named with the reason; the rest quantizes."""
+    """a body placement cannot handle stays float, named with the reason; the rest quantizes."""
     from qcompiler.quant.placement import activations
     original = activations.place_activations
 
@@ -240,7 +240,8 @@ def test_body_placement_failure_leaves_the_body_float(monkeypatch):
         original(plan, g, profile, opts)
         if g.parent is not None and g.parent.name == "branch" and any(n.name == "else_conv" for n in g.nodes):
             raise RuntimeError("an unknown construct")
-    monkeypatch.setattr(activations, "place_activations", fragile)
+    from qcompiler.quant.placement import bodies as body_placement
+    monkeypatch.setattr(body_placement, "place_activations", fragile)   # bodies.py places each body's activations
     proto, calib, evals = MODELS["if_two_convs"]()
     res = quantize(proto, calib)
     reasons = [s.reason for s in res.plan.values.values() if "failed (RuntimeError: an unknown construct)" in s.reason]

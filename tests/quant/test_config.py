@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 
 from qcompiler.errors import ConfigError
-from qcompiler.quant.config import load_config, parse_config
+from qcompiler.quant.settings.config import load_config, parse_config
 
 AIMET = {
     "defaults": {"ops": {"is_output_quantized": "True"},

@@ -1,4 +1,4 @@
-"""Issue 12 item 4: no config field is parsed and then ignored. Every bit width in either config kind gets the
+"""no config field is parsed and then ignored. Every bit width in either config kind gets the
 error `--weight-bits 2` gets; a setting qcompiler cannot honour is one ConfigError line saying it is not
 supported; what AIMET's own configs carry and qcompiler reads but does not apply is a warning in the report and
 on stderr (before, AIMET's warnings were collected and dropped)."""
@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from qcompiler.cli import main
 from qcompiler.errors import ArgumentError, ConfigError
 from qcompiler.quant import quantize
-from qcompiler.quant.config import QuantConfig, load_config, parse_config
+from qcompiler.quant.settings.config import QuantConfig, load_config, parse_config
 
 BITS_2 = "bit width must be one of 4, 8, 16, got 2"
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from qcompiler.errors import DataError
-from qcompiler.quant.data import input_specs, load_samples
+from qcompiler.quant.calibration.data import input_specs, load_samples
 from tests.corpus import CORPUS
 
 SPEC = {"x": (np.float32, ("batch", 3, 4)), "ids": (np.int64, ("batch", None))}

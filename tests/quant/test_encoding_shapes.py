@@ -1,4 +1,4 @@
-"""Issue 11 item 4: a per-tensor encoding holds one number, in any form numpy 2 gives it.
+"""a per-tensor encoding holds one number, in any form numpy 2 gives it.
 
 A Python float, a numpy float16/float32/float64 scalar, a 0-d array, a (1,) or (1, 1) array, in float16,
 float32 or float64: the report, the encodings writer (1.0.0 and 2.0.0) and the QDQ export take each
@@ -14,12 +14,13 @@ import onnx
 import pytest
 from onnx import helper, numpy_helper
 
-import qcompiler.quant.calibrate as calibrate
-from qcompiler.quant.encoding import Encoding, compute_encoding, quantize_dequantize, scalar
-from qcompiler.quant.encodings_io import read_encodings, write_encodings
+import qcompiler.quant.calibration.calibrate as calibrate
+from qcompiler.quant.core.encoding import Encoding, compute_encoding, quantize_dequantize, scalar
+from qcompiler.quant.interop.encodings_io import read_encodings, write_encodings
 from qcompiler.quant.api import quantize
-from qcompiler.quant.report import encoding_summary
+from qcompiler.quant.interop.report import encoding_summary
 from tests.helpers import make_model, run, sqnr_db, tinfo
+
 
 def _one(a):
     return np.asarray(a).reshape(())

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from qcompiler.errors import ConfigError
-from qcompiler.quant.encoding import compute_encoding, quantize_dequantize
-from qcompiler.quant.encodings_io import read_encodings, write_encodings
+from qcompiler.quant.core.encoding import compute_encoding, quantize_dequantize
+from qcompiler.quant.interop.encodings_io import read_encodings, write_encodings
 
 
 def _encs():

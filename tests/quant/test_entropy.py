@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from qcompiler.quant.observers import _kl_divergences, make_observer, weight_range
+from qcompiler.quant.calibration.observers import _kl_divergences, make_observer, weight_range
 
 
 def _textbook_kl(n, i, levels):

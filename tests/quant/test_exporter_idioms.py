@@ -17,7 +17,7 @@ from onnx import helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.data import load_samples
+from qcompiler.quant.calibration.data import load_samples
 from tests.helpers import run, sqnr_db
 from tests.quant import exporter_models as em
 
@@ -33,7 +33,7 @@ def check(proto, res, feeds, floor=FLOOR_DB, min_weight_dqs=1):
     onnx.checker.check_model(q)
     assert [o.name for o in q.graph.output] == [o.name for o in proto.graph.output]
     # quantized weights: a DQ, or stored on their grid for a float kernel (--optimize balanced sends integer
-    # islands too small to pay for their Q/DQ float: issue 13)
+    # islands too small to pay for their Q/DQ float)
     assert len(weight_dqs(q)) + len(res.report.get("prefolded_params") or {}) >= min_weight_dqs, "weights left float"
     got = {}
     for feed in feeds[:6]:
@@ -326,7 +326,7 @@ def test_default_session_refusal_is_a_warning_not_silent(monkeypatch):
     ORT 1.32 on optimum's decoder for --target qnn_htp: QDQPropagation + QDQS8ToU8 write a QuantizeLinear
     '/kT_q' whose output_dtype INT8 does not match its uint8 zero point). After: report['warnings'] says so
     (a `qcompiler: warning:` line on the CLI)."""
-    import qcompiler.quant.calibrate as cal
+    import qcompiler.quant.calibration.calibrate as cal
     from qcompiler.errors import OnnxRuntimeError
     real = cal.make_session
 
@@ -336,7 +336,8 @@ def test_default_session_refusal_is_a_warning_not_silent(monkeypatch):
                                    "output_dtype INT8 does not match y_zero_point type UINT8")
         return real(model, *a, **kw)
 
-    monkeypatch.setattr(cal, "make_session", failing_default)
+    import qcompiler.quant.interop.report as report_module   # the report pass makes its sessions there
+    monkeypatch.setattr(report_module, "make_session", failing_default)
     m, feeds = em.torchscript()
     res = quantize(m, feeds[:4], progress=False)
     (w,) = [w for w in res.report["warnings"] if w["kind"] == "onnxruntime"]

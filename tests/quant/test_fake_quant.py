@@ -8,8 +8,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.ort_session import create_session
-from qcompiler.quant.encoding import Encoding, dequantize_linear, quantize_dequantize
-from qcompiler.quant.qdq import storage_dtype
+from qcompiler.quant.core.encoding import Encoding, dequantize_linear, quantize_dequantize
+from qcompiler.quant.core.qdq import storage_dtype
 
 _ONNX_TYPE = {(4, True): TensorProto.INT4, (4, False): TensorProto.UINT4, (8, True): TensorProto.INT8,
               (8, False): TensorProto.UINT8, (16, True): TensorProto.INT16, (16, False): TensorProto.UINT16}

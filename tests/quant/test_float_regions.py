@@ -1,11 +1,11 @@
-"""Issue 13: on ort_cpu a quantizer stays only next to an op that runs an integer kernel (the fusion table);
+"""on ort_cpu a quantizer stays only next to an op that runs an integer kernel (the fusion table);
 `--optimize` trades accuracy and latency; onnxruntime's optimized graph shows the kernels."""
 import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.quant.api import quantize
-from qcompiler.quant.kernels import kernel_report
+from qcompiler.quant.runtime.kernels import kernel_report
 from tests.helpers import make_model, run, sqnr_db, tinfo
 
 

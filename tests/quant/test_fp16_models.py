@@ -22,7 +22,7 @@ from onnx import helper, numpy_helper
 
 from qcompiler.errors import OnnxRuntimeError
 from qcompiler.quant import quantize
-from qcompiler.quant.qdq import F32, FloatRoute, float_route
+from qcompiler.quant.core.qdq import F32, FloatRoute, float_route
 from tests.helpers import assert_one_line_error, run, sqnr_db
 from tests.quant.fp16_models import build, feeds_float16, to_float16
 

@@ -1,4 +1,4 @@
-"""Issue 13 item 4: the fusion-table shape holds TensorRT's and QNN HTP's rules as data files, loaded by the same
+"""the fusion-table shape holds TensorRT's and QNN HTP's rules as data files, loaded by the same
 loader as ort_cpu's; placement on trt and qnn_htp does not change."""
 import numpy as np
 import pytest
@@ -6,8 +6,8 @@ from onnx import helper, numpy_helper
 
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.fusions import FUSIONS_DIR, FusionTable, builtin_tables, load_fusions
-from qcompiler.quant.profiles import get_profile
+from qcompiler.quant.targets.fusions import FUSIONS_DIR, FusionTable, builtin_tables, load_fusions
+from qcompiler.quant.targets.profiles import get_profile
 from tests.helpers import make_model, tinfo
 
 

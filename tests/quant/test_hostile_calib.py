@@ -1,4 +1,4 @@
-"""Hostile calibration data (issue 10 item 9): FIFOs and devices refused not hung on, samples read one by one.
+"""Hostile calibration data: FIFOs and devices refused not hung on, samples read one by one.
 
 Every .npz (and every member of a calibration folder) is opened through input_files.open_regular; members are
 streamed sample by sample (data._NpzSamples), so `--limit 2` on a member that inflates to 1.6 GB reads two
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from qcompiler.errors import DataError
-from qcompiler.quant import data as data_mod
-from qcompiler.quant.data import load_samples
+from qcompiler.quant.calibration import data as data_mod
+from qcompiler.quant.calibration.data import load_samples
 
 from .hostile_common import assert_one_line, quantize_cli, run_cli_subprocess, sha, tiny_cnn
 
@@ -87,7 +87,7 @@ def test_member_inflating_to_1_6_gb_read_two_samples_under_a_memory_limit(tiny, 
     before = sha(big)
     t = time.perf_counter()
     code, out, err = _child(tiny, tmp_path, big, "--limit", "2", mem=int(1.5 * (1 << 30)), timeout=120)
-    assert code in (0, 3), err   # 3: all-zero samples put the output below the SQNR floor (issue 11 item 3)
+    assert code in (0, 3), err   # 3: all-zero samples put the output below the SQNR floor
     assert "wrote" in out and time.perf_counter() - t < 60
     assert sha(big) == before
 

@@ -1,4 +1,4 @@
-"""Hostile configs and profiles (issue 10 items 5, 7, 9, 10): one line naming file and key, exit 2, bounded.
+"""Hostile configs and profiles: one line naming file and key, exit 2, bounded.
 
 Configs and profiles are read through input_files.py (regular files, 16 MB), composed by untrusted.py's
 bounded YAML loader (depth, nodes, alias expansion) or its JSON reader (depth), validated field by field
@@ -14,10 +14,10 @@ import onnx
 import pytest
 
 from qcompiler.errors import ConfigError
-from qcompiler.quant.bitwidths import INT_BITS
-from qcompiler.quant.config import load_config
-from qcompiler.quant.profiles import get_profile
-from qcompiler.quant.untrusted import short
+from qcompiler.quant.core.bitwidths import INT_BITS
+from qcompiler.quant.settings.config import load_config
+from qcompiler.quant.targets.profiles import get_profile
+from qcompiler.quant.settings.untrusted import short
 
 from .hostile_common import assert_one_line, quantize_cli, run_cli_subprocess, sha, tiny_cnn
 

@@ -1,4 +1,4 @@
-"""Hostile AIMET encodings files (issue 10 items 5, 6, 9): each is one line naming the file and entry, exit 2.
+"""Hostile AIMET encodings files: each is one line naming the file and entry, exit 2.
 
 Counts and axes are checked against the model's weights before use (encodings_io.fit_param_encoding, called
 from freeze.freeze_encodings); bit widths and dtypes against bitwidths.py; files are opened through input_files.py.
@@ -14,8 +14,8 @@ import pytest
 
 from qcompiler.errors import ConfigError
 from qcompiler.quant.api import quantize
-from qcompiler.quant.encoding import Encoding
-from qcompiler.quant.encodings_io import fit_param_encoding
+from qcompiler.quant.core.encoding import Encoding
+from qcompiler.quant.interop.encodings_io import fit_param_encoding
 
 from ..helpers import run
 from .hostile_common import assert_one_line, quantize_cli, run_cli_subprocess, sha, tiny_cnn

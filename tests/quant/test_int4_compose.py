@@ -1,4 +1,4 @@
-"""Low-bit weights (issue 15 item 5): int4 per channel and per block (32, 64, 128) for MatMul/Gemm, with 8- or
+"""Low-bit weights: int4 per channel and per block (32, 64, 128) for MatMul/Gemm, with 8- or
 16-bit activations, composing with every PTQ pass: cle, smoothquant, seq-mse, bias-correction. One model holds
 what each pass needs (Conv->Relu->Conv for cle, a LayerNorm with outlier channels before a MatMul for smoothquant,
 a Gemm with a bias for bias correction); every exported model runs in onnxruntime with int4 weights."""

@@ -1,4 +1,4 @@
-"""Issue 11 item 9: models over protobuf's 2 GB limit quantize. Every onnxruntime session of a large model gets its
+"""models over protobuf's 2 GB limit quantize. Every onnxruntime session of a large model gets its
 weights as external data in its private folder (the input's data file hard-linked and referred to in place, other
 tensors streamed to the folder's own data file), outputs over the limit go to `NAME.onnx.data` tensor by tensor,
 and a weight still in its external-data file is read one at a time (never all decoded in the IR at once).
@@ -108,7 +108,6 @@ def test_large_session_reads_the_input_data_in_place(tmp_path, monkeypatch, larg
     assert _session_folders() == leftovers, "private session folder removed"
 
 
-
 def test_large_session_refuses_a_data_file_replaced_by_a_fifo(tmp_path, large):
     """The input's data file swapped for a FIFO after load: one ModelLoadError line, never a link onnxruntime
     would block reading."""
@@ -120,6 +119,7 @@ def test_large_session_refuses_a_data_file_replaced_by_a_fifo(tmp_path, large):
     with pytest.raises(ModelLoadError, match="weights.bin.*FIFO") as e:
         ort_session.create_session(model)
     assert "\n" not in str(e.value)
+
 
 def test_large_session_of_decoded_and_new_tensors(tmp_path, large):
     """Tensors the IR holds (quantized weights) go to the private folder's own data file."""
@@ -197,7 +197,7 @@ def _free_memory() -> int:
 def test_quantize_a_model_over_2gb(tmp_path):
     """A 2.25 GiB chain of MatMuls with external data quantizes through the CLI (W8A8); its output loads and runs
     in onnxruntime, close to float (output SQNR above 25 dB against numpy), and the child's peak RSS stays under
-    1.5x the weights' bytes (issue 11 item 9's target). Slow (~1-3 min), not skipped: CI runs it."""
+    1.5x the weights' bytes (the target). Slow (~1-3 min), not skipped: CI runs it."""
     sys.path.insert(0, ROOT)
     from benchmarks.large_model import float_reference, sqnr_db, write_chain
     need_disk, need_mem = 4 << 30, 4 << 30

@@ -1,5 +1,5 @@
-"""Issue 13 item 2: `--optimize latency` takes out Q/DQ pairs between float kernels under a stated accuracy budget
-(quant/latency_search.py, `--latency-budget-db`), and never goes below it."""
+"""`--optimize latency` takes out Q/DQ pairs between float kernels under a stated accuracy budget
+(passes/quantize/latency_search.py, `--latency-budget-db`), and never goes below it."""
 import json
 import subprocess
 import sys
@@ -122,7 +122,7 @@ def _outlier_model():
 
 
 def test_a_widened_value_is_narrowed_to_8_bits_only_within_the_budget():
-    from qcompiler.quant.kernels import kernel_report
+    from qcompiler.quant.runtime.kernels import kernel_report
     m, cal = _outlier_model()
     integer = {}
     for budget in (0.0, 50.0):
@@ -140,7 +140,7 @@ def test_matmul_plus_bias_add_keeps_the_q_that_stops_onnxruntimes_float_gemm_fus
     """MatMul -> Add(constant bias) -> Sin, Cos: the Add's output Q has no integer neighbour of its own, but without it
     onnxruntime's MatMulAddFusion makes a float Gemm of the pair (a float bias has no QDQ Gemm kernel), and the
     weight's DQ runs on every inference (bert_like under latency: 0.51x -> 0.98x float before the rule)."""
-    from qcompiler.quant.kernels import kernel_report
+    from qcompiler.quant.runtime.kernels import kernel_report
     rng = np.random.default_rng(2)
     inits = [numpy_helper.from_array((rng.standard_normal((32, 64)) * 0.2).astype(np.float32), "w"),
              numpy_helper.from_array((rng.standard_normal(64) * 0.1).astype(np.float32), "b")]

@@ -1,4 +1,4 @@
-"""quant/kernels.py, quant/fusions.py and quant/latency.py on small models whose onnxruntime rule is known."""
+"""qcompiler/quant/runtime/kernels.py, qcompiler/quant/targets/fusions.py and qcompiler/quant/runtime/latency.py on small models whose onnxruntime rule is known."""
 from __future__ import annotations
 
 import os
@@ -13,9 +13,9 @@ from qcompiler.errors import ArgumentError, ConfigError
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.ort_session import SESSION_PREFIX
 from qcompiler.quant.api import quantize
-from qcompiler.quant.fusions import FusionTable, builtin_tables, load_fusions
-from qcompiler.quant.kernels import kernel_report, optimized_graph
-from qcompiler.quant.latency import Latency, measure_latency, time_interleaved
+from qcompiler.quant.targets.fusions import FusionTable, builtin_tables, load_fusions
+from qcompiler.quant.runtime.kernels import kernel_report, optimized_graph
+from qcompiler.quant.runtime.latency import Latency, measure_latency, time_interleaved
 from tests.helpers import make_model, tinfo
 
 

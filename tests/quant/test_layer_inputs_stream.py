@@ -1,4 +1,4 @@
-"""One capture path (issue 15 follow-up): adaround's Grams and cle's per-channel statistics now come from
+"""One capture path: adaround's Grams and cle's per-channel statistics now come from
 `layer_inputs.stream_values`, and it must hand them exactly the arrays the old per-pass loops read (a
 `calibrate.make_session` copy with the wanted values as extra outputs, graph inputs taken from the feed)."""
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from qcompiler.onnx_io import model_from_proto
-from qcompiler.quant.adaround import AdaRoundOptions, _capture, linear_form
-from qcompiler.quant.calibrate import extra_output_names, make_session
-from qcompiler.quant.layer_inputs import stream_values
+from qcompiler.passes.quantize.adaround import AdaRoundOptions, _capture, linear_form
+from qcompiler.quant.calibration.calibrate import extra_output_names, make_session
+from qcompiler.quant.calibration.layer_inputs import stream_values
 from tests.helpers import make_model, tinfo
 
 F = np.float32

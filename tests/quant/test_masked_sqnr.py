@@ -5,7 +5,7 @@ while its pooled sentence embedding kept cosine 0.996). Anything that is not a 0
 import numpy as np
 
 from qcompiler.quant import quantize
-from qcompiler.quant.report import OutputError, valid_positions
+from qcompiler.quant.interop.report import OutputError, valid_positions
 from tests.quant.test_additive_masks import _attention
 
 

@@ -1,4 +1,4 @@
-"""Mixed precision with a budget (issue 15 item 6): the `mixed-precision` pass (`--max-drop`, `max_drop=`), its
+"""Mixed precision with a budget: the `mixed-precision` pass (`--max-drop`, `max_drop=`), its
 executor (local processes, Ray), and a mixed plan (4-bit Conv -> fp16 BatchNorm -> 8-bit Conv) that runs in
 onnxruntime."""
 import json
@@ -13,11 +13,11 @@ from qcompiler.cli import main
 from qcompiler.errors import ArgumentError
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant import quantize
-from qcompiler.quant.executor import LocalExecutor, SerialExecutor, check_ray, get_executor
-from qcompiler.quant.mixed_precision import (format_table, legal_candidates, relative_error)
-from qcompiler.quant.mixed_precision.budget import parse_max_drop
-from qcompiler.quant.pipeline import DEFAULT_PIPELINE, pipeline_for
-from qcompiler.quant.profiles import get_profile
+from qcompiler.quant.runtime.executor import LocalExecutor, SerialExecutor, check_ray, get_executor
+from qcompiler.passes.quantize.mixed_precision.search import (format_table, legal_candidates, relative_error)
+from qcompiler.quant.core.switches import parse_max_drop
+from qcompiler.quant.core.pipeline import DEFAULT_PIPELINE, pipeline_for
+from qcompiler.quant.targets.profiles import get_profile
 from tests.helpers import make_model, run, tinfo
 
 F = np.float32
@@ -273,7 +273,7 @@ def test_cli_bad_max_drop_is_one_line_exit_2(tmp_path):
 @pytest.mark.slow
 def test_ray_executor_on_a_local_instance():
     pytest.importorskip("ray")
-    from qcompiler.quant.executor import RayExecutor
+    from qcompiler.quant.runtime.executor import RayExecutor
     ex = RayExecutor("auto")
     try:
         assert ex.map(_square, [1, 2, 3]) == [1, 4, 9]
@@ -302,7 +302,7 @@ def test_budget_holds_on_fresh_samples_when_the_calibration_set_is_tiny(budget, 
     margin) fits those samples and overshoots the budget on 200 fresh ones; the held-out check and the drop's
     standard error (VERIFY_MARGIN) see how much the quiet samples weigh, and the budget holds on the fresh
     ones. (No rule holds it for every draw: with one quiet sample in 12 and a 1 % budget it does not.)"""
-    import qcompiler.quant.mixed_precision as mpm
+    import qcompiler.passes.quantize.mixed_precision.search as mpm
 
     def sample(rng, q):
         return {"x": (rng.normal(size=(1, 3, 8, 8)) * (0.01 if q else 1.0)).astype(F)}

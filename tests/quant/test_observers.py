@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from qcompiler.errors import ConfigError
-from qcompiler.quant.encoding import compute_encoding, quantize_dequantize
-from qcompiler.quant.observers import make_observer, weight_range
+from qcompiler.quant.core.encoding import compute_encoding, quantize_dequantize
+from qcompiler.quant.calibration.observers import make_observer, weight_range
 
 SCHEMES = ["min_max", "tf_enhanced", "percentile", "entropy", "mse"]
 

@@ -1,4 +1,4 @@
-"""`qcompiler.ort.quantize_static`, the drop-in for onnxruntime's (issue 11 item 6): same signature and meaning,
+"""`qcompiler.ort.quantize_static`, the drop-in for onnxruntime's: same signature and meaning,
 onnxruntime's enums or their names, each argument's effect on a small model, one ArgumentError line for what
 cannot be honoured, and a corpus figure at least as good as onnxruntime's own quantize_static with the same
 arguments (measured here)."""
@@ -150,7 +150,7 @@ def test_op_types_and_nodes_to_quantize(tmp_path):
     assert "w" in params and "w2" in params
     assert "y" not in res.report["quantized_activations"]        # Sigmoid output: no quantizer
     # m2 (a MatMul output read only by the float Sigmoid) has no Q of its own under --optimize balanced: the
-    # MatMul runs MatMulIntegerToFloat and a Q/DQ pair there would only cost time (issue 13)
+    # MatMul runs MatMulIntegerToFloat and a Q/DQ pair there would only cost time
     assert "m2" not in res.report["quantized_activations"]
     res, q = _q(tmp_path, nodes_to_quantize=["mm2"])
     assert "w2" in res.report["quantized_params"] and "w" not in res.report["quantized_params"]

@@ -1,4 +1,4 @@
-"""Issue 12 items 1-3: quantization as a pipeline of registered passes on one QuantContext.
+"""quantization as a pipeline of registered passes on one QuantContext.
 
 The instrumentation flags of `run` reach every quantization pass; recipes put optional passes where they belong;
 `--pipeline` is checked against the passes' contracts before any work; a third-party pass joins through the
@@ -18,7 +18,7 @@ from qcompiler.passmanager import Instrumentation, PassManager, available_passes
 from qcompiler.passmanager.facts import check_contracts
 from qcompiler.passmanager.registry import parse_pipeline
 from qcompiler.quant.api import quantize
-from qcompiler.quant.pipeline import DEFAULT_PIPELINE, START_FACTS, build_pipeline, pipeline_for
+from qcompiler.quant.core.pipeline import DEFAULT_PIPELINE, START_FACTS, build_pipeline, pipeline_for
 from tests.helpers import ROOT, assert_one_line_error, run, sqnr_db
 
 QUANT_PASSES = ("convert-opset", "calibrate", "place", "assign-encodings", "insert-qdq", "float16-islands",
@@ -198,7 +198,7 @@ def test_unknown_fact_in_a_contract_is_an_error():
 
 PLUGIN = '''
 from qcompiler.passmanager import PassResult
-from qcompiler.quant.context import QuantPass
+from qcompiler.quant.core.context import QuantPass
 
 class HalveFirstWeightScale(QuantPass):
     """A third-party quantization pass: after assign-encodings, it narrows one weight's grid."""

@@ -5,7 +5,7 @@ import numpy as np
 from onnx import TensorProto as T, helper
 
 from qcompiler.quant.api import quantize
-from qcompiler.quant.plan import Body
+from qcompiler.quant.core.plan import Body
 from tests.helpers import make_model, tinfo
 from tests.quant.test_quantize_bodies import if_model
 

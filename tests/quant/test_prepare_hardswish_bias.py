@@ -1,4 +1,4 @@
-"""Issue 13 (FINDINGS §1 rules 2-3) in the quantization pipeline: fuse-hardswish runs right after convert-opset,
+"""The HardSwish rules in the quantization pipeline: fuse-hardswish runs right after convert-opset,
 so a Paddle-style Conv → Add(+3) → Clip → Mul → Div(6) model leaves quantize() with HardSwish ops when the output
 opset has them, and stays decomposed at opset 13; fold-conv-bias-add joins through `--recipe`."""
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.pipeline import DEFAULT_PIPELINE, build_pipeline
+from qcompiler.quant.core.pipeline import DEFAULT_PIPELINE, build_pipeline
 from tests.helpers import run, sqnr_db
 from tests.patterns.builders import Builder
 

@@ -1,4 +1,4 @@
-"""Issue 11 item 3: an output whose SQNR stays below the floor is a loud warning line and exit 3, after the model,
+"""an output whose SQNR stays below the floor is a loud warning line and exit 3, after the model,
 encodings and report are written; --allow-low-sqnr keeps exit 0; the API never raises on it (report['below_floor'])."""
 import hashlib
 import json

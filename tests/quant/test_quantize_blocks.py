@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.config import parse_config
+from qcompiler.quant.settings.config import parse_config
 from tests.helpers import make_model, run, sqnr_db, tinfo
 
 K, N, BLOCK = 96, 16, 32

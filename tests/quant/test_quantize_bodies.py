@@ -1,5 +1,5 @@
 """Weights inside If/Loop/Scan bodies are quantized (field notes §1), and so are the bodies' activations
-(issue 14: tests/quant/test_body_quantizers.py has the issue's models).
+(tests/quant/test_body_quantizers.py has the issue's models).
 
 SQNR floor: 30 dB vs the float model on random inputs, for both If conditions.
 """
@@ -132,7 +132,7 @@ def test_if_branch_weights_quantized_inside_bodies(target):
     kinds = {weight_grid(then, "then_conv", 1, params["wc"]), weight_grid(then, "then_matmul", 1, params["wt"]),
              weight_grid(els, "else_matmul", 1, params["we"]),
              weight_grid(els, "else_matmul_outer", 1, params[outer])}
-    # the bodies' Conv/MatMul read quantized activations now (issue 14): integer kernels on ort_cpu, so the
+    # the bodies' Conv/MatMul read quantized activations now: integer kernels on ort_cpu, so the
     # weights keep their DQ inside the body, as on trt
     assert kinds == {"dq"}
     bodies = res.report["bodies"]
@@ -151,11 +151,11 @@ def test_loop_body_matmul_weight_quantized():
     assert weight_grid(body_graph(q, "loop", "body"), "loop_matmul", 1, res.encodings["params"]["wl"]) == "dq"
     (reason,) = res.report["bodies"].values()
     assert BODY_REASON in reason and "1 weights quantized" in reason
-    check_sqnr(proto, q, loop_feeds(8, 7), floor=25.0)   # the body's MatMul output is 8-bit now (issue 14 floor)
+    check_sqnr(proto, q, loop_feeds(8, 7), floor=25.0)   # the body's MatMul output is 8-bit now 
 
 
 def test_loop_body_weight_prefolded_on_ort_cpu():
-    """The loop-carried state goes to 16 bits (issue 14: placement/bodies.check_carried_state), so the body
+    """The loop-carried state goes to 16 bits (placement/bodies.check_carried_state), so the body
     MatMul has no integer kernel and its weight is stored on its grid."""
     proto = loop_model()
     res = quantize(proto, loop_feeds(128, 0))

@@ -9,7 +9,7 @@ from onnx import helper, numpy_helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.config import parse_config
+from qcompiler.quant.settings.config import parse_config
 from tests.helpers import make_model, run, sqnr_db, tinfo
 
 SQNR_FLOOR_DB = 16.0     # 4-bit weights on conv1 (27 taps per channel) dominate: measured 19.4 dB worst sample

@@ -1,4 +1,4 @@
-"""Placement rules that leave out quantizers or narrow grids only where they buy nothing (issue 3 follow-up):
+"""Placement rules that leave out quantizers or narrow grids only where they buy nothing:
 a MatMul's product goes to its bias Add unquantized; weights of float kernels use the whole int8 grid (no
 reduce_range); values read only for their shape, and data movement read only by LSTM/GRU, get no second Q/DQ.
 Exported models run in onnxruntime within an SQNR floor of the float model."""

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from onnx import helper
 
 from qcompiler.quant.api import quantize
-from qcompiler.quant.profiles import PROFILES, get_profile
+from qcompiler.quant.targets.profiles import PROFILES, get_profile
 from tests.helpers import make_model, run, sqnr_db, tinfo
 from tests.quant.test_quantize_fieldnotes import axis_of, check_runs_and_sqnr, init, samples
 
@@ -69,7 +69,7 @@ def test_profiles_are_plain_data():
 
 def test_cli_quantize_writes_model_encodings_and_report(tmp_path):
     from qcompiler.cli import main
-    from qcompiler.quant.cli_quantize import quantize_cmd
+    from qcompiler.cli_quantize import quantize_cmd
     if "quantize" not in main.commands:
         main.add_command(quantize_cmd)
     proto = _axes_model()
@@ -109,7 +109,7 @@ def test_profile_file_errors_are_one_line_config_errors(tmp_path):
 
 def test_profile_is_a_typed_frozen_object():
     import dataclasses
-    from qcompiler.quant.profiles import Grid, KernelRule, Profile
+    from qcompiler.quant.targets.profiles import Grid, KernelRule, Profile
     p = get_profile("ort_cpu")
     assert isinstance(p, Profile) and p.name == "ort_cpu"
     assert p.activation == Grid(8, False) and p.weight == Grid(8, True, 7)

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.report import SQNR_MAX_SAMPLES
+from qcompiler.quant.interop.report import SQNR_MAX_SAMPLES
 from tests.helpers import make_model, run, tinfo
 
 

@@ -1,4 +1,4 @@
-"""Calibration sources users of the peers bring (issue 11 item 5): onnxruntime's CalibrationDataReader (a
+"""Calibration sources users of the peers bring: onnxruntime's CalibrationDataReader (a
 subclass, whose len() raises), a get_next()-only object, generators, .npy for a single-input model, folders of
 .npz/.npy. Every one quantizes to the same model as the same samples in an .npz; the hostile checks stay."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ from onnxruntime.quantization import CalibrationDataReader
 from qcompiler import model_to_proto
 from qcompiler.errors import ArgumentError, DataError
 from qcompiler.quant.api import quantize
-from qcompiler.quant.data import load_samples
+from qcompiler.quant.calibration.data import load_samples
 from tests.helpers import make_model, run, sqnr_db, tinfo
 from tests.quant.test_quantize_fieldnotes import init
 

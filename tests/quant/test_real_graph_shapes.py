@@ -1,4 +1,4 @@
-"""Issue 11 item 4: constructs of real graphs that crashed quantization.
+"""constructs of real graphs that crashed quantization.
 
 - grouped and depthwise Conv / ConvTranspose, with and without bias, per channel and per tensor, at every
   target: a group-2 ConvTranspose with bias failed in apply_plan with a numpy broadcast error (its weight
@@ -203,7 +203,7 @@ def test_rank0_inputs_from_feed_dicts_in_every_form(form):
 
 
 def test_rank0_feed_reaches_onnxruntime_as_a_0d_array():
-    from qcompiler.quant.data import input_specs, load_samples
+    from qcompiler.quant.calibration.data import input_specs, load_samples
     from qcompiler.onnx_io import model_from_proto
     g = model_from_proto(vad_model()).graph
     rows = [{"audio": np.zeros((1, 2, 16), np.float32), "sr": np.array([16000], np.int32),

@@ -1,4 +1,4 @@
-"""Issue 11 item 2: the safety net finds the activation quantizers that break the output (a LayerNorm the patterns
+"""the safety net finds the activation quantizers that break the output (a LayerNorm the patterns
 do not recognise, written as E[x²]−E[x]² in tf2onnx's idiom, on inputs with a large mean: catastrophic
 cancellation in 8 bits) and widens them to 16 bits or keeps them float until the output SQNR reaches the floor."""
 import json
@@ -15,7 +15,7 @@ from onnx import numpy_helper as nh
 from qcompiler.cli import main
 from qcompiler.errors import ArgumentError
 from qcompiler.quant import quantize
-from qcompiler.quant.safety_net import DEFAULT_MIN_SQNR_DB, check_min_sqnr
+from qcompiler.quant.core.switches import DEFAULT_MIN_SQNR_DB, check_min_sqnr
 
 OFF = float("-inf")   # min_sqnr=-inf: no floor, the net never runs
 
@@ -134,7 +134,7 @@ def test_safety_net_does_not_run_above_the_floor(tmp_path):
 
 
 def test_trial_cap_bounds_the_cost(ln_files, monkeypatch):
-    from qcompiler.quant import safety_net
+    from qcompiler.passes.quantize import safety_net
     mp, dp, cp, _ = ln_files
     made = []
     real = safety_net._Trials.__init__
@@ -158,7 +158,7 @@ def test_min_sqnr_must_be_a_number_of_db(bad):
 @pytest.mark.parametrize("mean,d,target", [(20.0, 16, "trt"), (100.0, 256, "trt"), (1000.0, 16, "ort_cpu"),
                                            (1000.0, 256, "ort_cpu")])
 def test_safety_net_reaches_the_floor_across_shapes(mean, d, target, tmp_path):
-    from qcompiler.quant.config import load_config
+    from qcompiler.quant.settings.config import load_config
     (tmp_path / "cfg.yaml").write_text("supergroups: false\n")
     m, x = ln_moments_model(d=d, mean=mean)
     feeds = [{"x": s} for s in x]

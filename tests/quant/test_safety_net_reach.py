@@ -4,7 +4,7 @@ spent on it is wasted."""
 from onnx import helper
 
 from qcompiler.onnx_io import model_from_proto
-from qcompiler.quant.safety_net import _Quantizer, reaching
+from qcompiler.passes.quantize.safety_net import _Quantizer, reaching
 from tests.helpers import make_model, tinfo
 
 

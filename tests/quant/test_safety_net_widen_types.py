@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 from qcompiler.cli import main
 
+
 def test_widened_output_quantizer_runs_in_onnxruntime(tiny, tmp_path):
     model, calib, out = tiny / "tiny_cnn.onnx", tiny / "tiny_cnn_calib.npz", tmp_path / "q.onnx"
     # a floor no 8-bit model reaches: the net widens what helps, then the gate says exit 3

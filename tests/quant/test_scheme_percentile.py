@@ -1,4 +1,4 @@
-"""The percentile scheme against its definition (issue 12 item 5): onnxruntime's equal-tailed interval, cut at whole
+"""The percentile scheme against its definition: onnxruntime's equal-tailed interval, cut at whole
 values only, and never by less than half a grid step.
 
 Each family here is one the old rule clipped where it should not:
@@ -15,7 +15,7 @@ import io
 import numpy as np
 import pytest
 
-from qcompiler.quant.observers import make_observer, weight_range
+from qcompiler.quant.calibration.observers import make_observer, weight_range
 
 
 def _fill(x, percentile, symmetric=False, bits=8):

@@ -1,4 +1,4 @@
-"""Clipping schemes on a tensor whose tail matters (issue 12 item 5): a ReLU output, mostly exact zeros with a
+"""Clipping schemes on a tensor whose tail matters: a ReLU output, mostly exact zeros with a
 heavy tail, inside a small model.
 
 The zeros sit on every grid's 0 and cost no rounding error. tf_enhanced used to charge each in-range value a full

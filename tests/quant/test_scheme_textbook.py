@@ -1,4 +1,4 @@
-"""Each calibration scheme's range on known distributions against the textbook answer (issue 12 item 5).
+"""Each calibration scheme's range on known distributions against the textbook answer.
 
 Analytic optima are computed here for the grid the observers use (symmetric, 2^(bits-1) - 1 steps per side):
 expected squared error(a) = gamma * E[(|x| - a)^2; |x| > a] + P(|x| <= a) * s^2 / 12 with s = a / (2^(bits-1) - 1).
@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 
-from qcompiler.quant.observers import make_observer
+from qcompiler.quant.calibration.observers import make_observer
 
 N = 2_000_000
 

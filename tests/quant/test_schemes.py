@@ -1,4 +1,4 @@
-"""One scheme table (qcompiler/quant/schemes.py): every alias works alike from the CLI, a YAML config, the API and
+"""One scheme table (qcompiler/quant/core/schemes.py): every alias works alike from the CLI, a YAML config, the API and
 the onnxruntime drop-in, and an unknown name gets the same one-line message from each. Bit widths likewise."""
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from qcompiler import model_to_proto
 from qcompiler.cli import main
 from qcompiler.errors import ConfigError
 from qcompiler.quant.api import quantize
-from qcompiler.quant.config import load_config
-from qcompiler.quant.schemes import ALIASES, SCHEMES, canonical_scheme, unknown_scheme_message
+from qcompiler.quant.settings.config import load_config
+from qcompiler.quant.core.schemes import ALIASES, SCHEMES, canonical_scheme, unknown_scheme_message
 from tests.helpers import make_model, tinfo
 
 NAMES = list(SCHEMES) + list(ALIASES) + ["KL", "Post_Training_TF"]

@@ -1,4 +1,4 @@
-"""seq-mse (issue 15 item 2): per-channel / per-block weight ranges that minimise each MatMul/Gemm layer's
+"""seq-mse: per-channel / per-block weight ranges that minimise each MatMul/Gemm layer's
 output error, layer by layer. Never worse than the assigned (min_max) grid on a layer's output MSE, checked with
 the project's own fake-quant (encoding.quantize_dequantize, what onnxruntime computes); int4 per channel, per
 block and per tensor; the exported model runs in onnxruntime; `--recipe seq-mse` runs between assign-encodings
@@ -14,10 +14,10 @@ import pytest
 from onnx import helper, numpy_helper
 
 from qcompiler.quant import quantize
-from qcompiler.quant.encoding import compute_encoding, quantize_dequantize
-from qcompiler.quant.layer_inputs import Layer, fake_quant_kn, kn_qparams
-from qcompiler.quant.qdq import block_encoding
-from qcompiler.quant.seq_mse import choose
+from qcompiler.quant.core.encoding import compute_encoding, quantize_dequantize
+from qcompiler.quant.calibration.layer_inputs import Layer, fake_quant_kn, kn_qparams
+from qcompiler.quant.core.qdq import block_encoding
+from qcompiler.passes.quantize.seq_mse import choose
 from tests.helpers import make_model, run, sqnr_db, tinfo
 
 F = np.float32

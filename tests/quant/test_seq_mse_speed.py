@@ -1,4 +1,4 @@
-"""seq-mse's vectorised search (issue 15 item 2, "a 4096x4096 MatMul in seconds"): the in-place [K, C, m]
+"""seq-mse's vectorised search ("a 4096x4096 MatMul in seconds"): the in-place [K, C, m]
 candidate errors are element for element what fake_quant_kn gives (per channel, whole blocks, a partial last
 block, non-zero zero points), the losses match a direct computation, and the BLAS thread limit changes no choice.
 The timing itself: `python benchmarks/bench_seq_mse.py --search-only 4096`."""
@@ -7,10 +7,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from qcompiler.quant import seq_mse
-from qcompiler.quant.encoding import compute_encoding
-from qcompiler.quant.layer_inputs import Layer, fake_quant_kn
-from qcompiler.quant.qdq import block_encoding
+from qcompiler.passes.quantize import seq_mse
+from qcompiler.quant.core.encoding import compute_encoding
+from qcompiler.quant.calibration.layer_inputs import Layer, fake_quant_kn
+from qcompiler.quant.core.qdq import block_encoding
 
 F = np.float32
 

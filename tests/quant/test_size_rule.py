@@ -11,8 +11,8 @@ from onnx import TensorProto, helper, numpy_helper
 from qcompiler.errors import ConfigError
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.fusions import load_fusions, parse_fusions
-from qcompiler.quant.kernels import kernel_report
+from qcompiler.quant.targets.fusions import load_fusions, parse_fusions
+from qcompiler.quant.runtime.kernels import kernel_report
 from qcompiler.quant.placement.cost import macs_per_call, reduction_length
 from tests.helpers import make_model, tinfo
 
@@ -169,10 +169,10 @@ def _conv_hardswish_chain(c, hw):
 
 @pytest.mark.parametrize("optimize", ["balanced", "latency"])
 def test_a_big_conv_hardswish_chain_runs_qlinearconv(optimize):
-    """Issue 13's test: a Conv+HardSwish chain on ort_cpu leaves no float Conv once its Convs are big enough
+    """A Conv+HardSwish chain on ort_cpu leaves no float Conv once its Convs are big enough
     for QLinearConv to pay (profile split_fused_above_macs: 64 channels at 32x32, 38 M MACs per Conv); a tiny one
     (8 channels at 8x8) stays one float unit per pair, with no Q/DQ between Conv and HardSwish."""
-    from qcompiler.quant.kernels import kernel_report
+    from qcompiler.quant.runtime.kernels import kernel_report
     big, feeds = _conv_hardswish_chain(64, 32)
     res = quantize(big, feeds, optimize=optimize, progress=False)
     rep = kernel_report(model_to_proto(res.model))

@@ -1,4 +1,4 @@
-"""smoothquant (issue 15 item 1): activation outliers moved into MatMul weights, 1/s folded into the producer
+"""smoothquant: activation outliers moved into MatMul weights, 1/s folded into the producer
 (LayerNorm, decomposed norms, a previous MatMul) or, where no fold is legal, an explicit Mul. Float outputs
 unchanged; W8A8 per-tensor activations gain SQNR on a Q/K/V block whose LayerNorm output has two channels 50x the
 rest, also when that output feeds a residual Add; GELUs sharing one 0.5 are never written; alpha searched per
@@ -14,8 +14,8 @@ from onnx import helper, numpy_helper
 
 from qcompiler.errors import ArgumentError, DataError
 from qcompiler.quant import quantize
-from qcompiler.quant.pipeline import DEFAULT_PIPELINE
-from qcompiler.quant.smoothquant import ALPHA_GRID
+from qcompiler.quant.core.pipeline import DEFAULT_PIPELINE
+from qcompiler.passes.quantize.smoothquant import ALPHA_GRID
 from tests.helpers import make_model, run, sqnr_db, tinfo
 from tests.patterns.builders import Builder, layernorm, rmsnorm
 
@@ -248,7 +248,7 @@ def test_fold_into_a_previous_matmul_and_its_bias():
 
 
 def test_alpha_search_is_vectorised_and_never_worse_than_half():
-    from qcompiler.quant.smoothquant import layer_mse, search_alpha, smoothing_scale
+    from qcompiler.passes.quantize.smoothquant import layer_mse, search_alpha, smoothing_scale
     rng = np.random.default_rng(10)
     for trial in range(4):
         x = rng.normal(size=(256, K)).astype(F)

@@ -6,7 +6,7 @@ import pytest
 from qcompiler.passes import supergroups as sg_pass
 from qcompiler.errors import ConfigError
 from qcompiler.quant import placement
-from qcompiler.quant.config import load_config
+from qcompiler.quant.settings.config import load_config
 
 
 def test_placement_reads_the_pass_list():

@@ -1,4 +1,4 @@
-"""One source per switch (issue 12 item 4): quant/switches.py declares each switch of `quantize()` once, and the
+"""One source per switch: qcompiler/quant/core/switches.py declares each switch of `quantize()` once, and the
 CLI options, the API's keywords and checks, QuantSettings and pipeline.SWITCHES agree with it; a bad value reads
 the same from the command line, the API and a config; the report lists every pass's stats."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ from onnx import TensorProto, helper, numpy_helper
 from qcompiler.cli import main
 from qcompiler.errors import ArgumentError, QCompilerError
 from qcompiler.quant.api import quantize
-from qcompiler.quant.cli_quantize import quantize_cmd
-from qcompiler.quant.context import QuantSettings
-from qcompiler.quant.switches import BY_NAME, NOT_SWITCHES, SWITCHES, check_switches
+from qcompiler.cli_quantize import quantize_cmd
+from qcompiler.quant.core.context import QuantSettings
+from qcompiler.quant.core.switches import BY_NAME, NOT_SWITCHES, SWITCHES, check_switches
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # options of `qcompiler quantize` that are not switches: the data, where the results go, the terminal, the
@@ -42,7 +42,7 @@ def test_quantize_keywords_are_the_table():
     """quantize() keeps its keywords written out (help(), IDEs): exactly the table's names and defaults."""
     params = inspect.signature(quantize).parameters
     assert set(params) - set(NOT_SWITCHES) == set(BY_NAME), \
-        "quantize() and quant/switches.py disagree: add the keyword or the entry"
+        "quantize() and qcompiler/quant/core/switches.py disagree: add the keyword or the entry"
     for s in SWITCHES:
         assert params[s.name].default == s.default, (s.name, params[s.name].default, s.default)
         assert params[s.name].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
@@ -83,7 +83,7 @@ def test_the_cli_options_are_the_table_and_the_outputs():
 
 def test_settings_and_pipeline_switches_come_from_the_table():
     from qcompiler.passmanager import get_pass
-    from qcompiler.quant.pipeline import DEFAULT_PIPELINE, SWITCHES as PIPELINE_SWITCHES, pipeline_for
+    from qcompiler.quant.core.pipeline import DEFAULT_PIPELINE, SWITCHES as PIPELINE_SWITCHES, pipeline_for
     fields = {f.name for f in dataclasses.fields(QuantSettings)}
     assert fields == set(BY_NAME) | {"selection"}
     assert PIPELINE_SWITCHES == {s.name: s.enables for s in SWITCHES if s.enables}
@@ -220,6 +220,6 @@ def test_seq_mse_names_the_op_types_it_leaves_alone():
     assert stats["skipped_op_types"] == {"Conv": "1 node: seq-mse handles MatMul, Gemm only; their weights keep "
                                                   "the assigned grids"}
     assert any(n.startswith("seq-mse left alone: Conv (1 node") for n in res.report["notes"])
-    from qcompiler.quant.report import format_summary
+    from qcompiler.quant.interop.report import format_summary
     assert "  seq-mse left alone Conv: 1 node: seq-mse handles MatMul, Gemm only; their weights keep the assigned " \
            "grids" in format_summary(res.report).splitlines()

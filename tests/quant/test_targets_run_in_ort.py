@@ -7,7 +7,7 @@ placement/dynamic_weights.py on qnn_htp/aimet) feeding an unquantized Transpose/
 QDQPropagationTransformer inserted a Q after the data movement with `output_dtype` INT8 (onnxruntime PR #28144),
 QDQS8ToU8Transformer then gave that Q a uint8 zero point, and the session refused the model: "Node (/kT_q)
 QuantizeLinear output_dtype INT8 does not match y_zero_point type UINT8". qdq.pin_propagated_grids writes that
-pair itself, on the DQ's own scale and zero point (qcompiler/quant/qdq.py docstring). The same break on trt: its
+pair itself, on the DQ's own scale and zero point (qcompiler/quant/core/qdq.py docstring). The same break on trt: its
 int8 activation read by a 3-D MatMul whose product only a bias Add reads, where onnxruntime's MatMulAddFusion
 puts a Reshape in front of the Gemm it makes; there the DQ goes without its zero point (0).
 """
@@ -20,8 +20,8 @@ from onnx import helper, numpy_helper
 
 from qcompiler.onnx_io import model_from_proto, model_to_proto
 from qcompiler.quant import quantize
-from qcompiler.quant.profiles import PROFILES
-from qcompiler.quant.qdq import pin_propagated_grids, pinned_pairs, remove_qdq
+from qcompiler.quant.targets.profiles import PROFILES
+from qcompiler.quant.core.qdq import pin_propagated_grids, pinned_pairs, remove_qdq
 from tests.helpers import sqnr_db
 from tests.quant import fp16_models
 from tests.quant.exporter_models import bert

@@ -1,4 +1,4 @@
-"""Issue 14 item 1: an If branch calibration never takes stays float and is reported (default), or, with
+"""an If branch calibration never takes stays float and is reported (default), or, with
 `--untaken-branches mirror` / `untaken_branches="mirror"`, is calibrated from the other branch where the values
 are the same tensors (passes/quantize/untaken_branches.py, body_probe.mirror_untaken)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The `w8a8` config preset (qcompiler/quant/presets/w8a8.yaml) and the config key it rests on,
+"""The `w8a8` config preset (qcompiler/quant/settings/presets/w8a8.yaml) and the config key it rests on,
 `input_quantized: true` (placement/input_quantizers.py): SmoothQuant's W8A8, int8 MatMul/Gemm inputs and
 weights with every other value float; through data movement the quantizer sits at the op computing the values;
 a structural float (a rule keeping the producer float) is not undone; the model runs in onnxruntime."""
@@ -11,8 +11,8 @@ from onnx import helper, numpy_helper
 
 from qcompiler.errors import ConfigError
 from qcompiler.quant import quantize
-from qcompiler.quant.config import load_config, parse_config
-from qcompiler.quant.presets import PRESETS_DIR, preset_path, presets
+from qcompiler.quant.settings.config import load_config, parse_config
+from qcompiler.quant.settings.presets import PRESETS_DIR, preset_path, presets
 from tests.helpers import make_model, run, tinfo
 
 F = np.float32
@@ -147,7 +147,7 @@ def test_smoothquant_under_w8a8_puts_a_mul_before_the_matmuls_when_the_residual_
 
 @pytest.mark.slow
 def test_minilm_w8a8_smoothquant_meets_the_issue_15_target(tmp_path):
-    """Issue 15: minilm_l6 W8A8 with SmoothQuant, mean cosine >= 0.995 (measured 0.9964), every one of its 48
+    """minilm_l6 W8A8 with SmoothQuant, mean cosine >= 0.995 (measured 0.9964), every one of its 48
     MatMuls (36 linear, 12 attention) reading int8 inputs, as a CLI user runs it."""
     import json
     import subprocess

@@ -16,8 +16,8 @@ from onnx import helper
 
 from qcompiler import model_to_proto
 from qcompiler.quant.api import quantize
-from qcompiler.quant.encoding import dequantize_linear
-from qcompiler.quant.plan import FLOAT_ON_GRID, INT
+from qcompiler.quant.core.encoding import dequantize_linear
+from qcompiler.quant.core.plan import FLOAT_ON_GRID, INT
 from tests.corpus import CORPUS
 from tests.helpers import make_model, run, tinfo
 from tests.quant.test_quantize_bodies import if_model, loop_model
@@ -105,12 +105,10 @@ def reference_fold(model, profile):
     return done
 
 
-
-
 def _compare(proto, calib, feeds, **kw):
     new = quantize(proto, calib, **kw, optimize="accuracy")
     old = quantize(proto, calib, target=EXPLICIT, **kw, optimize="accuracy")
-    from qcompiler.quant.profiles import get_profile
+    from qcompiler.quant.targets.profiles import get_profile
     expected = reference_fold(old.model, get_profile("ort_cpu"))
     assert new.report["prefolded_params"] == expected
     pn, po = model_to_proto(new.model), model_to_proto(old.model)

@@ -7,7 +7,7 @@ encodings), kernels.py (full weight grid where the kernel is float). observe.py 
 storage.py decides, once encodings exist, how each weight is stored (int + DQ, or float on its grid);
 options.py holds the knobs; lookup.py the IR lookups.
 
-Rules (issue 3 "placement", field notes §2, §3, §6):
+Rules (field notes §2, §3, §6):
 - Every float activation (graph input or node output of the main graph) gets a quantizer at its producer,
   unless it is integer-typed, produced by an op the profile marks not quantizable, inside a supergroup
   (LayerNorm/RMSNorm/GELU/HardSwish decompositions, Conv→Relu-like pairs), or 8 bits cannot carry it (§6).
@@ -27,24 +27,41 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ..plan import QuantPlan
-from ..profiles import Profile
-from .activations import CELL_STATE, drop_needless_quantizers, place_activations
-from .bodies import observed_body_names, place_bodies, tie_bodies
-from .bodies import record_bodies
-from .dynamic_weights import symmetric_dynamic_weights
-from .cost import node_macs
-from .float_regions import drop_float_region_quantizers
-from .input_quantizers import quantize_inputs
-from .kernels import full_range_for_float_kernels, integer_kernel
-from .lookup import nodes_by_name, weight_nodes
-from .observe import observed_names, propagate_dtypes
-from .options import PlacementOptions
-from .storage import decide_storage
-from .supergroups import SUPERGROUP_KINDS, find_supergroups, mark_supergroups
-from .ties import check_tie_spread, tie_values
-from .weights import block_axis, place_weights
-from .widening import widen_or_float
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.activations import (
+    CELL_STATE,
+    drop_needless_quantizers,
+    place_activations,
+)
+from qcompiler.quant.placement.bodies import (
+    observed_body_names,
+    place_bodies,
+    record_bodies,
+    tie_bodies,
+)
+from qcompiler.quant.placement.body_float_regions import drop_body_float_regions
+from qcompiler.quant.placement.cost import node_macs
+from qcompiler.quant.placement.dynamic_weights import symmetric_dynamic_weights
+from qcompiler.quant.placement.float_regions import drop_float_region_quantizers
+from qcompiler.quant.placement.input_quantizers import quantize_inputs
+from qcompiler.quant.placement.kernels import (
+    full_range_for_float_kernels,
+    integer_kernel,
+)
+from qcompiler.quant.placement.lookup import nodes_by_name, weight_nodes
+from qcompiler.quant.placement.observe import observed_names, propagate_dtypes
+from qcompiler.quant.placement.options import PlacementOptions
+from qcompiler.quant.placement.storage import decide_storage
+from qcompiler.quant.placement.supergroups import (
+    SUPERGROUP_KINDS,
+    find_supergroups,
+    mark_supergroups,
+)
+from qcompiler.quant.placement.ties import check_tie_spread, tie_values
+from qcompiler.quant.placement.weights import block_axis, place_weights
+from qcompiler.quant.placement.widening import widen_or_float
+from qcompiler.quant.targets.fusions import load_fusions
+from qcompiler.quant.targets.profiles import Profile
 
 __all__ = ["build_plan", "observed_names", "observed_body_names", "PlacementOptions", "block_axis", "nodes_by_name",
            "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
@@ -67,20 +84,22 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     place_activations(plan, g, profile, opts)
     quantize_inputs(plan, g, profile, opts, stats)  # config input_quantized (the W8A8 preset)
     drop_needless_quantizers(plan, g, profile)
-    place_bodies(plan, g, profile, opts)            # the same rules inside If/Loop/Scan bodies (issue 14)
+    place_bodies(plan, g, profile, opts)            # the same rules inside If/Loop/Scan bodies
     tie_bodies(plan, g, profile, stats)             # inside bodies and across their boundaries
     widen_or_float(plan, stats, profile, g)
     tie_values(plan, g, profile)
     check_tie_spread(plan, stats, g)
     symmetric_dynamic_weights(plan, g, profile, opts)     # AIMET: K/V feeding a MatMul take the weights' symmetry
     if opts.optimize != "accuracy" and profile.fusions:
-        from ..fusions import load_fusions
         table = load_fusions(profile.fusions)
         sized = {op for r in table.fusions if r.min_macs for op in r.ops}
         plan.node_macs = node_macs(g, stats, sized) if sized else {}
         fast = opts.optimize == "latency"     # narrowing and the latency search: latency only (see float_regions)
-        drop_float_region_quantizers(plan, g, table, everywhere=True,  # then quant/latency_search.py
+        drop_float_region_quantizers(plan, g, table, everywhere=True,  # then passes/quantize/latency_search.py
                                      narrow=fast, cost=opts.optimize)
+        # the same rules inside If/Loop/Scan bodies, their boundaries agreeing; the latency search measures
+        # main-graph candidates only, so inside bodies `latency` keeps the rule
+        drop_body_float_regions(plan, g, table, everywhere=opts.optimize != "balanced")
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

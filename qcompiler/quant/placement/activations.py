@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..plan import QuantPlan, QuantSpec
-from ..profiles import Profile
-from .lookup import float_check
-from .options import PlacementOptions, node_settings
+from qcompiler.quant.core.plan import QuantPlan, QuantSpec
+from qcompiler.quant.placement.lookup import float_check
+from qcompiler.quant.placement.options import PlacementOptions, node_settings
+from qcompiler.quant.targets.profiles import Profile
 
 # field notes §1: the recurrent cell state (LSTM initial_c in, Y_c out) lives on the profile's wide grid (16
 # bits); it integrates over every time step, so 8-bit rounding there compounds. Profiles without a wide grid

@@ -1,5 +1,5 @@
 """If/Loop/Scan bodies: what calibration observes inside them, their activations placed by the main graph's
-rules, the ties across each body boundary, and one record per body for the report (issue 14 items 2-4).
+rules, the ties across each body boundary, and one record per body for the report.
 
 - **Observed**: `observed_body_names` applies `observed_names`' rules to each body (no supergroup interiors, no
   data-movement copies); body_probe.py probes those values (float ones only: integer tensors never quantized).
@@ -24,10 +24,19 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional
 
 import numpy as np
+from onnx import TensorProto
 
-from ..plan import Body, QuantPlan
-from ..profiles import Profile
-from .options import PlacementOptions
+from qcompiler.quant.core.plan import Body, QuantPlan
+from qcompiler.quant.placement.activations import (
+    drop_needless_quantizers,
+    place_activations,
+)
+from qcompiler.quant.placement.observe import propagate_dtypes
+from qcompiler.quant.placement.options import PlacementOptions
+from qcompiler.quant.placement.supergroups import mark_supergroups
+from qcompiler.quant.placement.ties import check_tie_spread, tie_values
+from qcompiler.quant.placement.widening import MIN_SQNR8_DB
+from qcompiler.quant.targets.profiles import Profile
 
 
 def body_graphs(g) -> List:
@@ -38,7 +47,6 @@ def body_graphs(g) -> List:
 def observed_body_names(model, profile: Profile, opts: Optional[PlacementOptions] = None) -> List[str]:
     """Body values worth observing: body inputs and node outputs of every body, minus what `observed_names`
     leaves out in the main graph (supergroup interiors, data-movement copies other than Gather)."""
-    from .supergroups import mark_supergroups
     opts = opts or PlacementOptions()
     share = set(profile.shares_input_encoding)
     out: List[str] = []
@@ -59,16 +67,13 @@ def observed_body_names(model, profile: Profile, opts: Optional[PlacementOptions
 
 def place_bodies(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -> None:
     """The main graph's placement steps on every body (the plan's dtypes already hold the body values seen)."""
-    from .activations import drop_needless_quantizers, place_activations
-    from .observe import propagate_dtypes
-    from .supergroups import mark_supergroups
     for body in body_graphs(g):
         try:
             plan.dtypes = propagate_dtypes(body, profile, plan.dtypes)
             mark_supergroups(plan, body, profile, opts)
             place_activations(plan, body, profile, opts)
             drop_needless_quantizers(plan, body, profile)
-        except Exception as e:   # noqa: BLE001 - issue 14 item 4: a body placement cannot handle stays float
+        except Exception as e:   # noqa: BLE001 - a body placement cannot handle stays float
             why = (f"left float: placement inside the body of {body.parent.op_type} '{body.parent.name[:60]}' "
                    f"failed ({type(e).__name__}: {str(e)[:80]})")
             for v in body.local_values():
@@ -79,7 +84,6 @@ def place_bodies(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) -
 
 def tie_bodies(plan: QuantPlan, g, profile: Profile, stats: Dict[str, dict]) -> None:
     """Ties inside each body (data movement, Concat) and across each body boundary."""
-    from .ties import check_tie_spread, tie_values
     for body in body_graphs(g):
         tie_values(plan, body, profile)
     tie_boundaries(plan, g, stats)
@@ -182,9 +186,8 @@ def _sqnr_on(st: dict, span: float) -> float:
 
 
 def check_carried_state(plan: QuantPlan, n, stats: Dict[str, dict], profile: Profile) -> None:
-    """Loop-carried state 8 bits cannot carry (issue 14 item 2): estimated on the group's one grid, each member
+    """Loop-carried state 8 bits cannot carry: estimated on the group's one grid, each member
     needs widening.MIN_SQNR8_DB + CARRY_MARGIN_DB; else the group goes to the wide grid, or float without one."""
-    from .widening import MIN_SQNR8_DB
     wide = profile.wide_activation_bits
     for grp in carried_groups(n):
         vals = [v for v in grp if _quantized(plan, v)]
@@ -229,7 +232,6 @@ def tie_boundaries(plan: QuantPlan, g, stats: Optional[Dict[str, dict]] = None) 
 
 def _float_body_values(plan: QuantPlan, body) -> int:
     """Float-typed values of `body` that calibration never reached (no dtype: no quantizer)."""
-    from onnx import TensorProto
     floats = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
     vals = [v for v in body.inputs if not v.is_initializer]
     vals += [v for n in body.nodes if n.op_type != "Constant" for v in n.outputs if v is not None]

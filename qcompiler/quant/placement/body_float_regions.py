@@ -1,7 +1,7 @@
-"""`--optimize balanced|latency` inside If/Loop/Scan bodies (issue 14): float_regions.py's rule, body by body,
+"""`--optimize balanced|latency` inside If/Loop/Scan bodies: float_regions.py's rule, body by body,
 one body at a time, and the values crossing each body boundary agreeing afterwards.
 
-Called at the end of `float_regions.drop_float_region_quantizers` for the main graph, once the main graph's
+Called by placement right after `float_regions.drop_float_region_quantizers` for the main graph, once the main graph's
 quantizers are decided; the kernels are judged on the plan before this step, like the main graph's.
 
 1. **A body without an integer kernel goes float** (`balanced` and `latency`): when no node of the body runs an
@@ -35,9 +35,15 @@ are never given a quantizer back.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, Optional
 
-from ..plan import QuantPlan
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.bodies import body_graphs, boundary_groups
+from qcompiler.quant.placement.float_regions import (
+    _Kernels,
+    drop_float_region_quantizers,
+)
+from qcompiler.quant.placement.kernels import group_bits_table
 
 # reasons this step and float_regions.py give: the specs `agree_across_boundaries` may give a quantizer back
 FLOAT_REGIONS_PREFIX = "no integer kernel on "
@@ -58,8 +64,6 @@ def body_label(body) -> str:
 
 def drop_body_float_regions(plan: QuantPlan, g, table, everywhere: bool = False) -> int:
     """Steps 1-4 of the module docstring on every body under `g`; returns how many specs changed."""
-    from .bodies import body_graphs
-    from .float_regions import _Kernels, drop_float_region_quantizers
     bodies = body_graphs(g)
     if not bodies:
         return 0
@@ -88,8 +92,6 @@ def drop_captured(plan: QuantPlan, g, k, everywhere: bool) -> int:
     ("that body decides"): judged again now that the bodies are decided, it goes float when no reader in any
     graph runs an integer kernel (If(LSTM | GRU) on ort_cpu under latency: the captured input's Q/DQ fed only
     float kernels). Candidates as in float_regions: every quantizer (`latency`), widened ones (`balanced`)."""
-    from .bodies import body_graphs
-    from .kernels import group_bits_table
     bits = group_bits_table(plan)
     n = 0
     for owner in [g] + body_graphs(g):
@@ -205,7 +207,6 @@ def useful(k, plan: QuantPlan, v, seen: Optional[Dict[str, bool]] = None, nested
 
 def agree_across_boundaries(plan: QuantPlan, g, k) -> int:
     """Step 4 of the module docstring: each boundary group quantized on both sides or float on both."""
-    from .bodies import body_graphs, boundary_groups
     changed = 0
     for owner in [g] + body_graphs(g):
         for n in owner.nodes:

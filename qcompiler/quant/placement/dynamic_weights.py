@@ -3,14 +3,14 @@ feeding a MatMul) takes the weights' symmetry, on profiles that list the op in `
 
 AIMET-ONNX does this for every config (quantsim `_apply_param_symmetry_to_inputs`): the closest enabled quantizer
 upstream of input 1, through grid-preserving ops, gets the params' `is_symmetric`. A file for AIMET's default
-config must say `is_sym: true` there, or its strict loader counts a mismatch (issue 16, 12 on minilm_l6). Here
+config must say `is_sym: true` there, or its strict loader counts a mismatch (12 on minilm_l6). Here
 the quantizer found the same way (through `shares_input_encoding` ops) and its whole tie group turn symmetric.
 """
 from __future__ import annotations
 
-from ..plan import QuantPlan
-from ..profiles import Profile
-from .options import PlacementOptions, node_settings
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.options import PlacementOptions, node_settings
+from qcompiler.quant.targets.profiles import Profile
 
 
 def _feeding_quantizer(plan: QuantPlan, v, share: set):

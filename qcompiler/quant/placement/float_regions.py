@@ -1,11 +1,11 @@
 """Quantizers that only cost time: a Q/DQ pair between two ops that both run float kernels on the target.
 
-On a runtime whose QDQ fusions are known (the profile's `fusions` table, qcompiler/quant/fusions.py), a quantizer
+On a runtime whose QDQ fusions are known (the profile's `fusions` table, qcompiler/quant/targets/fusions.py), a quantizer
 earns its run time only next to an op that runs an integer kernel: the op that produces the value (a QLinearConv
 needs its output Q) or one that reads it (a QLinearMatMul needs the DQ on its input), looking through ops whose
 Q/DQ the runtime drops (Reshape, Transpose, MaxPool, ...: they run on the integer data). Anywhere else the pair
 is a round trip to the grid that the float op after it undoes: it costs two kernels per run and some accuracy and
-buys nothing (issue 13; measured on ppocr_cls: 18 Conv+HardSwish units run float, and the Q/DQ pairs around them
+buys nothing (measured on ppocr_cls: 18 Conv+HardSwish units run float, and the Q/DQ pairs around them
 made the model 1.45x float; without them 1.21x, with agreement 0.9925 -> 0.9950). A value 8 bits cannot carry,
 widened to 16 bits for a reader that has no 16-bit integer kernel (onnxruntime CPU has none), is the same case:
 float is more accurate than 16 bits and costs nothing (minilm_l6: 46 such tensors, 1.04x -> 0.94x float).
@@ -14,7 +14,7 @@ Which nodes run integer kernels is judged on the plan before this step (every qu
 value keeps its quantizer when any neighbour is such a node, so no integer kernel loses an input or output it
 needs. `--optimize accuracy` skips the step (every quantizer stays, for targets whose kernels are not known).
 
-Under `--optimize latency` two cost rules of the table also make a node "float kernel" (issue 13; `cost=True`):
+Under `--optimize latency` two cost rules of the table also make a node "float kernel" (`cost=True`):
 `min_macs` (placement/cost.py: an integer region whose products do not pay for the Q, DQ and layout changes at
 its border) and `inputs_from_integer` (an elementwise QLinear unit only where every input already leaves an
 integer kernel); then every quantizer with no integer-kernel neighbour goes and float kernels read float
@@ -35,7 +35,7 @@ mobilenet_like 1.35x -> ~0.95x.
 
 What is left with no integer-kernel neighbour goes to plan.trim_candidates, and under `--optimize latency` the
 widened values an integer kernel would read at 8 bits are narrowed and listed in plan.narrow_candidates (their
-readers' float weights in plan.narrow_weights): quant/latency_search.py decides those by measurement within the
+readers' float weights in plan.narrow_weights): passes/quantize/latency_search.py decides those by measurement within the
 user's budget. `balanced` searches nothing: with only the trim pairs out (islands kept integer) ppocr_cls
 flipped 3 of 400 eval images (agreement 0.9925 -> 0.985); with its islands float as well 0.995.
 """
@@ -43,9 +43,9 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from ..plan import QuantPlan
-from .cost import small_regions
-from .kernels import group_bits_table
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.cost import small_regions
+from qcompiler.quant.placement.kernels import group_bits_table
 
 ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
 
@@ -337,9 +337,4 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
     plan.trim_candidates = [v.name for v in list(g.inputs) + [o for n in g.nodes for o in n.outputs if o is not None]
                             if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
                             and not is_useful(v) and not _enters_a_body(v)]
-    if g.parent is None:   # the same rules inside If/Loop/Scan bodies, their boundaries agreeing (issue 14);
-        # the latency search measures main-graph candidates only, so inside bodies `latency` keeps the rule
-        # (every quantizer with no integer-kernel neighbour goes)
-        from .body_float_regions import drop_body_float_regions
-        dropped += drop_body_float_regions(plan, g, table, everywhere or narrow)   # balanced: as before
     return dropped

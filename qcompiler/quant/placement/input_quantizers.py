@@ -2,7 +2,7 @@
 producers' off (`output_quantized: false`).
 
 This is how a config asks for SmoothQuant's W8A8 (Xiao et al. 2023: int8 inputs for the linear layers and the
-attention matmuls, every element-wise op in float; the preset qcompiler/quant/presets/w8a8.yaml): one rule turns
+attention matmuls, every element-wise op in float; the preset qcompiler/quant/settings/presets/w8a8.yaml): one rule turns
 every output off, one turns the MatMul/Gemm inputs back on. A value is quantized at its producer (one Q/DQ per
 value), so its other readers see it on the grid too (a post-LN BERT's residual Add reads the LayerNorm output the
 MatMuls read). Through data movement the quantizer goes to the op computing the values (K: Add(bias) ->
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..plan import QuantPlan
-from ..profiles import Profile
-from .options import PlacementOptions, node_settings
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.options import PlacementOptions, node_settings
+from qcompiler.quant.targets.profiles import Profile
 
 SOURCE = "input of a node with input_quantized (config)"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
-from ..plan import QuantPlan
+from qcompiler.quant.core.plan import QuantPlan
 
 
 def group_bits_table(plan: QuantPlan) -> Dict[str, int]:

@@ -2,10 +2,12 @@
 considers (bodies included) and the resolver of the plan's (node name, slot) keys."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Dict, List, Optional
 
 import ml_dtypes
 import numpy as np
+import onnx
 
 
 def _const(v) -> Optional[np.ndarray]:
@@ -17,8 +19,6 @@ def _const_kind(v):
     (a 2 GB model's weights would all be read and cached here); else `_const(v)`."""
     t = getattr(v, "tensor", None)
     if t is not None and not v.is_input and t.is_external:
-        from types import SimpleNamespace
-        import onnx
         try:
             return SimpleNamespace(dtype=np.dtype(onnx.helper.tensor_dtype_to_np_dtype(t.dtype)), ndim=len(t.dims))
         except Exception:   # noqa: BLE001 - an element type numpy has no dtype for: decode as before

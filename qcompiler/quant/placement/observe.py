@@ -5,16 +5,16 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..plan import QuantPlan
-from ..profiles import Profile
-from .options import PlacementOptions
-from .supergroups import mark_supergroups
+from qcompiler.quant.calibration.calibrate import candidate_names
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.options import PlacementOptions
+from qcompiler.quant.placement.supergroups import mark_supergroups
+from qcompiler.quant.targets.profiles import Profile
 
 
 def observed_names(model, profile: Profile, opts: Optional[PlacementOptions] = None) -> List[str]:
     """Values worth observing during calibration: every candidate activation except those the plan keeps
     float for structural reasons (supergroup interiors, outputs of ops that are not quantizable)."""
-    from ..calibrate import candidate_names
     opts = opts or PlacementOptions()
     g = model.graph
     plan = QuantPlan(profile)

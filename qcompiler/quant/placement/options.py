@@ -1,7 +1,8 @@
 """Placement's knobs: the API arguments, and each node's settings resolved from them, the profile and a config."""
 from __future__ import annotations
 
-from ..profiles import Profile
+from qcompiler.quant.settings.selection import config_with_rules as extend
+from qcompiler.quant.targets.profiles import Profile
 
 
 class PlacementOptions:
@@ -49,6 +50,5 @@ def config_with_rules(opts: PlacementOptions, profile: Profile, rules: list):
     """`opts.config` with `rules` appended, or, without a config, the run's arguments as one: how a pass adds
     per-node settings (smoothquant, mixed-precision) without changing any other node's. A bare QuantConfig would
     replace the arguments with its 8-bit defaults (a config's settings replace --weight-bits and the rest)."""
-    from ..selection import config_with_rules as extend
     s = node_settings(opts, profile, None)
     return extend(opts.config, rules, {k: s[k] for k in RUN_DEFAULT_KEYS})

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..plan import FLOAT_ON_GRID, INT, QuantPlan
+from qcompiler.quant.core.plan import FLOAT_ON_GRID, INT, QuantPlan
 
 EIGHT_BIT = 8
 

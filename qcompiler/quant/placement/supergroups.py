@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Iterable, List
 
-from qcompiler.passes.supergroups import FLOAT_INTERIOR_KINDS
-
-from ..plan import QuantPlan
-from ..profiles import Profile
-from .options import PlacementOptions
+from qcompiler.patterns.supergroups import (
+    FLOAT_INTERIOR_KINDS,
+    annotate_graph,
+    supergroups_in,
+)
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.cost import macs_per_call
+from qcompiler.quant.placement.options import PlacementOptions
+from qcompiler.quant.targets.profiles import Profile
 
 # norms and decomposed activations: no quantizer inside (Conv/MatMul + activation pairs come from the profile).
 # The kinds and which of them stay float are listed once, in passes/supergroups.py.
@@ -22,7 +26,6 @@ def find_supergroups(g, kinds: Iterable[str] = SUPERGROUP_KINDS) -> List[tuple]:
     their structural constants). Annotating here too makes placement independent of which passes ran before
     (an opset conversion rebuilds the IR and drops annotations); annotation is idempotent.
     """
-    from qcompiler.passes.supergroups import annotate_graph, supergroups_in
     kinds = tuple(kinds)
     annotate_graph(g, kinds, recurse=False)
     return [(sg.split(":")[0], nodes) for sg, nodes in supergroups_in(g).items() if sg.split(":")[0] in kinds]
@@ -88,7 +91,6 @@ def _split(producer, act_op, profile: Profile, stats) -> bool:
     limit = profile.split_fused_above_macs.get(act_op) if act_op else None
     if limit is None or not stats:
         return False
-    from .cost import macs_per_call
     macs = macs_per_call(producer, stats)
     return macs is not None and macs >= limit
 

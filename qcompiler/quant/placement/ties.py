@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Dict
 
-from ..plan import QuantPlan, QuantSpec
-from ..profiles import Profile
-from .lookup import float_check
+from qcompiler.quant.core.plan import QuantPlan, QuantSpec
+from qcompiler.quant.placement.lookup import float_check
+from qcompiler.quant.targets.profiles import Profile
 
 CONCAT_RANGE_RATIO_LIMIT = 64.0
 
@@ -45,6 +45,7 @@ def tie_values(plan: QuantPlan, g, profile: Profile) -> None:
                     plan.set_use(n.name, slot, QuantSpec(kind="activation", bits=ospec.bits,
                                                          symmetric=ospec.symmetric, source="Concat tie",
                                                          tie_root=out.name))
+
 
 def check_tie_spread(plan: QuantPlan, stats: Dict[str, dict], g) -> None:
     """§6: a Concat joining very different ranges (pixel boxes with 0-1 scores) keeps its output float."""

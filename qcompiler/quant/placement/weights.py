@@ -5,10 +5,10 @@ from typing import Optional
 
 import numpy as np
 
-from ..plan import QuantPlan, QuantSpec
-from ..profiles import Profile, weight_axis
-from .lookup import _const, _const_kind, weight_nodes
-from .options import PlacementOptions, node_settings
+from qcompiler.quant.core.plan import QuantPlan, QuantSpec
+from qcompiler.quant.placement.lookup import _const, _const_kind, weight_nodes
+from qcompiler.quant.placement.options import PlacementOptions, node_settings
+from qcompiler.quant.targets.profiles import Profile, weight_axis
 
 
 def block_axis(node, slot: int, rank: int) -> Optional[int]:

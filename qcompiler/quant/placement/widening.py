@@ -5,9 +5,9 @@ from typing import Dict
 
 import numpy as np
 
-from ..calibrate import min_max_step
-from ..plan import QuantPlan
-from ..profiles import Profile
+from qcompiler.quant.calibration.calibrate import min_max_step
+from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.targets.profiles import Profile
 
 # field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
 # below ~30; far beyond that (masks, variances) the bulk collapses onto one or two levels.

@@ -1,0 +1,843 @@
+"""Mixed precision under an accuracy budget: `quantize(..., max_drop=0.01)`,
+`qcompiler quantize ... --max-drop 1%`.
+
+What it does, in the `mixed-precision` pass (after `place`, before `assign-encodings`: it rewrites which bits
+each layer gets, then the plan is built again and the rest of the pipeline runs as usual):
+
+1. **Layers.** Every node with a constant weight the target profile quantizes (Conv, ConvTranspose, Gemm,
+   MatMul, LSTM/GRU/RNN; `Profile.weights`), together with the plan's supergroup it belongs to (Conv+Relu, ...)
+   and the Add of an exported Linear's bias (`Profile.bias_add_ops`), is one layer. Layers the user's config or
+   selection keeps float are not searched.
+2. **Candidates** (cheapest first): W4A8, W8A8, W8A16, W16A16, float16, float. `WxAy` = the layer's weights on
+   an x-bit grid and its output activation (what the next layer reads) on a y-bit grid; float16 = the layer runs
+   in fp16 between Casts (the float16-islands pass); float = no quantizer. A candidate the target profile cannot
+   carry is skipped: activation bits other than the profile's `activation.bits` / `wide_activation_bits`,
+   weight bits other than `weight.bits`, 4 (`per_block_weight_bits` lists it: the profile knows int4 weights)
+   or its 16-bit widening. The search needs opset 21 (int4/int16 Q/DQ): `quantize` asks for it.
+3. **The drop.** `metric=None` (default): the drop is the relative RMS error of the outputs against float on
+   the kept calibration samples (step 7: which ones), sqrt(sum (q - f)^2 / sum f^2), worst output: 1 % is an output SQNR of 40 dB
+   (drop = 10^(-SQNR/20)). `metric=callable`: `metric(outputs, reference) -> score` (higher is better), where
+   `outputs` is a list with one dict {graph output name: array} per kept calibration sample (the first ones of
+   the calibration data, in order) and `reference` the float model's list: the float score F =
+   metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
+   1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
+   never in the workers.
+4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too)
+   on the calibration samples kept for the report: the drop is its sensitivity. One executor
+   (qcompiler/quant/runtime/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
+   cluster with `--ray auto|ADDRESS`.
+   The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
+   not chosen). It skips what cannot matter: W4A8 for a layer whose W8A8 alone breaks the budget (never
+   chosen), the finer grids (W8A16, W16A16, float16) for a layer whose W8A8 alone drops at most NEGLIGIBLE of
+   the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
+   above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
+   samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
+5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
+   is measured with every layer float at the given settings and, where the profile has them, at 16-bit
+   activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
+   (else within the budget, else float), so a budget those nodes alone break still quantizes the layers.
+6. **Assignment.** Every layer starts float; greedily, the move that saves the most weight bytes per unit of
+   estimated drop is taken while the estimate stays within the budget. The estimate adds the layers' drops to
+   the other nodes' (with the default metric, an RMS error, their squares add, as independent noise powers
+   do). Under a user metric, moves of equal drop (an agreement on 64 samples is 0 for most single layers) are
+   ordered by their relative output error. The whole assigned model is then built and measured, and the
+   layers' part of the estimate is rescaled to fit what was measured (the layers' drops together are rarely
+   their sum: alone, a layer reads float inputs): above the budget the scale grows (at least x1.25), well
+   within it (below REFINE_BELOW of the budget) it shrinks (at most to REFINE_MIN_SCALE of itself), and the
+   greedy runs again from every layer float, RESCALE_STEPS times at most; the cheapest assignment measured
+   within the budget wins. If none was, the most sensitive layers of the last one (1, 2, 4, ... of them; ties
+   broken by relative output error) go one candidate up until it is; every layer float (at the other nodes'
+   level) was measured within the budget, so this always ends within it.
+   At most MAX_VERIFICATIONS whole-model measurements.
+7. **Held out, with a margin** (so the budget holds on data the search never saw, not only on the samples it
+   fitted). With HOLDOUT_MIN kept samples or more, the search (steps 4-6) sees every other one (0, 2, 4, ...;
+   interleaved, so calibration data sorted by class splits evenly); the others are held out. The chosen
+   assignment is then measured on every kept sample (as many as there are: an agreement on few samples is
+   noisy) and accepted only when
+       drop + k x SE <= budget   and   drop on the held-out samples <= budget,
+   k = VERIFY_MARGIN = 1 (one-sided, about 84 % confidence that the drop on the population is within the
+   budget), SE = the jackknife standard error of the drop over the samples, sqrt((n-1)/n sum_i (drop_(-i) -
+   mean)^2), drop_(-i) = the drop without sample i (any metric: it only needs to take a subset; for a mean
+   over samples it is std / sqrt(n)). Else the back-off of step 6 runs on that rule (1, 2, 4, ... layers a
+   candidate up; first, TIGHTEN_STEPS times, the greedy again with the layers' estimate scaled up by
+   (verified drop / budget)^p; VERIFY_STEPS verifications at most), then all W8A8 if that passes, then every
+   layer float with the other nodes at their level, then at the next levels up
+   (A16, float: exact). The other nodes' level (step 5) is chosen by the same rule (max(drop + k SE, held-out
+   drop)). A metric that moved on no sample has SE 0: on n samples it cannot see a rate below ~3/n (a top-1
+   agreement on 64 samples: 4.7 %, above a 1 % budget): the report says so; use a smooth metric (the mean
+   probability of the float top-1 class, a cosine) or more calibration samples.
+   So the model `quantize` returns is within the budget with that margin on every kept sample and within it
+   on the held-out ones; on other data it is a statistical statement, not a bound
+   (benchmarks/bench_mixed_precision.py measures each corpus model's eval set with its eval.py).
+8. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
+   assignments tried (weight bytes, measured drop; the verifications also their held-out drop and margin),
+   `drop` (every kept sample), `margin` (k x SE), `margin_k`, `held_out_drop`, `search_drop` (the search's
+   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, the seconds. The CLI prints
+   the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
+   `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
+
+Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
+the other weights at the user's settings; ties are broken on activation bits.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+import onnx
+
+from qcompiler.arguments import got
+from qcompiler.errors import ArgumentError
+from qcompiler.onnx_io import model_from_proto, model_to_proto
+from qcompiler.ort_session import create_session
+from qcompiler.quant.calibration.calibrate import assign_encodings
+from qcompiler.quant.core.float16 import apply_float16, float16_nodes
+from qcompiler.quant.core.qdq import apply_plan, assign_block_encodings
+from qcompiler.quant.placement import build_plan, decide_storage
+from qcompiler.quant.placement.options import config_with_rules, node_settings
+from qcompiler.quant.runtime.memory import release
+from qcompiler.quant.settings.config import Rule
+
+MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
+MAX_VERIFICATIONS = 10            # whole-model measurements of assignments (back-off steps) at most
+# the sensitivity rounds, most useful first: when MAX_SENSITIVITY_SECONDS cuts the table, 8-bit and 4-bit
+# grids are measured and the back-off can still go up the ladder (an unmeasured candidate is never chosen)
+MEASURE_ORDER = ("W8A8", "W4A8", "W8A16", "W16A16", "float16", "float")
+REST_LEVELS = {"base": {}, "A16": {"act_bits": 16}, "float": {"precision": "float32"}}
+REST_SHARE = 0.5                  # the nodes outside the layers take the cheapest level within this share
+TIE_WEIGHT = 1e-3                 # a user metric's moves of equal drop are ordered by relative output error
+RESCALE_STEPS = 6                 # greedy runs with the estimate rescaled to the last measurement
+REFINE_MIN_SCALE = 0.5            # ... trusting the measurement at most this much over the table
+REFINE_BELOW = 0.8                # ... when its drop is below this fraction of the budget
+EPS = 1e-9
+# the sensitivity table skips what cannot matter: W4A8 where W8A8 alone breaks the budget (not chosen), and
+# the finer grids (PRECISE) where W8A8 alone drops at most NEGLIGIBLE x the budget (taken as W8A8's drop)
+NEGLIGIBLE = 0.05
+PRECISE = ("W8A16", "W16A16", "float16")
+HOLDOUT_MIN = 4                   # with this many kept samples or more, every other one is held out
+TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tightened this often, then backs off
+VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
+VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
+COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    name: str
+    weight_bits: Optional[int]     # None: float weights
+    act_bits: Optional[int]
+    precision: str = "int"         # int | float16 | float32
+
+    @property
+    def weight_bytes_per_element(self) -> float:
+        if self.precision == "float16":
+            return 2.0
+        if self.precision == "float32":
+            return 4.0
+        return self.weight_bits / 8.0
+
+    @property
+    def cost(self) -> float:
+        """Weight bytes per element, activation bits as the tie-break (fp16 above W16A16: Casts)."""
+        act = self.act_bits or (16 if self.precision == "float16" else 32)
+        return self.weight_bytes_per_element + act / 1000.0 + (0.0005 if self.precision == "float16" else 0.0)
+
+    def updates(self) -> dict:
+        if self.precision != "int":
+            return {"precision": self.precision}
+        return {"precision": "int", "weight_bits": self.weight_bits, "act_bits": self.act_bits,
+                "weight_quantized": True, "output_quantized": True}
+
+
+CANDIDATES = (Candidate("W4A8", 4, 8), Candidate("W8A8", 8, 8), Candidate("W8A16", 8, 16),
+              Candidate("W16A16", 16, 16), Candidate("float16", None, None, "float16"),
+              Candidate("float", None, None, "float32"))
+BY_NAME = {c.name: c for c in CANDIDATES}
+
+
+def legal_candidates(profile) -> Tuple[List[Candidate], Dict[str, str]]:
+    """The candidates `profile` can carry (cheapest first) and {skipped name: why}."""
+    acts = {profile.activation.bits} | ({profile.wide_activation_bits} if profile.wide_activation_bits else set())
+    weights = {profile.weight.bits} | ({4} if 4 in profile.per_block_weight_bits else set()) | \
+        ({16} if profile.wide_activation_bits == 16 else set())
+    out, skipped = [], {}
+    for c in CANDIDATES:
+        if c.precision == "int":
+            if c.act_bits not in acts:
+                skipped[c.name] = f"{profile.name} has no {c.act_bits}-bit activations"
+                continue
+            if c.weight_bits not in weights:
+                skipped[c.name] = f"{profile.name} has no {c.weight_bits}-bit weights"
+                continue
+        out.append(c)
+    return sorted(out, key=lambda c: c.cost), skipped
+
+
+@dataclass
+class Layer:
+    name: str                 # the weighted node
+    op_type: str
+    nodes: Tuple[str, ...]    # every node of the unit (supergroup, bias Add)
+    weight_elements: int
+
+
+def find_layers(model, plan, profile, options) -> List[Layer]:
+    """The searchable units: weighted nodes with their supergroup and bias Add (see the module docstring)."""
+    in_group: Dict[str, List[str]] = {}
+    for sg in plan.supergroups:
+        for n in sg.nodes:
+            in_group[n] = list(sg.nodes)
+    layers = []
+    taken = set()
+    for node in model.graph.nodes:
+        slots = profile.weights.get(node.op_type)
+        if not slots or node.name in taken:
+            continue
+        elems = 0
+        for slot in slots:
+            v = node.inputs[slot] if slot < len(node.inputs) else None
+            if v is not None and v.tensor is not None:
+                elems += int(np.prod(v.tensor.dims)) if len(v.tensor.dims) else 1
+        if not elems:
+            continue
+        if node_settings(options, profile, node).get("precision", "int") != "int":
+            continue
+        nodes = list(in_group.get(node.name, [node.name]))
+        if node.op_type in profile.bias_add_ops and len(node.outputs) == 1 and node.outputs[0] is not None:
+            uses = node.outputs[0].uses()
+            if len(uses) == 1 and not uses[0].is_graph_output and uses[0].user.op_type == "Add" and \
+                    any(i is not None and i.const_value() is not None for i in uses[0].user.inputs):
+                nodes.append(uses[0].user.name)
+        nodes = [n for n in dict.fromkeys(nodes) if n not in taken]
+        taken.update(nodes)
+        layers.append(Layer(node.name, node.op_type, tuple(nodes), elems))
+    return layers
+
+
+# --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
+def run_candidate(item) -> Optional[list]:
+    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
+    sample, [{output name: array}], or None when onnxruntime refuses the model."""
+    if item is None:     # a candidate the plan cannot carry at this opset
+        return None
+    model_bytes, samples_path, n_inputs = item
+    import onnxruntime as ort
+    with np.load(samples_path, allow_pickle=False) as z:
+        feeds = []
+        names = [str(x) for x in z["__names__"]]
+        i = 0
+        while f"s{i}_0" in z.files:
+            feeds.append({names[j]: z[f"s{i}_{j}"] for j in range(n_inputs)})
+            i += 1
+    for level in (None, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
+        try:
+            sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
+            outs = [o.name for o in sess.get_outputs()]
+            return [dict(zip(outs, sess.run(outs, f))) for f in feeds]
+        except Exception:   # noqa: BLE001 - a candidate onnxruntime cannot run is not chosen
+            continue
+    return None
+
+
+def relative_error(float_outs: list, q_outs: list) -> float:
+    """The default drop: worst output's sqrt(sum (q - f)^2 / sum f^2) over the samples."""
+    worst = 0.0
+    for name in float_outs[0]:
+        num = den = 0.0
+        for f, q in zip(float_outs, q_outs):
+            fa = np.asarray(f[name], dtype=np.float64)
+            if not np.issubdtype(np.asarray(f[name]).dtype, np.floating):
+                continue
+            d = np.asarray(q[name], dtype=np.float64) - fa
+            num += float(np.sum(d * d))
+            den += float(np.sum(fa * fa))
+        if den > 0:
+            worst = max(worst, math.sqrt(num / den))
+        elif num > 0:
+            worst = math.inf
+    return worst
+
+
+@dataclass
+class Trial:
+    what: str                     # "all float", "greedy", "back-off 1", "all W8A8", ...
+    assignment: Dict[str, str]
+    weight_bytes: int
+    drop: float
+    held_out: Optional[float] = None   # verification trials: the drop on the held-out samples alone
+    margin: Optional[float] = None     # ... and VERIFY_MARGIN x the standard error of `drop`
+
+
+@dataclass
+class Result:
+    budget: float
+    metric: str
+    layers: List[Layer]
+    candidates: List[str]
+    skipped: Dict[str, str]
+    table: Dict[str, Dict[str, float]]          # layer -> candidate -> drop (sensitivity)
+    assignment: Dict[str, str]                  # layer -> chosen candidate
+    drop: float                                 # measured on every kept sample (the verification)
+    weight_bytes: int
+    trials: List[Trial] = field(default_factory=list)
+    seconds: Dict[str, float] = field(default_factory=dict)
+    evaluations: int = 0
+    executor: str = "serial"
+    whole_model_float: bool = False
+    rest: str = "base"                          # the nodes outside the layers: base | A16 | float
+    rest_drops: Dict[str, float] = field(default_factory=dict)
+    notes: List[str] = field(default_factory=list)
+    search_drop: float = math.inf               # the search's choice on its own samples
+    held_out_drop: Optional[float] = None       # the chosen assignment on the held-out samples
+    margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
+    samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
+    inferred: Dict[str, List[str]] = field(default_factory=dict)   # layer -> candidates not measured
+
+    def to_dict(self) -> dict:
+        def num(x):
+            return round(float(x), 6) if math.isfinite(x) else ("inf" if x > 0 else "nan")
+        return {"budget": self.budget, "metric": self.metric, "candidates": self.candidates,
+                "skipped_candidates": self.skipped, "drop": num(self.drop), "weight_bytes": self.weight_bytes,
+                "executor": self.executor, "evaluations": self.evaluations,
+                "whole_model_float": self.whole_model_float, "rest": self.rest,
+                "rest_drops": {k: num(v) for k, v in self.rest_drops.items()},
+                "layers": {l.name: {"op": l.op_type, "nodes": list(l.nodes), "weights": l.weight_elements,
+                                    "chosen": self.assignment.get(l.name, "float"),
+                                    "sensitivity": {c: num(v) for c, v in self.table.get(l.name, {}).items()}}
+                           for l in self.layers},
+                "search_drop": num(self.search_drop),
+                "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
+                "sensitivity_inferred": {k: list(v) for k, v in self.inferred.items()},
+                "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
+                "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
+                        f"held-out drop <= budget",
+                "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)},
+                                **({} if t.margin is None else
+                                   {"held_out_drop": None if t.held_out is None else num(t.held_out),
+                                    "margin": num(t.margin)}))
+                           for t in self.trials],
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": list(self.notes)}
+
+
+class Search:
+    """One search on a QuantContext after `place` (statistics and the user's plan are there)."""
+
+    def __init__(self, ctx, budget: float, metric: Optional[Callable] = None, executor=None,
+                 sensitivity_samples: Optional[int] = None):
+        self.ctx, self.budget, self.metric = ctx, float(budget), metric
+        self.executor = executor
+        self.profile = ctx.profile
+        self.base_bytes = model_to_proto(ctx.model).SerializeToString()
+        self.stats = ctx.calibration.stats()
+        kept = list(ctx.calibration.kept)
+        # the search sees every other kept sample (interleaved: calibration data sorted by class splits
+        # evenly); the others are held out for the verification (VERIFY_MARGIN, HOLDOUT_MIN)
+        if len(kept) >= HOLDOUT_MIN:
+            kept = kept[0::2] + kept[1::2]
+            self.n_search = (len(kept) + 1) // 2
+        else:
+            self.n_search = len(kept)
+        self.n_kept = len(kept)
+        self.float_outs = [dict(o) for _, o in kept]
+        self.input_names = list(kept[0][0]) if kept else []
+        self._float_scores: Dict[Tuple[int, int], float] = {}
+        if metric is not None and kept:
+            self._float_score(0, len(kept))
+        self.evaluations = 0
+        self.deadline = math.inf
+        self.timed_out = False
+        self.unresolved = False      # a user metric that moved on no sample (see the module docstring, 7.)
+        self.power = 2 if metric is None else 1
+        # the relative output error of every sensitivity run, also under a user metric: it orders the moves
+        # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
+        self.errors: Dict[str, Dict[str, float]] = {}
+        self.last_errors: List[float] = []
+        self.all_nodes = [n.name for n in ctx.model.graph.nodes]
+        self.other_weight_bytes = 0
+        self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
+        self.samples_path = os.path.join(self._dir.name, "samples.npz")
+        self.all_path = os.path.join(self._dir.name, "all.npz")
+        arrays = {"__names__": np.array(self.input_names)}
+        for i, (feed, _) in enumerate(kept):
+            for j, name in enumerate(self.input_names):
+                arrays[f"s{i}_{j}"] = np.asarray(feed[name])
+        np.savez(self.all_path, **arrays)
+        if self.n_search < len(kept):
+            arrays = {k: v for k, v in arrays.items()
+                      if k == "__names__" or int(k[1:].split("_")[0]) < self.n_search}
+            np.savez(self.samples_path, **arrays)
+        else:
+            self.samples_path = self.all_path
+        self.sensitivity_samples = min(self.n_search, sensitivity_samples or self.n_search)
+        self.sens_path = self.samples_path
+        if self.sensitivity_samples < len(kept):
+            self.sens_path = os.path.join(self._dir.name, "sensitivity.npz")
+            np.savez(self.sens_path, **{k: v for k, v in arrays.items()
+                                        if k == "__names__" or int(k[1:].split("_")[0]) < self.sensitivity_samples})
+
+    def close(self):
+        self._dir.cleanup()
+
+    # --- building one candidate model ----------------------------------------------------------------------
+    def config_for(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base"):
+        """The user's config with rules appended: every node outside the assigned layers at `rest` (base: the
+        user's settings, A16: 16-bit activations, float), then one rule per chosen candidate."""
+        opts = self.ctx.options
+        base = opts.config
+        first = len(base.rules) if base is not None else 0
+        rules = []
+        if rest != "base":
+            mine = {n for l in layers if l.name in assignment for n in l.nodes}
+            rules.append(Rule(index=first, names=frozenset(n for n in self.all_nodes if n not in mine),
+                              updates=REST_LEVELS[rest]))
+        by_cand: Dict[str, set] = {}
+        for l in layers:
+            c = assignment.get(l.name)
+            if c is not None:
+                by_cand.setdefault(c, set()).update(l.nodes)
+        for c, names in by_cand.items():
+            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates()))
+        cfg = config_with_rules(opts, self.profile, rules)
+        if rest == "float":   # a layer alone: the model inputs' quantizers are nobody's layer either
+            cfg.model_input_quantized = False
+        return cfg
+
+    def options_for(self, config):
+        o = copy.copy(self.ctx.options)
+        o.config = config
+        return o
+
+    def lower(self, config) -> Optional[bytes]:
+        """The QDQ model for `config` (serialized), built from the calibrated model as the pipeline would."""
+        m = model_from_proto(onnx.load_from_string(self.base_bytes))
+        cal = self.ctx.calibration
+        plan = build_plan(m, self.profile, cal.dtypes, self.stats, self.options_for(config))
+        if plan.needs_opset() > m.opset:
+            return None
+        scheme = self.ctx.settings.scheme
+        assign_encodings(plan, m, cal, scheme)
+        assign_block_encodings(plan, m, scheme)
+        f16 = float16_nodes(m, config, plan.dtypes)
+        decide_storage(plan, m)
+        apply_plan(m, plan)
+        if f16:
+            apply_float16(m, f16, probe_ort=self.profile.name.startswith("ort"))
+        out = model_to_proto(m).SerializeToString()
+        del m, plan, f16
+        if len(self.base_bytes) > COLLECT_OVER_BYTES:
+            release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
+        return out
+
+    def drop_of(self, outs: Optional[list], first: int = 0) -> float:
+        """The drop of `outs` (the kept samples first, first + 1, ...) against those samples' float outputs."""
+        if outs is None:
+            return math.inf
+        ref = self.float_outs[first:first + len(outs)]
+        if self.metric is None:
+            return relative_error(ref, outs)
+        q, f = self._score(outs, ref), self._float_score(first, first + len(outs))
+        if not math.isfinite(q):
+            return math.inf
+        return (f - q) / abs(f) if f else (0.0 if q >= f else math.inf)
+
+    def _float_score(self, lo: int, hi: int) -> float:
+        if (lo, hi) not in self._float_scores:
+            ref = self.float_outs[lo:hi]
+            f = self._float_scores[lo, hi] = self._score(ref, ref)
+            if not math.isfinite(f):
+                raise ArgumentError(f"metric returned {f} on the float model's own outputs: the drop "
+                                    f"(F - Q) / |F| needs a finite score")
+        return self._float_scores[lo, hi]
+
+    def standard_error(self, outs: list) -> float:
+        """The jackknife standard error of the drop over the samples of `outs` (the first kept ones):
+        sqrt((n-1)/n * sum_i (drop without sample i - mean)^2). It needs nothing of the metric but that it
+        takes any subset of the samples (a mean over samples gives the usual std / sqrt(n))."""
+        n = len(outs)
+        if n < 2:
+            return math.inf
+        ref = self.float_outs[:n]
+        if self.metric is None:     # per-sample error and signal energies: each leave-one-out in O(1)
+            loo = []
+            for name in ref[0]:
+                if not np.issubdtype(np.asarray(ref[0][name]).dtype, np.floating):
+                    continue
+                num = np.array([float(np.sum((np.asarray(q[name], np.float64) - np.asarray(f[name], np.float64))
+                                             ** 2)) for f, q in zip(ref, outs)])
+                den = np.array([float(np.sum(np.asarray(f[name], np.float64) ** 2)) for f in ref])
+                d = den.sum() - den
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    v = np.where(d > 0, np.sqrt(np.maximum(num.sum() - num, 0.0) / np.where(d > 0, d, 1.0)),
+                                 np.where(num.sum() - num > 0, np.inf, 0.0))
+                loo.append(v)
+            if not loo:
+                return 0.0
+            vals = np.max(np.stack(loo), axis=0)
+        else:
+            vals = []
+            for i in range(n):
+                q = self._score(outs[:i] + outs[i + 1:], ref[:i] + ref[i + 1:])
+                f = self._score(ref[:i] + ref[i + 1:], ref[:i] + ref[i + 1:])
+                vals.append((f - q) / abs(f) if f else (0.0 if q >= f else math.inf))
+            vals = np.asarray(vals, np.float64)
+        if not np.all(np.isfinite(vals)):
+            return math.inf
+        return float(math.sqrt((n - 1) / n * float(np.sum((vals - vals.mean()) ** 2))))
+
+    def _score(self, outs, ref) -> float:
+        """The user's metric on `outs` as a float (one line when it is not a number)."""
+        v = self.metric(outs, ref)
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            raise ArgumentError(f"metric must return a number (a score, higher is better), got {got(v)}") from None
+
+    def measure(self, configs: list, sensitivity: bool = False, every: bool = False) -> List[float]:
+        """Drops of the models for `configs`. Each is lowered when the executor asks for it (a window of them
+        in flight, never all: minilm's are 90 MB each) and run in onnxruntime through the executor, on the
+        first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
+        on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
+        path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
+
+        def items():
+            for cfg in configs:
+                if sensitivity and time.perf_counter() > self.deadline:
+                    self.timed_out = True
+                    yield None      # past MAX_SENSITIVITY_SECONDS: not measured, never chosen
+                    continue
+                b = self.lower(cfg)
+                yield None if b is None else (b, path, len(self.input_names))
+        before = self.timed_out
+        outs = self.executor.map(run_candidate, items()) if configs else []
+        self.evaluations += len(configs) if not self.timed_out or before else \
+            sum(o is not None for o in outs)
+        drops, self.last_errors = [], []
+        self.last_outs = outs
+        for o in outs:
+            drops.append(self.drop_of(o))
+            self.last_errors.append(drops[-1] if self.metric is None or o is None else
+                                    relative_error(self.float_outs[:len(o)], o))
+        return drops
+
+    # --- the search -----------------------------------------------------------------------------------------
+    def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base") -> int:
+        base = self.ctx.options.weight_bits / 8.0
+        total = self.other_weight_bytes * (4.0 / base if rest == "float" else 1.0)
+        for l in layers:
+            c = assignment.get(l.name)
+            total += l.weight_elements * (BY_NAME[c].weight_bytes_per_element if c else base)
+        return int(round(total))
+
+    def run(self) -> Result:
+        t0 = time.perf_counter()
+        ctx = self.ctx
+        cands, skipped = legal_candidates(self.profile)
+        layers = find_layers(ctx.model, ctx.plan, self.profile, ctx.options)
+        self.other_weight_bytes = self._other_weight_bytes(layers)
+        names = [c.name for c in cands]
+        res = Result(budget=self.budget, metric="relative output error" if self.metric is None else
+                     getattr(self.metric, "__name__", "metric"), layers=layers, candidates=names,
+                     skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
+                     executor=getattr(self.executor, "name", "serial"),
+                     samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
+        # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
+        table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
+        self.errors = {l.name: {"float": 0.0} for l in layers}
+        self.deadline = t0 + MAX_SENSITIVITY_SECONDS
+        inferred: Dict[str, List[str]] = {}
+        for c in sorted(names, key=lambda c: MEASURE_ORDER.index(c)):
+            if c == "float":
+                continue
+            todo = []
+            for l in layers:
+                w8 = table[l.name].get("W8A8")
+                if w8 is not None and c == "W4A8" and not w8 <= self.budget:
+                    # 4-bit weights on a layer whose 8-bit ones alone break the budget: never chosen
+                    table[l.name][c] = self.errors[l.name][c] = math.inf
+                elif w8 is not None and c in PRECISE and w8 <= NEGLIGIBLE * self.budget:
+                    # W8A8 costs this layer next to nothing: a finer grid cannot buy the search anything;
+                    # its drop is taken as W8A8's (an upper bound: a finer grid is no worse)
+                    table[l.name][c], self.errors[l.name][c] = w8, self.errors[l.name]["W8A8"]
+                else:
+                    todo.append(l)
+                    continue
+                inferred.setdefault(l.name, []).append(c)
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
+                                 sensitivity=True)
+            for l, d, e in zip(todo, drops, self.last_errors):
+                table[l.name][c] = d
+                self.errors[l.name][c] = e
+        res.inferred = inferred
+        if self.timed_out:
+            res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
+                             f"s: candidates not measured are not chosen")
+        res.table = table
+        t1 = time.perf_counter()
+        res.seconds["sensitivity"] = t1 - t0
+        # 2. the nodes outside the layers (layers float): the user's settings, 16-bit activations or float;
+        # the cheapest level within REST_SHARE of the budget (powers), else within the budget, else float
+        all_float = {l.name: "float" for l in layers}
+        levels = ["base"] + (["A16"] if self.profile.wide_activation_bits == 16 and
+                             self.ctx.options.act_bits != 16 else [])
+        # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
+        # is chosen once, and a level the held-out samples break would make every assignment fail
+        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
+        rest_drops, guarded = {}, {}
+        for lv, d, outs in zip(levels, drops, self.last_outs):
+            rest_drops[lv] = d
+            se, held = self.spread(outs)
+            guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
+            res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+                                    self.weight_bytes(all_float, layers, lv), d, held_out=held,
+                                    margin=VERIFY_MARGIN * se))
+        rest_drops["float"] = guarded["float"] = 0.0
+        p = self.power
+        level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
+            next(lv for lv, d in guarded.items() if d <= self.budget)
+        rest_drops = {lv: guarded[lv] if lv == level else d for lv, d in rest_drops.items()}
+        rest = rest_drops[level]
+        res.rest, res.rest_drops = level, rest_drops
+        # 3. greedy from the table, measured on the whole model; the estimate is then rescaled to what was
+        # measured (the layers' drops together are rarely their sum) and the greedy runs again, RESCALE_STEPS
+        # times at most; then, if nothing was within the budget, back off from the last assignment
+        p = self.power
+        best: Optional[Tuple[Dict[str, str], float]] = None
+        best_scale = 1.0
+        tried: List[Dict[str, str]] = []
+        scale, low = 1.0, 0.0       # low: the largest scale whose assignment was measured above the budget
+        assignment = dict(all_float)
+        for step in range(RESCALE_STEPS):
+            assignment = self.greedy(layers, names, table, rest, scale=scale)
+            if assignment in tried:
+                if best is not None:
+                    break
+                low, scale = scale, scale * 2
+                continue
+            tried.append(dict(assignment))
+            d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
+            res.trials.append(Trial("greedy" if step == 0 else f"rescaled x{scale:.3g}", dict(assignment),
+                                    self.weight_bytes(assignment, layers, level), d))
+            est = self.estimate(assignment, layers, table, rest)
+            fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
+                else 2 * scale
+            if d <= self.budget:
+                if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
+                    best, best_scale = (dict(assignment), d), scale
+                if d > REFINE_BELOW * self.budget:
+                    break
+                scale = max(fit, scale * REFINE_MIN_SCALE, low * 1.05 if low else 0.0)
+            else:
+                low = scale
+                scale = max(fit, scale * 1.25)
+        step, k = len(res.trials), 1
+        while best is None and len(tried) < MAX_VERIFICATIONS:
+            if not self.back_off(assignment, layers, names, table, k):
+                break
+            k *= 2
+            tried.append(dict(assignment))
+            d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
+            res.trials.append(Trial(f"back-off {k // 2}", dict(assignment),
+                                    self.weight_bytes(assignment, layers, level), d))
+            if d <= self.budget:
+                best = (dict(assignment), d)
+        if best is not None:
+            res.assignment, res.search_drop = best
+        else:   # every layer float at this rest level was measured within the budget
+            res.assignment, res.search_drop = dict(all_float), rest
+            res.notes.append("mixed precision: back-off reached every searched layer float")
+        # 4. verification on every kept sample, held-out ones included: drop + VERIFY_MARGIN x its standard
+        # error within the budget, and the held-out drop within it. Else tighten: the greedy again with the
+        # layers' estimate scaled up by (verified drop / budget)^p (at least x1.25); where that gives nothing
+        # new (layers of drop 0 under a coarse metric), back off (1, 2, 4, ... layers a candidate up)
+        assignment, k, ok = dict(res.assignment), 1, False
+        vscale, seen, what, tighten = best_scale, [], "verify", TIGHTEN_STEPS
+        for i in range(VERIFY_STEPS):
+            ok, t = self.verify(assignment, layers, level)
+            t.what = what
+            res.trials.append(t)
+            seen.append(dict(assignment))
+            if ok:
+                break
+            g = max(t.drop + t.margin, t.held_out or 0.0)
+            ratio = max((g / self.budget) ** p, 1.25) if math.isfinite(g) else 4.0
+            nxt = None
+            for _ in range(3 if tighten > 0 else 0):
+                vscale *= ratio
+                cand = self.greedy(layers, names, table, rest, scale=vscale)
+                if cand not in seen:
+                    nxt, what, tighten = cand, f"verify tightened x{vscale:.3g}", tighten - 1
+                    break
+                ratio = 1.25
+            if nxt is None:
+                if not self.back_off(assignment, layers, names, table, k):
+                    break
+                what, k = f"verify back-off {k}", k * 2
+            else:
+                assignment = nxt
+        # all W8A8 is a plan every user has: never return a costlier one that the same rule would not beat
+        w8 = {l.name: "W8A8" for l in layers}
+        if "W8A8" in names and layers and (not ok or self.weight_bytes(assignment, layers, level) >
+                                           self.weight_bytes(w8, layers, level)):
+            ok8, t8 = self.verify(w8, layers, level)
+            t8.what = "verify all W8A8"
+            res.trials.append(t8)
+            if ok8:
+                ok, t, assignment = True, t8, w8
+        if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
+            order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
+            for lv in order[order.index(level):]:
+                level, assignment = lv, dict(all_float)
+                ok, t = self.verify(assignment, layers, level)
+                t.what = f"verify layers float, rest {level}"
+                res.trials.append(t)
+                if ok:
+                    break
+            res.notes.append("mixed precision: the verification backed off to every searched layer float")
+        res.assignment, res.drop, res.held_out_drop, res.margin = assignment, t.drop, t.held_out, t.margin
+        res.rest = level
+        if self.unresolved:
+            res.notes.append(f"mixed precision: the metric moved on none of the {self.n_kept} samples: it cannot "
+                             f"see a drop below ~{300 / max(self.n_kept, 1):.2g} % (3/n) there, above the budget; "
+                             f"use a smooth metric or more calibration samples")
+        if level != "base":
+            res.notes.append(f"mixed precision: the nodes outside the searched layers drop "
+                             f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
+        res.whole_model_float = level == "float" and all(c == "float" for c in res.assignment.values())
+        res.weight_bytes = self.weight_bytes(res.assignment, layers, level)
+        res.seconds["assignment"] = time.perf_counter() - t1
+        res.seconds["total"] = time.perf_counter() - t0
+        res.evaluations = self.evaluations
+        return res
+
+    def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
+        """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
+        errors is within the budget and its drop on the held-out samples alone is within the budget."""
+        d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
+        se, held = self.spread(self.last_outs[0])
+        t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
+                  held_out=held, margin=VERIFY_MARGIN * se)
+        if self.metric is not None and se == 0.0 and d == 0.0 and self.n_kept < 3.0 / self.budget and \
+                assignment and any(c != "float" for c in assignment.values()):
+            self.unresolved = True
+        ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
+            (held is None or held <= self.budget)
+        return ok, t
+
+    def spread(self, outs) -> Tuple[float, Optional[float]]:
+        """(standard error of the drop on every kept sample, drop on the held-out ones or None)."""
+        if outs is None:
+            return math.inf, math.inf
+        se = self.standard_error(outs) if len(outs) > 1 else 0.0
+        held = self.drop_of(outs[self.n_search:], first=self.n_search) if self.n_kept > self.n_search else None
+        return se, held
+
+    def reference(self, res: Result, name: str) -> None:
+        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
+        a = {l.name: name for l in res.layers}
+        d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
+        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d))
+
+    def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
+        """From `start` (every layer float): take the move with the most cost saved per estimated drop while
+        the estimate stays within the budget. The estimate adds the layers' drops to the rest's (`scale` x
+        each); with the default metric (an RMS error) their squares add, as independent noise powers do."""
+        p = self.power
+        cur = dict(start) if start else {l.name: "float" for l in layers}
+        rank = {c: i for i, c in enumerate(names)}
+        est = max(0.0, rest) ** p + sum(scale * max(0.0, table[l.name].get(cur[l.name], 0.0)) ** p
+                                        for l in layers)
+        budget = self.budget ** p
+        while True:
+            best, best_eff = None, -1.0
+            for l in layers:
+                now = cur[l.name]
+                d_now = scale * max(0.0, table[l.name].get(now, 0.0)) ** p
+                for c in names[:rank[now]]:
+                    d = table[l.name].get(c, math.inf)
+                    if not math.isfinite(d):
+                        continue
+                    delta = scale * max(0.0, d) ** p - d_now
+                    if est + delta > budget:
+                        continue
+                    saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
+                    err = self.errors.get(l.name, {})
+                    tie = 0.0 if self.metric is None else \
+                        TIE_WEIGHT * max(0.0, err.get(c, math.inf) - err.get(now, 0.0))
+                    eff = saved / (max(delta, 0.0) + tie + EPS ** p)
+                    if saved > 0 and eff > best_eff:
+                        best, best_eff = (l.name, c, delta), eff
+            if best is None:
+                return cur
+            name, c, delta = best
+            cur[name] = c
+            est += delta
+
+    def estimate(self, assignment, layers, table, rest) -> float:
+        """Sum of the layers' drops (powers) at `assignment`, without the rest's."""
+        return sum(max(0.0, table[l.name].get(assignment[l.name], 0.0)) ** self.power for l in layers)
+
+    def back_off(self, assignment, layers, names, table, k) -> int:
+        """Raise the k layers whose current candidate is the most sensitive one step up (ties: the larger
+        relative output error); returns how many."""
+        rank = {c: i for i, c in enumerate(names)}
+        movable = [l for l in layers if rank[assignment[l.name]] < len(names) - 1]
+        movable.sort(key=lambda l: (-table[l.name].get(assignment[l.name], math.inf),
+                                    -self.errors.get(l.name, {}).get(assignment[l.name], math.inf)))
+        for l in movable[:k]:
+            assignment[l.name] = names[rank[assignment[l.name]] + 1]
+        return len(movable[:k])
+
+    def _other_weight_bytes(self, layers) -> int:
+        """Weight bytes outside the layers at the user's weight bits (quantized weights) or float."""
+        mine = {n for l in layers for n in l.nodes}
+        total = 0
+        wb = self.ctx.options.weight_bits / 8.0
+        for node in self.ctx.model.graph.nodes:
+            if node.name in mine:
+                continue
+            for slot in (self.profile.weights.get(node.op_type) or {}):
+                v = node.inputs[slot] if slot < len(node.inputs) else None
+                if v is not None and v.tensor is not None:
+                    total += int(np.prod(v.tensor.dims)) * wb
+        return int(total)
+
+
+def apply_result(ctx, search: Search, res: Result) -> None:
+    """Make the chosen assignment the run's config and rebuild the plan (and the fp16 island list)."""
+    cfg = search.config_for(res.assignment, res.layers, rest=res.rest)
+    ctx.options = search.options_for(cfg)
+    cal = ctx.calibration
+    ctx.plan = build_plan(ctx.model, ctx.profile, cal.dtypes, search.stats, ctx.options)
+    ctx.float16 = float16_nodes(ctx.model, cfg, ctx.plan.dtypes)
+
+
+def format_table(mp: dict) -> str:
+    """The report's mixed_precision section as a text table: layer, chosen candidate, its sensitivity."""
+    rows = [("layer", "op", "chosen", "drop alone %", "weights")]
+    for name, l in mp["layers"].items():
+        s = l["sensitivity"].get(l["chosen"])
+        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else str(s)
+        rows.append((name[:60], l["op"], l["chosen"], s, str(l["weights"])))
+    w = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
+    d = mp["drop"]
+    held = mp.get("held_out_drop")
+    m = mp.get("margin")
+    check = (f" + margin {100 * m:.3g} % ({mp.get('margin_k', 1):g} SE, {sum(mp['samples'].values())} samples)"
+             if isinstance(m, (int, float)) else "") + \
+        (f", held-out {100 * held:.4g} %" if isinstance(held, (int, float)) else "")
+    lines.append(f"  mixed precision: drop {100 * d:.4g} %{check} (budget {100 * mp['budget']:.4g} %, "
+                 f"{mp['metric']}), weights {mp['weight_bytes']} bytes, {mp['evaluations']} evaluations on "
+                 f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
+                 f"  mixed precision: drop {d}")
+    return "\n".join(lines)
+
+
+__all__ = ["CANDIDATES", "Candidate", "legal_candidates", "find_layers", "Search", "Result", "apply_result",
+           "format_table", "relative_error", "run_candidate"]
