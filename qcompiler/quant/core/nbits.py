@@ -8,7 +8,8 @@ accuracy_level 0..4):
   nibble, 2i+1 in the high one). Exactly this 3-D shape: a 2-D [N, nb * blob] B is refused at prepack.
 - scales: the type of A, [N, nb] or the flat [N * nb]; [N, nb, 1] is refused.
 - zero_points: optional. uint8 packed like B along the blocks of a row, [N, ceil(nb * bits / 8)] (each row padded
-  to whole bytes), or the scales' float type unpacked [N, nb] (a float zero point). Absent: 2**(bits-1).
+  to whole bytes), or the scales' float type unpacked [N, nb] (a float zero point; the CPU kernel refuses it with
+  8 bits). Absent: 2**(bits-1).
 - A partial last block (K not a multiple of block_size): B and the codes are padded to nb * block_size; the
   padding never meets A.
 - accuracy_level 4 quantizes A to int8 per block on the fly: a coarser result than level 0.
@@ -100,6 +101,9 @@ def pack_matmul_nbits(grid: BlockGrid) -> dict:
     """MatMulNBits inputs of a grid of W [N, K]: B, scales, zero_points (or None) and attrs (K, N, bits,
     block_size)."""
     _check(grid, "pack_matmul_nbits")
+    if grid.bits == 8 and grid.float_zero_points:
+        raise ValueError("pack_matmul_nbits: onnxruntime's CPU MatMulNBits refuses 8-bit weights with float zero "
+                         "points; use integer zero points")
     n, k = grid.q.shape
     codes = _padded_codes(grid).reshape(n, grid.n_blocks, grid.block_size)
     return {"B": pack_codes(codes, grid.bits), "scales": np.ascontiguousarray(grid.scales, np.float32),
