@@ -41,7 +41,7 @@ import numpy as np
 
 BITS = (2, 3, 4, 8)
 SEARCHES = ("mse", "minmax")
-_CHUNK = 1 << 18            # elements per row chunk: the working set of one candidate stays in cache
+_CHUNK = 1 << 18            # elements per row chunk: a few MB of temporaries per thread
 
 # Candidate ranges of the coarse search, as fractions of the block's range (symmetric: of its largest magnitude).
 _SHRINK = np.array([1.0, 0.94, 0.88, 0.82, 0.76, 0.70, 0.62, 0.54])
@@ -170,7 +170,7 @@ def _sq_err(u, lo, hi):
     return np.einsum("ijk,ijk->ij", r, r)
 
 
-def _pick(wb, ours, ref, qmax):
+def _pick(wb, ours, ref):
     """Per block, our grid or the reference (minmax) one, whichever has the smaller error; codes as uint8."""
     (c, s, z), (c0, s0, z0) = ours, ref
     worse = _block_err(wb, c, s, z) > _block_err(wb, c0, s0, z0)
@@ -215,7 +215,7 @@ def _fit_symmetric(wb, bits, search):
         consider(np.where(t_ls == 0, best_t, t_ls))
     s = (m * best_t).astype(np.float32)
     z = np.full(m.shape, half, np.uint8)
-    return _pick(wb, (_codes(wb, s, half, qmax), s, z), ref, qmax)
+    return _pick(wb, (_codes(wb, s, half, qmax), s, z), ref)
 
 
 def _ort_asymmetric(wb, qmax):
@@ -281,7 +281,7 @@ def _fit_asymmetric(wb, bits, search):
     s = (d1 / best_k).astype(np.float32)
     s = np.where(d == 0, ref[1], s).astype(np.float32)
     z = np.where(d == 0, ref[2], best_z).astype(np.uint8)
-    return _pick(wb, (_codes(wb, s, z, qmax), s, z), ref, qmax)
+    return _pick(wb, (_codes(wb, s, z, qmax), s, z), ref)
 
 
 def _fit_float_zero_points(wb, bits, search):
@@ -332,7 +332,7 @@ def _fit_float_zero_points(wb, bits, search):
     z = np.divide(-(mn + best_o * d1), s, out=np.zeros_like(s), where=s != 0).astype(np.float32)
     s = np.where(d == 0, ref[1], s).astype(np.float32)
     z = np.where(d == 0, ref[2], z).astype(np.float32)
-    return _pick(wb, (_codes(wb, s, z, qmax), s, z), ref, qmax)
+    return _pick(wb, (_codes(wb, s, z, qmax), s, z), ref)
 
 
 _FITS = {(True, False): _fit_symmetric, (False, False): _fit_asymmetric, (False, True): _fit_float_zero_points}

@@ -23,13 +23,14 @@ Indices int32 or int64, of any rank; an out-of-range index gives a row of zeros.
 
 Tied embeddings (logits = x @ E^T with the embedding table E): one initializer B [V, nb, blob] feeds MatMulNBits
 (N=V, K=H) directly and GatherBlockQuantized through a Reshape to [V, nb * blob] (onnxruntime-genai's model
-builder does the same); scales and packed zero points are the same initializers for both. GatherBlockQuantized
-cannot read B itself: as 3-D data its quantize axis is the last one, so it wants scales [V, nb, 1], which
-MatMulNBits refuses. When H is not a multiple of block_size the lookup comes out nb * block_size wide and a Slice
-cuts it to H. Verified: the file holds the table once; at session start onnxruntime folds the Reshape into a
-second, reshaped initializer and frees B once MatMulNBits has prepacked it (a [32768, 2048] 4-bit table: 40 MB
-file instead of 72, session memory 77 MB against 94 MB for two tables; GatherBlockQuantized reading B 3-D with
-reshaped scales: 85 MB).
+builder does the same); scales and packed zero points are the same initializers for both. When H is not a
+multiple of block_size the lookup comes out nb * block_size wide and a Slice cuts it to H. The tests run this
+model and check that it holds one table. Measured once by hand on a [32768, 2048] 4-bit table (not in the
+tests): the file is 40 MB instead of 72 for two tables; at session start onnxruntime folds the Reshape into a
+second, reshaped initializer and frees B once MatMulNBits has prepacked it, so the session takes 77 MB against
+94 MB for two tables. GatherBlockQuantized can also read B as 3-D data (its quantize axis must then be the last,
+so scales [V, nb, 1] and an output [..., nb, block_size] to reshape), but MatMulNBits refuses [V, nb, 1] scales
+and packed 4-bit zero points would need another layout; that variant took 85 MB.
 """
 from __future__ import annotations
 
