@@ -23,7 +23,7 @@ from qcompiler.onnx_io.files import check_output_paths
 from qcompiler.passes.quantize.mixed_precision.plot import write_pareto_png
 from qcompiler.passes.quantize.mixed_precision.search import format_table
 from qcompiler.passmanager.registry import parse_pipeline
-from qcompiler.quant.api import quantize
+from qcompiler.quant.api import quantize, resolve_early
 from qcompiler.quant.core.pipeline import pipeline_for
 from qcompiler.quant.core.switches import api_from_cli, check_switches, cli_switches
 from qcompiler.quant.interop.report import format_summary
@@ -51,8 +51,9 @@ def switch_options(f):
 
 @click.command("quantize")
 @click.argument("model_path", metavar="MODEL")
-@click.option("--calib", required=True, help="calibration data: .npz (one key per graph input, samples along "
-              "axis 0; a sample may carry its own batch dim of 1), .npy (single-input model), or a folder of them")
+@click.option("--calib", help="calibration data: .npz (one key per graph input, samples along axis 0; a sample may "
+              "carry its own batch dim of 1), .npy (single-input model), or a folder of them; required except "
+              "for --weight-only round-to-nearest")
 @click.option("-o", "--output", required=True, help="where to write the QDQ model")
 @switch_options
 # --- outputs ---
@@ -78,7 +79,10 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     if quiet:
         given["progress"] = False
     switches = check_switches(given)
-    inputs = (model_path, calib, given["config"], given["load_encodings"], given["target"])
+    inputs = tuple(x for x in (model_path, calib, given["config"], given["load_encodings"], given["target"])
+                   if x is not None)
+    switches = resolve_early(switches, given)   # a config may ask for weight-only: the pipeline depends on it
+    given.update(config=switches["config"], weight_only=switches["weight_only"])
     names = pipeline_for(**switches)
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     pareto = f"{report_path}.pareto.png" if switches["max_drop"] is not None and report_path and not report_stdout \

@@ -1,27 +1,29 @@
 """The quantization passes: each step of `quantize` as one registered pass on the shared QuantContext
-(qcompiler/quant/core/context.py). The default order is `qcompiler.quant.core.pipeline.DEFAULT_PIPELINE`; the algorithms
-they call live in qcompiler/quant/ (calibrate.py, placement/, qdq.py, ...), one module per job."""
-from qcompiler.passes.quantize import (  # noqa: F401
-               adaround,
-               bias_correction,
-               calibrate,
-               convert_opset,
-               encodings,
-               float16_islands,
-               initializer_inputs,
-               insert_qdq,
-               latency_search,
-               measure_latency,
-               measure_sqnr,
-               mixed_precision,  # registration
-               place,
-               safety_net,
-               seq_mse,
-               smoothquant,
-               untaken_branches,
-               upcast_float16,
+(qcompiler/quant/core/context.py), each algorithm whole in its module. The default order is
+`qcompiler.quant.core.pipeline.DEFAULT_PIPELINE` (weight-only: `WEIGHT_ONLY_PIPELINE`); importing this package
+registers every pass."""
+from qcompiler.passes.quantize import (  # noqa: F401  (registration)
+    adaround,
+    bias_correction,
+    calibrate,
+    check_accuracy_level,
+    convert_opset,
+    encodings,
+    float16_islands,
+    initializer_inputs,
+    insert_qdq,
+    latency_search,
+    measure_latency,
+    measure_sqnr,
+    mixed_precision,
+    place,
+    plan_weights,
+    reference_outputs,
+    safety_net,
+    seq_mse,
+    smoothquant,
+    untaken_branches,
+    upcast_float16,
+    weight_grid,
+    write_weights,
 )
-
-__all__ = ["adaround", "bias_correction", "calibrate", "convert_opset", "encodings", "float16_islands",
-           "initializer_inputs", "insert_qdq", "latency_search", "measure_latency", "measure_sqnr",
-           "mixed_precision", "place", "safety_net", "seq_mse", "smoothquant", "untaken_branches", "upcast_float16"]

@@ -20,7 +20,7 @@ class Calibrate(QuantPass):
     name = "calibrate"
     description = "run the float model once over the calibration data; keep statistics per activation"
     requires = ("quant-context",)
-    ensures = ("statistics",)
+    ensures = ("float-outputs", "statistics",)
 
     def run(self, ctx) -> PassResult:
         s = ctx.settings

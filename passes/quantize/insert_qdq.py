@@ -16,7 +16,7 @@ class InsertQDQ(QuantPass):
     description = "write the plan into the model as QuantizeLinear/DequantizeLinear nodes"
     preserves_semantics = False
     requires = ("quant-context", "plan", "encodings")
-    ensures = ("qdq",)
+    ensures = ("qdq", "quantized")
 
     def run(self, ctx) -> PassResult:
         decide_storage(ctx.plan, ctx.model)   # after every pass that edits weight specs (bias-correction adds some)

@@ -26,7 +26,7 @@ class MeasureLatency(QuantPass):
     name = "measure-latency"
     description = "quantized vs float latency in onnxruntime (interleaved), and which nodes run on integer kernels"
     requires = ("quant-context", "statistics", "qdq")
-    after = "safety-net"
+    after = ("safety-net", "measure-sqnr")
 
     def run(self, ctx) -> PassResult:
         kept = ctx.calibration.kept

@@ -17,12 +17,15 @@ from qcompiler.quant.settings.selection import warning
 class MeasureSQNR(QuantPass):
     name = "measure-sqnr"
     description = "per-output SQNR and max abs error against float on the kept calibration samples"
-    requires = ("quant-context", "statistics", "qdq")
+    requires = ("quant-context", "float-outputs", "quantized")
     ensures = ("output-errors",)
 
     def run(self, ctx) -> PassResult:
         refusals: list = []
-        ctx.errors = output_errors(ctx.model, ctx.calibration.kept, ctx.settings.progress, refusals)
+        kept = ctx.reference if ctx.reference is not None else ctx.calibration.kept
+        if ctx.settings.report_samples is not None:
+            kept = kept[:ctx.settings.report_samples]
+        ctx.errors = output_errors(ctx.model, kept, ctx.settings.progress, refusals)
         if refusals:
             ctx.warnings.append(warning(
                 "onnxruntime", "default session options",

@@ -121,6 +121,16 @@ class Tensor:
             self._array.setflags(write=False)
         return self._array
 
+    def numpy_uncached(self) -> np.ndarray:
+        """The values without keeping them: an external tensor not yet decoded is read again on the next call.
+        Weight-only quantization reads each weight once and replaces it, so a model larger than memory never
+        holds all its float weights at once."""
+        if self._array is not None:
+            return self._array
+        if self._external is not None:
+            return self._read_external()
+        return numpy_helper.to_array(self._proto)
+
     def _read_external(self) -> np.ndarray:
         raw = read_external_bytes(self._external, self._proto.name)
         dt = _plain_dtype(self.dtype)

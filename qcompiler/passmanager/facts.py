@@ -21,6 +21,11 @@ FACTS = {
     "encodings": "an encoding for every quantized value of the plan",
     "qdq": "QuantizeLinear/DequantizeLinear nodes written into the model from the plan",
     "output-errors": "per-output SQNR and max abs error of the quantized model on the calibration samples",
+    "float-outputs": "the float model's graph outputs kept on a few calibration samples (the report's reference)",
+    "quantized": "the model holds its quantized form (Q/DQ pairs, or weight-only narrow weights)",
+    "weight-plan": "a weight-only plan: which weights become narrow blocks, read by which nodes",
+    "weight-grids": "a block grid for every weight of the weight-only plan",
+    "weights-written": "the weight-only grids written into the model in the target's form",
 }
 
 # what a plain `qcompiler run` starts with; `qcompiler quantize` adds "quant-context"

@@ -17,6 +17,12 @@ BROKEN_PLUGINS: Dict[str, str] = {}   # entry-point name -> why it did not load
 _loaded = False
 
 
+def _known(limit: int = 400) -> str:
+    """The registered names for a message, cut at `limit` characters (`qcompiler list-passes` lists them all)."""
+    text = ", ".join(sorted(_REGISTRY))
+    return text if len(text) <= limit else text[:text.rfind(", ", 0, limit)] + ", ... (qcompiler list-passes)"
+
+
 def register_pass(cls: Type[Pass]) -> Type[Pass]:
     """Class decorator: make `cls` findable by its `name`. A duplicate name is a programming error."""
     if not cls.name:
@@ -76,7 +82,7 @@ def get_pass(name: str) -> Pass:
     if cls is None:
         if name in BROKEN_PLUGINS:
             raise UnknownPassError(f"pass '{name}' is a plug-in that failed to load ({BROKEN_PLUGINS[name]})")
-        raise UnknownPassError(f"unknown pass '{name}'; known passes: {', '.join(sorted(_REGISTRY))}")
+        raise UnknownPassError(f"unknown pass '{name}'; known passes: {_known()}")
     return cls()
 
 

@@ -8,11 +8,13 @@ report.SQNR_MAX_SAMPLES samples / SQNR_KEEP_BYTES bytes).
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+import numpy as np
 import onnx
 
 from qcompiler.arguments import got, require_path
@@ -102,7 +104,9 @@ def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, pe
              recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
              optimize: str = "balanced", latency_budget_db: Optional[float] = None, untaken_branches: str = "float",
              smoothquant_alpha: Optional[float] = None, max_drop=None, metric=None, ray: Optional[str] = None,
-             executor=None, instrumentations: Iterable = ()) -> QuantizeResult:
+             executor=None, weight_only: bool = False, head_bits: Optional[int] = None,
+             accuracy_level: Optional[int] = None,
+             report_samples: Optional[int] = None, instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
 
     `calib`: an .npz path (one key per graph input, samples along axis 0; see qcompiler.quant.calibration.data for the
@@ -126,8 +130,8 @@ def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, pe
 
     """
     given = {k: v for k, v in locals().items() if k in BY_NAME}   # the switches, as the caller gave them
-    _check_inputs(model_or_path, calib)
-    s = check_switches(given)
+    s = resolve_early(check_switches(given), given)
+    _check_inputs(model_or_path, calib, s["weight_only"])
     # the pipeline first: an unknown pass name or a broken order fails before the model is read
     pm = quantization_manager(pipeline_for(**s), instrumentations)
     sel = Selection(exclude=s["exclude"] or (), op_types=s["op_types"], nodes=s["nodes"],
@@ -146,12 +150,33 @@ if quantize.__doc__:    # (python -OO strips docstrings)
     quantize.__doc__ += api_doc() + "\n"
 
 
-def _check_inputs(model_or_path, calib) -> None:
-    """The model and the data arguments of `quantize`, by type, before any work: one ArgumentError line."""
+def resolve_early(s: dict, given: dict) -> dict:
+    """The checked switches with the config read (a path or preset name becomes a QuantConfig): a config may
+    ask for weight-only quantization, which decides the pipeline, so it is read before the pipeline is built."""
+    if s["config"] is not None and not hasattr(s["config"], "settings_for"):
+        s["config"] = load_config(os.fsdecode(s["config"]))
+    if getattr(s["config"], "weight_only", None) and "weight_only" not in _explicit(given):
+        s["weight_only"] = True
+    return s
+
+
+def _explicit(given: dict) -> set:
+    """The switches the caller set to something other than their default."""
+    return {k for k, v in given.items() if v is not BY_NAME[k].default and v != BY_NAME[k].default}
+
+
+def _check_inputs(model_or_path, calib, weight_only: bool = False) -> None:
+    """The model and the data arguments of `quantize`, by type, before any work: one ArgumentError line.
+    Weight-only quantization may go without calibration data (round-to-nearest needs none)."""
     if isinstance(model_or_path, (str, bytes, os.PathLike)):
         require_path(model_or_path, "model")
     elif not isinstance(model_or_path, (onnx.ModelProto, Model)):
         raise ArgumentError(f"model must be a path, an onnx.ModelProto or a qcompiler Model, got {got(model_or_path)}")
+    if calib is None and weight_only:
+        return
+    if calib is None:
+        raise ArgumentError("calib is required (calibration data); only weight-only quantization "
+                            "(weight_only=True) goes without it")
     if isinstance(calib, (str, bytes, os.PathLike)):
         require_path(calib, "calib")
     elif isinstance(calib, dict) or not (hasattr(calib, "__iter__") or callable(getattr(calib, "get_next", None))):
@@ -197,18 +222,39 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     sel = s.selection
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))
-    opset, fallback = choose_opset(s, profile, model.opset)
+    if s.weight_only:
+        opset, fallback = _weight_only_opset(s, profile, model.opset), None
+    else:
+        opset, fallback = choose_opset(s, profile, model.opset)
     if s.max_drop is not None and s.opset is None and opset < 21:   # int4/int16 candidates (mixed_precision)
         opset, fallback = 21, opset
     ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback,
                        source=model_or_path)
-    ctx.samples = load_samples(calib, input_specs(model.graph), limit=s.limit)
+    ctx.samples = None if calib is None else load_samples(calib, input_specs(model.graph), limit=s.limit)
+    if s.weight_only and ctx.samples is not None and not isinstance(calib, (str, os.PathLike)):
+        # weight-only passes read the samples several times (reference, GPTQ/AWQ chunks): an API iterator
+        # can be read once, so its first samples are kept
+        kept = list(itertools.islice(iter(ctx.samples), s.limit or WEIGHT_ONLY_MAX_SAMPLES))
+        ctx.samples = load_samples(kept, input_specs(model.graph))
     config = _apply_selection(model, cfg, sel, profile, s.per_channel, s.weight_bits, s.act_bits, s.weight_block)
     ctx.options = PlacementOptions(per_channel=s.per_channel, weight_bits=s.weight_bits, act_bits=s.act_bits,
                                    config=config, supergroups=_supergroup_choice(config),
                                    weight_block=s.weight_block, act_symmetric=sel.act_symmetric,
                                    weight_symmetric=sel.weight_symmetric, optimize=s.optimize)
     return ctx
+
+
+WEIGHT_ONLY_MAX_SAMPLES = 128   # samples an API iterator gives weight-only quantization (it reads them again)
+
+
+def _weight_only_opset(s, profile, model_opset: int) -> int:
+    """Weight-only needs no opset change for MatMulNBits (com.microsoft); a blocked DequantizeLinear needs 21."""
+    if s.opset is not None:
+        return s.opset
+    form = profile.weight_only
+    if form is None or form.matmul == "MatMulNBits":
+        return model_opset
+    return max(21, model_opset)
 
 
 def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
@@ -266,6 +312,8 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
                               s.target if isinstance(s.target, str) else ctx.profile.name,
                               s.scheme, ctx.notes, errors=ctx.errors, layers=ctx.layers)
         report["pipeline"] = ran
+    if ctx.weight_plan is not None:
+        _weight_only_report(report, ctx)
     net = ctx.safety_net if ctx.safety_net is not None else Outcome()
     report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
     report["warnings"] = list(ctx.warnings) + _clip_warnings(ctx, report)
@@ -283,6 +331,21 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
                                 "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}
     return report
+
+
+def _weight_only_report(report: dict, ctx) -> None:
+    """The weight-only run's fields: its plan's summary (no per-block scales: those go to the encodings file),
+    what stays float, and each output's SQNR against float on the reference samples."""
+    plan = ctx.weight_plan
+    report["weight_only"] = plan.summary()
+    report["left_float"] = {name: f"weight: {why}" for name, why in plan.left_float.items()}
+    errors = ctx.errors or {}
+    report["output_sqnr_db"] = {n: (round(v, 2) if np.isfinite(v) else v)
+                                for n, v in ((n, e.sqnr_db()) for n, e in errors.items())}
+    report["output_max_abs_error"] = {n: float(f"{e.max_abs:.4g}") for n, e in errors.items()}
+    report["sqnr_samples"] = len(ctx.reference or ())
+    report["counts"] = {"activations": 0, "params": len(plan.jobs), "left_float": len(plan.left_float),
+                        "widened": 0}
 
 
 def _supergroup_choice(config):

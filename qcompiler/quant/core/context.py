@@ -57,6 +57,8 @@ class QuantContext:
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     latency_search: Optional[dict] = None  # latency-search: floor, SQNR before/after, pairs taken out
+    weight_plan: Any = None             # weight_only.WeightOnlyPlan (plan-weights)
+    reference: Optional[list] = None    # reference-outputs: [(feed, float outputs)] when there is no calibration
     notes: List[str] = field(default_factory=list)
     smoothquant: Optional[dict] = None  # smoothquant: per layer how 1/s was placed and alpha (report 'smoothquant')
     mixed_precision: Optional[dict] = None   # the mixed-precision pass's result (report 'mixed_precision')

@@ -33,6 +33,11 @@ PREPARE_PASSES = ("initializers-as-constants", "inline-functions", "constant-to-
 DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
                                      "insert-qdq", "float16-islands", "measure-sqnr", "latency-search",
                                      "safety-net")
+# weight-only (`--weight-only`): activations stay float, so no calibration pass and no placement; the float
+# outputs for the report come from `reference-outputs` (nothing without calibration data)
+WEIGHT_ONLY_PREPARE = ("initializers-as-constants", "inline-functions", "constant-to-initializer", "canonicalize")
+WEIGHT_ONLY_PIPELINE = WEIGHT_ONLY_PREPARE + ("convert-opset", "reference-outputs", "plan-weights", "weight-grid",
+                                              "check-accuracy-level", "write-weights", "measure-sqnr")
 START_FACTS = ("model", "quant-context")
 
 
@@ -43,23 +48,27 @@ def _names(spec) -> List[str]:
     return [s.strip() if isinstance(s, str) else s for s in items if not isinstance(s, str) or s.strip()]
 
 
-def build_pipeline(recipe=None, pipeline=None) -> list:
-    """The pass names to run: `pipeline` as given, else the default list with each `recipe` pass inserted after
-    its `after` pass (in recipe order when two follow the same pass). Unknown names raise UnknownPassError."""
+def build_pipeline(recipe=None, pipeline=None, base: Sequence[str] = DEFAULT_PIPELINE) -> list:
+    """The pass names to run: `pipeline` as given, else `base` (the default list) with each `recipe` pass
+    inserted after its `after` pass (in recipe order when two follow the same pass). Unknown names raise
+    UnknownPassError."""
     if pipeline is not None:
         names = _names(pipeline)
         if recipe:
             raise PipelineError("--recipe adds passes to the default pipeline; with --pipeline, list them in it")
         return names
-    names = list(DEFAULT_PIPELINE)
+    names = list(base)
     inserted: dict = {}
     for name in _names(recipe):
         if name in names:
             continue   # already in the pipeline (named twice, or a default pass)
         p = get_pass(name) if isinstance(name, str) else name
-        anchor = getattr(p, "after", "")
-        if not anchor or anchor not in names:
-            raise PipelineError(f"pass '{p.name}' has no place in the default pipeline (it names no `after` "
+        anchors = getattr(p, "after", "")
+        # `after` names one pass, or several (the first present wins: a pass that fits both pipelines)
+        anchor = next((a for a in ((anchors,) if isinstance(anchors, str) else anchors) if a in names), "")
+        if not anchor:
+            which = "weight-only" if base is WEIGHT_ONLY_PIPELINE else "default"
+            raise PipelineError(f"pass '{p.name}' has no place in the {which} pipeline (it names no `after` "
                                 f"pass of it); list the whole order with --pipeline")
         at = names.index(inserted.get(anchor, anchor)) + 1
         names.insert(at, name)
@@ -87,6 +96,7 @@ def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
     `load_encodings=FILE`, `untaken_branches="mirror"`; the table's `enabled`) adds it like a recipe entry; a
     full `pipeline` must already name it. Switches that ask for no pass are ignored."""
     wanted = wanted_passes(switches)
+    base = WEIGHT_ONLY_PIPELINE if switches.get("weight_only") else DEFAULT_PIPELINE
     if pipeline is not None:
         names = build_pipeline(recipe, pipeline)
         for name in wanted:
@@ -94,4 +104,4 @@ def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
                 raise PipelineError(f"the pipeline has no '{name}' pass, which "
                                     f"{[k for k, v in SWITCHES.items() if v == name][0]} asks for: add it")
         return names
-    return build_pipeline(_names(recipe) + [n for n in wanted if n not in _names(recipe)], None)
+    return build_pipeline(_names(recipe) + [n for n in wanted if n not in _names(recipe)], None, base)

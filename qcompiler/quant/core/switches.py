@@ -357,6 +357,30 @@ SWITCHES: Tuple[Switch, ...] = (
                  "axis (MatMul K); opset 21 DequantizeLinear block_size", type=int),
             config_key="weights.per_block",
             configures=("place", "cle")),
+    _switch("weight_only", False, _bool,
+            "activations stay float; the weights of MatMul/Gemm (and embedding Gathers where the target has a "
+            "kernel) become weight_bits-bit blocks, run as MatMulNBits/GatherBlockQuantized on ort_cpu and as a "
+            "blocked DequantizeLinear on trt (the profile's weight_only form); round-to-nearest needs no "
+            "calibration data (calib=None)",
+            Flag(("--weight-only",), "activations stay float; MatMul/Gemm weights and embeddings become "
+                 "--weight-bits blocks of --block-size (default 32 at 4 bits): MatMulNBits and "
+                 "GatherBlockQuantized on ort_cpu, blocked DequantizeLinear on trt; --calib is optional "
+                 "(round-to-nearest) unless --recipe gptq/awq", is_flag=True),
+            config_key="weight_only",
+            configures=("plan-weights", "weight-grid", "write-weights")),
+    _switch("head_bits", None, _optional(_bits),
+            "weight-only: the bits of the model's ends, the head that writes the logits and the token embedding; "
+            "None: 8 when weight_bits is below 8 (they carry most of a 4-bit model's error)",
+            Flag(("--head-bits",), "weight-only: bits of the logits head and the token embedding (default: 8 "
+                 "when --weight-bits is 4)", type=int),
+            configures=("plan-weights",)),
+    _switch("accuracy_level", None, _optional(_int(0, 4)),
+            "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
+            "activations inside the kernel, checked per MatMul on the calibration data; 0: float)",
+            Flag(("--accuracy-level",), "weight-only MatMulNBits accuracy_level 0-4 (default: the target's; "
+                 "ort_cpu 4, a MatMul whose output level 4 moves too much on the calibration data gets 0)",
+                 type=int, metavar="0-4"),
+            configures=("write-weights", "check-accuracy-level")),
     # --- what is quantized ---
     _switch("exclude", None, _names,
             "node names or regexes whose nodes stay float (qcompiler.quant.settings.selection)",
@@ -380,8 +404,11 @@ SWITCHES: Tuple[Switch, ...] = (
             configures=("place",)),
     _switch("weight_symmetric", None, _optional(_bool),
             "symmetric weight grids (None: the target's choice); overrides a config",
-            api_only="no flag yet: the target profile or a config sets it", config_key="weights.symmetric",
-            configures=("place",)),
+            Flag(("--symmetric-weights/--asymmetric-weights",), "symmetric weight grids, or with zero points "
+                 "(default: the target's choice; weight-only: zero points where the target allows them)",
+                 default=None),
+            config_key="weights.symmetric",
+            configures=("place", "plan-weights")),
     # --- the pipeline: passes, recipes, opset ---
     _switch("bias_correction", False, _bool,
             "empirical bias correction of Conv/Gemm weights (qdq.correct_biases; the `bias-correction` pass); off "
@@ -469,6 +496,12 @@ SWITCHES: Tuple[Switch, ...] = (
     _switch("limit", None, _optional(_int(lo=1)), "use at most this many calibration samples",
             Flag(("--limit",), "use at most this many calibration samples", type=int),
             configures=("calibrate",)),
+    _switch("report_samples", None, _optional(_int(lo=1)),
+            "measure the report's output SQNR on at most this many calibration samples (default: the samples "
+            "calibration kept)",
+            Flag(("--report-samples",), "the report's output SQNR pass runs on at most N calibration samples",
+                 type=int, metavar="N"),
+            configures=("measure-sqnr",)),
     # --- the output SQNR floor ---
     _switch("min_sqnr", None, _min_sqnr,
             "the output SQNR floor in dB (default DEFAULT_MIN_SQNR_DB; -inf turns it off): below it "

@@ -17,17 +17,26 @@ from qcompiler.quant.placement import weight_nodes
 from qcompiler.sqnr import db_from_powers, powers
 
 
+REPORT_MAX_LIST = 256   # a per-channel/per-block encoding with more scales is summarised in the report (the
+#                         encodings file holds every one): a decoder's per-block scales made a 524 MB report
+
+
 def encoding_summary(enc: Encoding) -> dict:
     """A JSON-friendly view of an encoding (scalars per tensor, lists per channel). Per-tensor fields may hold
-    one number in any shape numpy gives it ((), (1,), (1, 1), a numpy scalar): `scalar` reads them all."""
+    one number in any shape numpy gives it ((), (1,), (1, 1), a numpy scalar): `scalar` reads them all. Over
+    REPORT_MAX_LIST scales (per block), `scale`/`zero_point` become a summary: count, min, max, mean."""
     if per_tensor(enc):
         d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
              "scale": float(scalar(enc.scale, "scale")), "zero_point": int(scalar(enc.zero_point, "zero point")),
              "min": float(scalar(enc.min, "min")), "max": float(scalar(enc.max, "max"))}
     else:
-        d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
-             "scale": np.asarray(enc.scale, np.float64).tolist(), "zero_point": np.asarray(enc.zero_point).tolist(),
-             "axis": int(enc.axis)}
+        scale, zp = np.asarray(enc.scale, np.float64), np.asarray(enc.zero_point)
+        if scale.size > REPORT_MAX_LIST:
+            d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
+                 "scale": _summary(scale), "zero_point": _summary(zp), "axis": int(enc.axis)}
+        else:
+            d = {"bits": int(enc.bits), "signed": bool(enc.signed), "symmetric": bool(enc.symmetric),
+                 "scale": scale.tolist(), "zero_point": zp.tolist(), "axis": int(enc.axis)}
         if enc.block_size:
             d["block_size"] = int(enc.block_size)
         lo, hi = np.asarray(enc.min, np.float64), np.asarray(enc.max, np.float64)
@@ -37,6 +46,12 @@ def encoding_summary(enc: Encoding) -> dict:
     if enc.frozen:
         d["frozen"] = True
     return d
+
+
+def _summary(a: np.ndarray) -> dict:
+    a = np.asarray(a, np.float64)
+    return {"count": int(a.size), "min": float(a.min()), "max": float(a.max()), "mean": float(a.mean()),
+            "summarised": True}
 
 
 SQNR_MAX_SAMPLES = 256          # the report's SQNR uses at most this many calibration samples
@@ -311,8 +326,20 @@ def _sqnr_samples_note(used: int, total: int) -> str:
 def format_summary(report: dict) -> str:
     """A few human lines for the CLI."""
     c = report["counts"]
-    lines = [f"quantized {c['activations']} activations and {c['params']} params for {report['target']} "
-             f"({report['scheme']}, {report.get('calibration_samples', 0)} samples); {c['left_float']} values left float"]
+    wo = report.get("weight_only")
+    if wo:
+        mb = 1 << 20
+        lines = [f"weight-only: {wo['weights']} weights stored narrow for {report['target']} "
+                 f"({', '.join(f'{k} x{v}' for k, v in wo['algorithms'].items())}; {wo['form']['matmul']}"
+                 f"{', ' + wo['form']['gather'] if wo['form']['gather'] else ''}): "
+                 f"{wo['float_bytes_of_quantized'] / mb:.1f} MB of float weights -> {wo['stored_bytes'] / mb:.1f} MB; "
+                 f"{c['left_float']} weights left float; activations float"]
+        if wo["tied"]:
+            lines.append(f"  tied embedding and head stored once: {', '.join(t[:60] for t in wo['tied'])}")
+    else:
+        lines = [f"quantized {c['activations']} activations and {c['params']} params for {report['target']} "
+                 f"({report['scheme']}, {report.get('calibration_samples', 0)} samples); {c['left_float']} values "
+                 f"left float"]
     if c.get("widened"):
         lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB, or the "
                      f"safety net found them breaking the output; see report 'widened')")

@@ -124,6 +124,7 @@ class QuantConfig:
     unsigned_symmetric: bool = False                 # AIMET; see the module docstring
     hw_version: Optional[str] = None                 # AIMET; descriptive
     supported_kernels: Optional[list] = None         # AIMET; checked (bit widths), descriptive
+    weight_only: Optional[bool] = None               # ours: activations float, weights narrow (--weight-only)
     warnings: list = field(default_factory=list)     # selection.warning dicts: settings read but not applied
 
     def settings_for(self, node) -> NodeSettings:
@@ -210,7 +211,7 @@ def parse_config(data, source: str = "<dict>") -> QuantConfig:
 
 # --- our format ------------------------------------------------------------------------------------------
 _OURS_TOP = ("target", "scheme", "weights", "activations", "bias", "rules", "supergroups", "model_input",
-             "model_output")
+             "model_output", "weight_only")
 _SECTION_FIELDS = {
     "weights": {"bits": "weight_bits", "symmetric": "weight_symmetric", "per_channel": "weight_per_channel",
                 "per_block": "weight_block", "quantized": "weight_quantized"},
@@ -375,6 +376,10 @@ def _parse_ours(data: dict, source: str) -> QuantConfig:
         cfg.target = data["target"]
     if "scheme" in data:
         cfg.scheme = _scheme(ctx, data["scheme"], "scheme")
+    if "weight_only" in data:
+        if not isinstance(data["weight_only"], bool):
+            raise ctx.err("weight_only", f"expected true/false, got {short(data['weight_only'])}")
+        cfg.weight_only = data["weight_only"]
     upd = {}
     for sec in ("weights", "activations", "bias"):
         if sec in data:

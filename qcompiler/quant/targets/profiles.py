@@ -51,6 +51,15 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
   aimet: the model is lifted to float32 inside and keeps its float16 inputs and outputs, pass upcast-float16;
   onnxruntime's CPU provider has few float16 kernels and its integer kernels dequantize to float32) or "float16"
   (trt, qnn_htp: the runtime computes in half precision; Q/DQ in the value's own type, qdq.float_route).
+- `weight_only`: how the target runs weight-only quantized MatMul/Gemm weights and embeddings (`--weight-only`),
+  or absent when it has no such kernel: `matmul` is the op written for a MatMul/Gemm weight ("MatMulNBits": the
+  com.microsoft op onnxruntime's CPU and CUDA EPs run with packed 4/8-bit weights; "DequantizeLinear": a blocked
+  opset-21 DequantizeLinear feeding the float MatMul, the form TensorRT and ModelOpt read), `gather` the op for an
+  embedding Gather ("GatherBlockQuantized", "DequantizeLinear" or null: the embedding stays float), `bits` the
+  weight widths it runs, `signed` whether the DQ form stores signed integers, `zero_points` whether asymmetric
+  grids (a zero point per block) are allowed, `accuracy_level` MatMulNBits' default (4: int8 activations inside
+  the kernel, what onnxruntime-genai writes for CPU; 0: float). Checked against onnxruntime by
+  tests/quant/test_weight_only_profiles.py.
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
 from __future__ import annotations
@@ -124,6 +133,8 @@ PROFILES: dict = {
         # keeps a quantizer only next to one of them (placement/float_regions.py)
         "fusions": "ort_cpu",
         "float16_compute": "float32",
+        "weight_only": {"matmul": "MatMulNBits", "gather": "GatherBlockQuantized", "bits": [4, 8],
+                        "signed": False, "zero_points": True, "accuracy_level": 4},
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
@@ -142,6 +153,9 @@ PROFILES: dict = {
         "fused_activations": _FUSED,
         "bias_add_ops": ["MatMul", "Gemm"],
         "float16_compute": "float16",
+        # TensorRT 10 / ModelOpt int4 AWQ: signed int4 blocked DQ -> MatMul, no zero point; no quantized Gather
+        "weight_only": {"matmul": "DequantizeLinear", "gather": None, "bits": [4, 8], "signed": True,
+                        "zero_points": False, "accuracy_level": 0},
     },
     "qnn_htp": {
         "description": "Qualcomm QNN HTP (as AIMET's htp_quantsim_config_v75): u8 asymmetric activations, s8 "
@@ -191,6 +205,9 @@ PROFILES: dict = {
         "bias_add_ops": ["MatMul"],
         "symmetric_dynamic_weight_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
         "float16_compute": "float32",
+        # AIMET's weight-only sims (W4A16): the encodings file carries the grids; the model a DQ form
+        "weight_only": {"matmul": "DequantizeLinear", "gather": "DequantizeLinear", "bits": [4, 8], "signed": True,
+                        "zero_points": False, "accuracy_level": 0},
     },
 }
 
@@ -210,6 +227,22 @@ class KernelRule:
 
     act_bits: int = 8
     output_q: bool = False      # only with a Q on the output (possibly behind `output_q_through` ops)
+
+
+WEIGHT_ONLY_MATMUL = ("MatMulNBits", "DequantizeLinear")
+WEIGHT_ONLY_GATHER = ("GatherBlockQuantized", "DequantizeLinear")
+
+
+@dataclass(frozen=True)
+class WeightOnlyForm:
+    """How a target runs weight-only weights (the profile's `weight_only`; see the module docstring)."""
+
+    matmul: str
+    gather: Optional[str] = None
+    bits: Tuple[int, ...] = (4, 8)
+    signed: bool = False
+    zero_points: bool = True
+    accuracy_level: int = 0
 
 
 @dataclass(frozen=True)
@@ -243,6 +276,7 @@ class Profile:
     symmetric_dynamic_weight_ops: Tuple[str, ...] = ()
     fusions: Optional[str] = None       # the runtime's QDQ fusion table (qcompiler/quant/targets/fusions.py): a name or a YAML path
     float16_compute: str = "float32"    # "float32" | "float16": FLOAT16_COMPUTE
+    weight_only: Optional[WeightOnlyForm] = None   # None: the target has no weight-only kernel
 
     def to_dict(self) -> dict:
         """Plain data (JSON-serialisable: tuples become lists)."""
@@ -435,7 +469,34 @@ def check_profile(p: dict, source: str = "profile") -> Profile:
                     c.boolean(v, f"{w}.output_q")
                 else:
                     raise c.err(f"{w}.{_key(k)}", "unknown key (allowed: act_bits, output_q)")
+    if p.get("weight_only") is not None:
+        p["weight_only"] = _weight_only(c, p["weight_only"])
     return _typed(p)
+
+
+def _weight_only(c: _Check, v) -> dict:
+    d = dict(c.mapping(v, "weight_only"))
+    known = ("matmul", "gather", "bits", "signed", "zero_points", "accuracy_level")
+    for k in d:
+        if k not in known:
+            raise c.err(f"weight_only.{_key(k)}", f"unknown key (allowed: {', '.join(known)})")
+    if d.get("matmul") not in WEIGHT_ONLY_MATMUL:
+        raise c.err("weight_only.matmul", f"expected one of {', '.join(WEIGHT_ONLY_MATMUL)}, got {short(d.get('matmul'))}")
+    if d.get("gather") is not None and d["gather"] not in WEIGHT_ONLY_GATHER:
+        raise c.err("weight_only.gather", f"expected one of {', '.join(WEIGHT_ONLY_GATHER)} or null, "
+                    f"got {short(d['gather'])}")
+    bits = d.get("bits", [4, 8])
+    if not isinstance(bits, list) or not bits or not all(b in (2, 3, 4, 5, 6, 7, 8) and not isinstance(b, bool)
+                                                         for b in bits):
+        raise c.err("weight_only.bits", f"expected a list of widths in 2..8, got {short(bits)}")
+    for k in ("signed", "zero_points"):
+        if k in d:
+            c.boolean(d[k], f"weight_only.{k}")
+    lvl = d.get("accuracy_level", 0)
+    if isinstance(lvl, bool) or lvl not in (0, 1, 2, 3, 4):
+        raise c.err("weight_only.accuracy_level", f"expected 0..4, got {short(lvl)}")
+    d["bits"] = bits
+    return d
 
 
 def _typed(p: dict) -> Profile:
@@ -453,6 +514,8 @@ def _typed(p: dict) -> Profile:
         split_fused_above_macs={op: int(m) for op, m in p.get("split_fused_above_macs", {}).items()},
         per_block_weight_bits=tuple(p.get("per_block_weight_bits", (4, 8))),
         integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},
+        weight_only=WeightOnlyForm(**dict(p["weight_only"], bits=tuple(p["weight_only"].get("bits", (4, 8)))))
+        if p.get("weight_only") is not None else None,
         **{k: tuple(p[k]) for k in _NAME_LISTS if k in p}, **{k: p[k] for k in _BOOLS if k in p})
 
 

@@ -1,0 +1,86 @@
+"""`check-accuracy-level`: keep MatMulNBits' int8 activations (accuracy_level 4) only where they cost nothing.
+
+At accuracy_level 4 onnxruntime's CPU kernel quantizes each MatMulNBits input to int8 per block of the
+reduction axis before the integer dot products: the fastest path, and what onnxruntime-genai writes for CPU.
+On outlier-heavy activations that rounding can move the output far more than the 4-bit weights do
+(onnxruntime issue #29849 reports greedy tokens flipping on such LLMs). For each weight-only MatMul this pass
+replays that rounding in numpy on the layer's float inputs from the calibration data (`emulate_level4`) and
+compares the output with the float-activation product on the same narrow weights: a layer whose output SQNR
+at level 4 falls below `LEVEL4_MIN_DB` gets level 0 (float activations), with the figures in the report.
+Without calibration data nothing is measured and the profile's level stays (the report says so).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, stream_rows
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.sqnr import sqnr_db
+
+LEVEL4_MIN_DB = 30.0       # int8 activation rounding must stay this far below the signal (4-bit weights: ~20 dB)
+MAX_ROWS = 2048            # input rows kept per layer group for the check
+CHECK_SAMPLES = 16
+ROW_BUDGET = 256 << 20
+
+
+def emulate_level4(x: np.ndarray, block: int) -> np.ndarray:
+    """`x` [r, K] as accuracy_level 4 sees it: symmetric int8 per block of `block` along K, scale max|x|/127."""
+    r, k = x.shape
+    nb = -(-k // block)
+    pad = np.zeros((r, nb * block), np.float32)
+    pad[:, :k] = x
+    b = pad.reshape(r, nb, block)
+    scale = np.abs(b).max(axis=2, keepdims=True) / 127.0
+    scale[scale == 0] = 1.0
+    q = np.clip(np.rint(b / scale), -127, 127) * scale
+    return q.reshape(r, nb * block)[:, :k]
+
+
+@register_pass
+class CheckAccuracyLevel(QuantPass):
+    name = "check-accuracy-level"
+    description = "weight-only: MatMulNBits level 4 (int8 activations) only where it moves the output little"
+    requires = ("quant-context", "weight-grids")
+    after = "weight-grid"
+
+    def run(self, ctx) -> PassResult:
+        plan = ctx.weight_plan
+        level = ctx.settings.accuracy_level
+        if level is None:
+            level = plan.form.accuracy_level
+        if plan.form.matmul != "MatMulNBits" or level != 4:
+            return PassResult(False, {"checked": 0})
+        if ctx.samples is None:
+            ctx.notes.append("accuracy_level 4 (int8 activations in MatMulNBits) not checked: no calibration data")
+            return PassResult(False, {"checked": 0})
+        groups = input_groups(ctx)
+        lowered, checked = [], 0
+        for names in chunks(groups, lambda n, jobs: 4 * MAX_ROWS * jobs[0].k, ROW_BUDGET):
+            rows = {n: [] for n in names}
+
+            def keep(name, r):
+                have = sum(len(a) for a in rows[name])
+                if have < MAX_ROWS:
+                    rows[name].append(r[:MAX_ROWS - have].copy())
+            stream_rows(ctx, names, keep, max_samples=CHECK_SAMPLES)
+            for name in names:
+                x = np.concatenate(rows[name]) if rows[name] else None
+                if x is None or not len(x):
+                    continue
+                for job in groups[name]:
+                    if job.grid is None:
+                        continue
+                    w = job.grid.dequantize()
+                    ref = x @ w.T
+                    db = sqnr_db(ref, emulate_level4(x, job.block_size) @ w.T)
+                    checked += 1
+                    if db < LEVEL4_MIN_DB:
+                        job.accuracy_level = 0
+                        job.notes.append(f"accuracy_level 0: int8 activations would give {db:.1f} dB on its "
+                                         f"output (< {LEVEL4_MIN_DB:g} dB)")
+                        lowered.append(job.weight)
+        if lowered:
+            ctx.notes.append(f"accuracy_level 0 (float activations) for {len(lowered)} MatMulNBits whose output "
+                             f"int8 activations move by more than {LEVEL4_MIN_DB:g} dB SQNR; level 4 elsewhere")
+        return PassResult(False, {"checked": checked, "level0": len(lowered)})

@@ -1,0 +1,213 @@
+"""`plan-weights`: the weight-only plan: every MatMul/Gemm weight and embedding the target can run narrow.
+
+A weight qualifies when it is a rank-2 float initializer read as the second input of a MatMul, the weight of a
+Gemm (alpha 1, transA 0), through a `Transpose(perm=[1, 0])` by a MatMul (the tied head exporters write as
+`MatMul(x, Transpose(embedding))`), or as the table of a `Gather(axis=0)` (an embedding) when the target has a
+quantized Gather. A weight several nodes read is ONE job: a tied embedding and head share one stored copy, so the
+file holds it once (onnxruntime's own quantizer leaves such a head float; folding the Transpose into a second
+copy doubled it). What stays float says why: another reader that needs the float tensor, an orientation two
+readers disagree on, a Gemm attribute the narrow kernel does not take, an excluded node, a width the target
+does not run.
+
+Bits, block and symmetry come from the switches (`--weight-bits`, `--block-size`: default 32 at 4 bits and 128
+at 8 bits; zero points where the target allows them) and per node from a config's rules (`weights.bits`,
+`weights.per_block`), so "the head and the first and last layers at 8 bits" is one rule.
+"""
+from __future__ import annotations
+
+import numpy as np
+from onnx import TensorProto
+
+from qcompiler.errors import ArgumentError
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.weight_only import WeightJob, WeightOnlyPlan
+
+FLOAT_TYPES = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+DEFAULT_BLOCK = {4: 32, 8: 128}
+NBITS_BLOCKS = (16, 32, 64, 128, 256)   # MatMulNBits / GatherBlockQuantized: a power of two >= 16
+
+
+def _weight(v):
+    """`v` when it is a rank-2 float initializer of the main graph, else None."""
+    if v is None or v.tensor is None or v.is_input or v.graph.parent is not None:
+        return None
+    shape = v.shape
+    if shape is None or len(shape) != 2 or v.dtype not in FLOAT_TYPES or 0 in shape:
+        return None
+    return v
+
+
+def _transposed_weight(v):
+    """The initializer E when `v` is `Transpose(E, perm=[1, 0])` (or no perm) read only as a MatMul weight."""
+    p = v.producer if v is not None else None
+    if p is None or p.op_type != "Transpose" or p.domain not in ("", "ai.onnx"):
+        return None
+    perm = p.attr("perm")
+    if perm is not None and list(perm) != [1, 0]:
+        return None
+    return _weight(p.inputs[0])
+
+
+def weight_reads(g):
+    """(weight value, node, kind, why-not) for every candidate read in the main graph, in graph order; `why-not`
+    is "" for a read the weight-only form can take."""
+    out = []
+    for node in g.nodes:
+        if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2:
+            w = _weight(node.inputs[1])
+            if w is not None:
+                out.append((w, node, "matmul", ""))
+                continue
+            e = _transposed_weight(node.inputs[1])
+            if e is not None:
+                t = node.inputs[1].producer
+                other = [u.user for u in node.inputs[1].uses() if u.user is not node]
+                out.append((e, node, "head", "" if not other else
+                            f"its Transpose '{t.name[:60]}' is read by other nodes too"))
+        elif node.op_type == "Gemm" and node.domain in ("", "ai.onnx") and len(node.inputs) >= 2:
+            w = _weight(node.inputs[1])
+            if w is None:
+                continue
+            why = ""
+            if node.attr("transA", 0) or float(node.attr("alpha", 1.0)) != 1.0:
+                why = "Gemm with transA or alpha != 1 (the narrow kernel computes x @ W^T only)"
+            elif len(node.inputs) > 2 and node.inputs[2] is not None:
+                c = node.inputs[2]
+                if float(node.attr("beta", 1.0)) != 1.0 or c.shape is None or len(c.shape) > 1:
+                    why = "Gemm whose bias is not a vector added once (beta != 1 or a 2-D C)"
+            out.append((w, node, "gemm_t" if node.attr("transB", 0) else "gemm", why))
+        elif node.op_type == "Gather" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2:
+            w = _weight(node.inputs[0])
+            if w is not None and int(node.attr("axis", 0)) in (0, -2):
+                out.append((w, node, "gather", ""))
+    return out
+
+
+# which axis of the stored tensor is N (rows) for each kind: 1 -> stored [K, N], 0 -> stored [N, K]
+_ROWS_AXIS = {"matmul": 1, "gemm": 1, "gemm_t": 0, "head": 0, "gather": 0}
+
+
+def _node_settings(ctx, node):
+    cfg = ctx.options.config if ctx.options is not None else None
+    return cfg.settings_for(node) if cfg is not None else None
+
+
+def build_weight_plan(ctx) -> WeightOnlyPlan:
+    plan = WeightOnlyPlan(form=ctx.profile.weight_only)
+    g = ctx.model.graph
+    reads = weight_reads(g)
+    by_weight: dict = {}
+    for w, node, kind, why in reads:
+        by_weight.setdefault(w.name, (w, []))[1].append((node, kind, why))
+    for name, (w, readers) in by_weight.items():
+        reason = _float_reason(ctx, w, readers)
+        if reason:
+            plan.left_float[name] = reason
+            continue
+        rows_axis = _ROWS_AXIS[readers[0][1]]
+        n, k = int(w.shape[rows_axis]), int(w.shape[1 - rows_axis])
+        bits, block, symmetric = _grid_of(ctx, readers, k)
+        job = WeightJob(weight=name, n=n, k=k, bits=bits, block_size=block, symmetric=symmetric,
+                        readers=[(node.name, "gemm" if kind == "gemm_t" else kind) for node, kind, _ in readers],
+                        rows_axis=rows_axis)
+        plan.jobs[name] = job
+        if any(kind != "gather" for _, kind, _ in readers):
+            plan.layer_order.append(name)
+    return plan
+
+
+def _float_reason(ctx, w, readers) -> str:
+    form = ctx.profile.weight_only
+    for node, kind, why in readers:
+        if why:
+            return f"{node.op_type} '{node.name[:60]}': {why}"
+        if kind == "gather" and form.gather is None:
+            return f"an embedding: {ctx.profile.name} has no quantized Gather kernel (it stays float)"
+        ns = _node_settings(ctx, node)
+        if ns is not None and (not ns.weight_quantized or ns.keep_float):
+            return f"its reader '{node.name[:60]}' is kept float (--exclude, --op-types or the config)"
+    axes = {_ROWS_AXIS[kind] for _, kind, _ in readers}
+    if len(axes) > 1:
+        return "read in two orientations (as [K, N] and as [N, K]): one stored copy cannot serve both"
+    readers_set = {node for node, _, _ in readers}
+    transposes = {node.inputs[1].producer for node, kind, _ in readers if kind == "head"}
+    other = [u.user for u in w.uses() if u.user not in readers_set and u.user not in transposes]
+    if other:
+        u = other[0]
+        what = f"{u.op_type} '{u.name[:60]}'" if hasattr(u, "op_type") else "a graph output"
+        return f"also read by {what}, which needs the float tensor"
+    return ""
+
+
+LAYOUT_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Cast", "Identity", "Flatten")
+
+
+def is_head(node) -> bool:
+    """A linear node whose output is a graph output, directly or through layout ops (a decoder's logits)."""
+    todo, seen = [node.outputs[0]], 0
+    while todo and seen < 16:
+        v, seen = todo.pop(), seen + 1
+        if v is None:
+            continue
+        if v.is_graph_output():
+            return True
+        todo.extend(u.user.outputs[0] for u in v.uses() if getattr(u.user, "op_type", None) in LAYOUT_OPS)
+    return False
+
+
+def _grid_of(ctx, readers, k):
+    """(bits, block size, symmetric) for a weight: the switches; the width of the model's ends, the logits head
+    and the token embedding (`head_bits`, default 8 when the weights are narrower: on the test decoders a 4-bit
+    head or embedding costs more logits SQNR than all the 4-bit layers between them, onnxruntime's quantizer
+    leaves both float, and 8-bit heads are what onnxruntime-genai's mixed mode writes); then a config rule on
+    any reader (the widest wins)."""
+    s, form = ctx.settings, ctx.profile.weight_only
+    settings = [ns for ns in (_node_settings(ctx, node) for node, _, _ in readers) if ns is not None]
+    bits = max((ns.weight_bits for ns in settings), default=s.weight_bits)
+    block = next((ns.weight_block for ns in settings if ns.weight_block), None) or s.weight_block
+    ruled = [ns for ns in settings if ns.matched_rules]
+    if ruled:          # a config rule on a reader decides (the widest reader wins)
+        bits = max(ns.weight_bits for ns in ruled)
+        block = next((ns.weight_block for ns in ruled if ns.weight_bits == bits and ns.weight_block), block)
+    elif any(kind == "gather" or is_head(node) for node, kind, _ in readers):
+        head = s.head_bits if s.head_bits is not None else max(bits, 8)
+        if head != bits:
+            bits, block = head, None
+    if bits not in form.bits:
+        raise ArgumentError(f"weight-only weights of {bits} bits: {ctx.profile.name} runs "
+                            f"{' or '.join(str(b) for b in form.bits)} bits")
+    block = block or DEFAULT_BLOCK.get(bits, 32)
+    if form.matmul == "MatMulNBits" and block not in NBITS_BLOCKS:
+        raise ArgumentError(f"block size {block}: MatMulNBits takes a power of two from 16 to 256")
+    sym = s.weight_symmetric
+    symmetric = (not form.zero_points) if sym is None else bool(sym)
+    if not symmetric and not form.zero_points:
+        raise ArgumentError(f"{ctx.profile.name} runs weight-only grids without zero points: they are symmetric")
+    return bits, block, symmetric
+
+
+def stored_nk(job, value) -> np.ndarray:
+    """The job's weight as float32 W [N, K] (rows = output channels), whatever way it is stored."""
+    arr = np.asarray(value.tensor.numpy_uncached(), dtype=np.float32)
+    return arr if job.rows_axis == 0 else np.ascontiguousarray(arr.T)
+
+
+@register_pass
+class PlanWeights(QuantPass):
+    name = "plan-weights"
+    description = "weight-only: which MatMul/Gemm weights and embeddings become narrow blocks, tied heads found"
+    requires = ("quant-context",)
+    ensures = ("weight-plan",)
+
+    def run(self, ctx) -> PassResult:
+        if ctx.profile.weight_only is None:
+            raise ArgumentError(f"target {ctx.profile.name} has no weight-only kernel: quantize its activations "
+                                f"too (W8A16: --act-bits 16) or pick --target ort_cpu or trt")
+        ctx.weight_plan = build_weight_plan(ctx)
+        p = ctx.weight_plan
+        tied = [j.weight for j in p.jobs.values() if j.tied]
+        if tied:
+            ctx.notes.append(f"tied embedding and head: {', '.join(t[:60] for t in tied)} stored once, read by "
+                             f"the Gather and the head")
+        return PassResult(False, {"weights": len(p.jobs), "float": len(p.left_float), "tied": len(tied)})

@@ -1,0 +1,44 @@
+"""`weight-grid`: the round-to-nearest grid of every planned weight that no earlier pass gridded.
+
+Not the first grid but the best one: per block, the scale (and zero point) that minimises the block's squared
+rounding error on the full integer range (qcompiler/quant/core/block_grid.py), never worse than the min/max grid
+onnxruntime's own quantizer writes. It needs no calibration data. Weights are read one at a time and not kept
+(`Tensor.numpy_uncached`), so a model larger than memory streams through.
+"""
+from __future__ import annotations
+
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.progress import bar
+from qcompiler.quant.core.block_grid import block_grid
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.sqnr import sqnr_db
+from qcompiler.passes.quantize.plan_weights import stored_nk
+
+
+def grid_job(job, w, search: str = "mse"):
+    """The job's BlockGrid for W [N, K] (float32), with its weight SQNR recorded."""
+    grid = block_grid(w, job.bits, job.block_size, symmetric=job.symmetric, search=search)
+    job.sqnr_db = weight_sqnr_db(w, grid)
+    return grid
+
+
+def weight_sqnr_db(w, grid) -> float:
+    return float(sqnr_db(w, grid.dequantize()))
+
+
+@register_pass
+class WeightGrid(QuantPass):
+    name = "weight-grid"
+    description = "weight-only: the per-block grid minimising each block's rounding error (round-to-nearest)"
+    requires = ("quant-context", "weight-plan")
+    ensures = ("weight-grids",)
+
+    def run(self, ctx) -> PassResult:
+        plan, g = ctx.weight_plan, ctx.model.graph
+        todo = [j for j in plan.jobs.values() if j.grid is None]
+        with bar("weights", len(todo), ctx.settings.progress) as progress:
+            for job in todo:
+                job.grid = grid_job(job, stored_nk(job, g.initializers[job.weight]))
+                job.algorithm = job.algorithm or "rtn"
+                progress.update(1)
+        return PassResult(False, {"gridded": len(todo)})

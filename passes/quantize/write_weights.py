@@ -1,0 +1,163 @@
+"""`write-weights`: the weight-only grids written in the target's form (the profile's `weight_only`).
+
+- MatMulNBits (onnxruntime CPU/CUDA, com.microsoft): each MatMul/Gemm/head reading a planned weight becomes one
+  MatMulNBits on the packed codes, its scales and (asymmetric grids) packed zero points, with the job's
+  `accuracy_level`; a Gemm's bias becomes an Add after it. An embedding Gather becomes GatherBlockQuantized. A tied
+  embedding and head read ONE packed tensor (qcompiler/quant/core/nbits.py says how onnxruntime takes it).
+- DequantizeLinear (TensorRT, AIMET): the weight becomes integer codes in its stored layout and one blocked
+  opset-21 DequantizeLinear (signed, no zero point) that every reader reads instead of the float tensor.
+
+The float initializer goes once its readers are rewritten (`Graph.substitute` / `drop_if_unused`), so the file
+holds each weight once, narrow. Int8 weight-only is stored int8 too (MatMulNBits bits=8), never float on a grid.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+
+from qcompiler.ir import verify
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.core import nbits
+from qcompiler.quant.core.context import QuantPass
+
+MS = "com.microsoft"
+
+
+def _scale_dtype(value):
+    """The scales' float type: the weight's own (a float16 model keeps float16 scales, as MatMulNBits requires)."""
+    return np.float16 if value.dtype == onnx.TensorProto.FLOAT16 else np.float32
+
+
+def write_nbits(ctx, job) -> int:
+    """Rewrite the readers of `job` as MatMulNBits / GatherBlockQuantized; returns the nodes written."""
+    g = ctx.model.graph
+    value = g.initializers[job.weight]
+    dt = _scale_dtype(value)
+    level = job.accuracy_level if job.accuracy_level is not None else ctx.settings.accuracy_level
+    if level is None:
+        level = ctx.profile.weight_only.accuracy_level
+    name, grid = job.weight, job.grid
+    linear = any(kind != "gather" for _, kind in job.readers)
+    packed = nbits.pack_matmul_nbits(grid) if linear else None
+    consts: dict = {}
+
+    def const(key, arr):
+        if key not in consts:
+            consts[key] = g.add_constant(arr, f"{name}_{key}")
+        return consts[key]
+    written = 0
+    nodes = {n.name: n for n in g.nodes}
+    for node_name, kind in job.readers:
+        node = nodes[node_name]
+        if kind == "gather":
+            attrs = {"bits": grid.bits, "block_size": grid.block_size, "gather_axis": 0, "quantize_axis": 1}
+            if linear:      # tied: the head's packed table, viewed 2-D ([V, nb * blob]) for the lookup
+                b = const("nbits", packed["B"])
+                shape = const("table_shape", np.array([b.shape[0], b.shape[1] * b.shape[2]], np.int64))
+                table = g.add_node("Reshape", [b, shape], [f"{name}_table"], name=f"{name}_table",
+                                   before=node).outputs[0]
+                scales = const("scales", packed["scales"].astype(dt))
+                zps = None if packed["zero_points"] is None else const("zero_points", packed["zero_points"])
+            else:
+                gq = nbits.pack_gather_block_quantized(grid)
+                table = const("gather", gq["data"])
+                scales = const("scales", gq["scales"].astype(dt))
+                zps = None if gq["zero_points"] is None else const("zero_points", gq["zero_points"])
+            padded = linear and job.k != grid.n_blocks * grid.block_size
+            new = g.add_node("GatherBlockQuantized", [table, node.inputs[1], scales] + ([zps] if zps is not None
+                                                                                        else []),
+                             [node.outputs[0].name + ("_padded" if padded else "_q")], attrs=attrs,
+                             name=f"{node.name}_gbq", domain=MS, before=node)
+            out = new.outputs[0]
+            if padded:      # the lookup is nb * block_size wide: cut it to K
+                cut = [const(k, np.array([x], np.int64)) for k, x in (("start", 0), ("end", job.k), ("axis", -1))]
+                out = g.add_node("Slice", [out] + cut, [node.outputs[0].name + "_q"], name=f"{node.name}_slice",
+                                 before=node).outputs[0]
+            g.substitute(node.outputs[0], out, remove=[node])
+        else:
+            transpose = node.inputs[1].producer if kind == "head" else None
+            b = const("nbits", packed["B"])
+            scales = const("scales", packed["scales"].astype(dt))
+            zps = None if packed["zero_points"] is None else const("zero_points", packed["zero_points"])
+            attrs = dict(packed["attrs"])
+            if level:
+                attrs["accuracy_level"] = int(level)
+            new = g.add_node("MatMulNBits", [node.inputs[0], b, scales] + ([zps] if zps is not None else []),
+                             [node.outputs[0].name + "_q"], attrs=attrs, name=f"{node.name}_nbits", domain=MS,
+                             before=node)
+            out = new.outputs[0]
+            if kind == "gemm" and len(node.inputs) > 2 and node.inputs[2] is not None:
+                out = g.add_node("Add", [out, node.inputs[2]], [node.outputs[0].name + "_bias"],
+                                 name=f"{node.name}_bias", before=node).outputs[0]
+            g.substitute(node.outputs[0], out, remove=[node])
+            if transpose is not None and not transpose.outputs[0].uses():
+                g.remove_node(transpose)
+        written += 1
+    g.drop_if_unused([value])
+    return written
+
+
+def dq_form(grid, signed: bool):
+    """A BlockGrid as DequantizeLinear's inputs: codes [N, K] in int4/int8 (signed: q - zero point, no zero
+    point input, which needs a symmetric grid) or uint4/uint8 with per-block zero points."""
+    q = grid.q.astype(np.int16)
+    nb = grid.scales.shape[1]
+    idx = np.minimum(np.arange(q.shape[1]) // grid.block_size, nb - 1)
+    zp = np.asarray(grid.zero_points)
+    if signed:
+        if not grid.symmetric:
+            raise ValueError("a signed DequantizeLinear form takes symmetric grids only")
+        codes = (q - zp[:, idx].astype(np.int16)).astype(np.int8)
+        return (codes.astype(ml_dtypes.int4) if grid.bits == 4 else codes), grid.scales, None
+    codes = q.astype(np.uint8)
+    zero = zp.astype(np.uint8)
+    if grid.bits == 4:
+        return codes.astype(ml_dtypes.uint4), grid.scales, zero.astype(ml_dtypes.uint4)
+    return codes, grid.scales, zero
+
+
+def write_dq(ctx, job) -> int:
+    """Replace the weight by integer codes in its stored layout and one blocked DequantizeLinear."""
+    g = ctx.model.graph
+    value = g.initializers[job.weight]
+    grid = job.grid
+    signed = ctx.profile.weight_only.signed
+    codes, scale, zero = dq_form(grid, signed)        # [N, K] codes, [N, nb] scales, zero points or None
+    axis = 1
+    if job.rows_axis == 1:                                          # stored [K, N]: blocks along axis 0
+        codes, scale = codes.T, scale.T
+        zero = None if zero is None else zero.T
+        axis = 0
+    dt = _scale_dtype(value)
+    q = g.add_constant(np.ascontiguousarray(codes), f"{job.weight}_q")
+    s = g.add_constant(np.ascontiguousarray(scale.astype(dt)), f"{job.weight}_scale")
+    ins = [q, s] + ([g.add_constant(np.ascontiguousarray(zero), f"{job.weight}_zero_point")] if zero is not None
+                    else [])
+    first = min((u.user for u in value.uses()), key=lambda n: g.nodes.index(n))
+    dq = g.add_node("DequantizeLinear", ins, [job.weight + "_dq"], name=f"{job.weight}_dq",
+                    attrs={"axis": axis, "block_size": int(grid.block_size)}, before=first)
+    g.replace_all_uses(value, dq.outputs[0])
+    g.drop_if_unused([value])
+    return 1
+
+
+@register_pass
+class WriteWeights(QuantPass):
+    name = "write-weights"
+    description = "weight-only: the grids written as MatMulNBits/GatherBlockQuantized or blocked DequantizeLinear"
+    preserves_semantics = False
+    requires = ("quant-context", "weight-grids")
+    ensures = ("weights-written", "quantized")
+
+    def run(self, ctx) -> PassResult:
+        plan = ctx.weight_plan
+        form = plan.form
+        written = 0
+        for job in plan.jobs.values():
+            written += write_nbits(ctx, job) if form.matmul == "MatMulNBits" else write_dq(ctx, job)
+            job.grid = None           # the codes are in the model now; the report keeps the job's summary
+        if form.matmul == "MatMulNBits" and plan.jobs:
+            ctx.model.opset_imports.setdefault(MS, 1)
+        verify(ctx.model.graph)
+        return PassResult(True, {"weights": len(plan.jobs), "nodes": written})

@@ -1,0 +1,179 @@
+"""Weight-only quantization of small decoders built here: the outputs run in onnxruntime, hold the kernels the
+profile names (MatMulNBits, GatherBlockQuantized; a blocked DequantizeLinear on trt), store a tied embedding and
+head once, are at least as close to float as onnxruntime's own RTN quantizer on the same model, and refuse
+what cannot be done in one line."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+from qcompiler.quant import quantize
+from qcompiler.onnx_io import model_to_proto
+from qcompiler.sqnr import sqnr_db
+from tests.quant.decoder_models import decoder
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def run(model, feeds, opt=None):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if opt is not None:
+        so.graph_optimization_level = opt
+    m = model if isinstance(model, (bytes, str)) else model.SerializeToString()
+    sess = ort.InferenceSession(m, so, providers=["CPUExecutionProvider"])
+    return [sess.run(None, f)[0] for f in feeds]
+
+
+def optimized_ops(model, tmp_path) -> set:
+    """The op types of onnxruntime's optimized graph (default session options)."""
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.log_severity_level = 3
+    ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return {n.op_type for n in onnx.load(str(tmp_path / "opt.onnx")).graph.node}
+
+
+def logits_sqnr(ref, got) -> float:
+    return sqnr_db(np.concatenate([r.ravel() for r in ref]), np.concatenate([g.ravel() for g in got]))
+
+
+def ort_rtn(model, bits=4, block=32, symmetric=False):
+    q = MatMulNBitsQuantizer(model, bits=bits, block_size=block, is_symmetric=symmetric)
+    q.process()
+    return q.model.model
+
+
+def op_count(model, op):
+    return sum(1 for n in model.graph.node if n.op_type == op)
+
+
+@pytest.mark.parametrize("head", ["tied_transpose", "tied_gemm", "untied", "transposed_init"])
+def test_int4_matmulnbits_runs_and_beats_ort_rtn(head, tmp_path):
+    model, feeds = decoder(head=head, seed=1)
+    ref = run(model, feeds)
+    res = quantize(model, None, weight_only=True, weight_bits=4, weight_block=32, progress=False)
+    q = model_to_proto(res.model)
+    got = run(q, feeds)
+    ours = logits_sqnr(ref, got)
+    theirs = logits_sqnr(ref, run(ort_rtn(model, 4, 32, symmetric=False), feeds))
+    assert ours >= theirs - 0.1, (ours, theirs)   # with the head and embedding at 8 bits (onnxruntime: float)
+    assert op_count(q, "MatMul") == 2 * 2   # only the attention products (q @ k^T, probs @ v) stay float MatMuls
+    assert op_count(q, "MatMulNBits") == 7 * 2 + 1
+    floats = [i for i in q.graph.initializer if i.data_type == onnx.TensorProto.FLOAT and np.prod(i.dims) >= 64 * 64]
+    assert not floats, [i.name for i in floats]
+    if head.startswith("tied"):
+        # one stored copy of the tied embedding, read by GatherBlockQuantized and the head's MatMulNBits
+        assert op_count(q, "GatherBlockQuantized") == 1 and op_count(q, "Gather") == 0
+        assert res.report["weight_only"]["tied"] == ["embed.weight"]
+    assert "MatMulNBits" in optimized_ops(q, tmp_path)
+
+
+def test_int8_weight_only_is_stored_int8_and_small():
+    model, feeds = decoder(seed=2, hidden=128, inter=256)
+    res = quantize(model, feeds, weight_only=True, weight_bits=8, progress=False)
+    q = model_to_proto(res.model)
+    assert {n.op_type for n in q.graph.node} >= {"MatMulNBits", "GatherBlockQuantized"}
+    assert all(a.i == 8 for n in q.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits")
+    float_bytes = sum(np.prod(i.dims) * 4 for i in model.graph.initializer)
+    q_bytes = len(q.SerializeToString())
+    assert q_bytes < 0.35 * float_bytes, (q_bytes, float_bytes)
+    assert res.report["output_sqnr_db"]["logits"] > 30
+
+
+def test_trt_form_is_signed_blocked_dq_and_embedding_stays_float_with_reason():
+    model, feeds = decoder(seed=3, head="untied")
+    ref = run(model, feeds)
+    res = quantize(model, None, weight_only=True, weight_bits=4, target="trt", progress=False)
+    q = model_to_proto(res.model)
+    dqs = [n for n in q.graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dqs) == 7 * 2 + 1 and all(len(n.input) == 2 for n in dqs)   # no zero point
+    inits = {i.name: i for i in q.graph.initializer}
+    kinds = [inits[n.input[0]].data_type for n in dqs]
+    assert kinds.count(onnx.TensorProto.INT4) == 7 * 2 and kinds.count(onnx.TensorProto.INT8) == 1   # 8-bit head
+    assert "embed.weight" in res.report["left_float"] and "no quantized Gather" in res.report["left_float"]["embed.weight"]
+    assert logits_sqnr(ref, run(q, feeds)) > 10
+
+
+def test_target_without_weight_only_kernel_is_one_line(tmp_path):
+    model, _ = decoder(seed=4)
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(p), "-o", str(tmp_path / "q.onnx"),
+                        "--weight-only", "--target", "qnn_htp"], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "no weight-only kernel" in r.stderr
+
+
+def test_gptq_without_calibration_data_is_one_line_exit_2(tmp_path):
+    model, _ = decoder(seed=5)
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(p), "-o", str(tmp_path / "q.onnx"),
+                        "--weight-only", "--weight-bits", "4", "--recipe", "gptq"], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().count("\n") == 0 and "gptq needs calibration data" in r.stderr
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_cli_weight_only_without_calib_and_w4a16_preset(tmp_path):
+    model, feeds = decoder(seed=6)
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    for extra in (["--weight-only", "--weight-bits", "4"], ["--config", "w4a16"]):
+        out = tmp_path / "q.onnx"
+        r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(p), "-o", str(out), "--json",
+                            "--report", str(tmp_path / "r.json")] + extra, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        summary = json.loads(r.stdout)
+        assert summary["counts"]["params"] == 7 * 2 + 1
+        q = onnx.load(str(out))
+        assert op_count(q, "MatMulNBits") == 7 * 2 + 1
+        bits = [a.i for n in q.graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "bits"]
+        assert bits.count(4) == 7 * 2 and bits.count(8) == 1      # the logits head at 8 bits (--head-bits)
+        report = json.loads((tmp_path / "r.json").read_text())
+        assert "weight_only" in report and "no calibration data" in " ".join(report["notes"])
+        out.unlink()
+
+
+def test_weight_read_by_another_op_stays_float_with_reason():
+    model, feeds = decoder(seed=7, head="untied")
+    # a Shape of the embedding (a dynamic-shape idiom) needs the float tensor
+    model.graph.node.append(onnx.helper.make_node("Shape", ["embed.weight"], ["emb_shape"], name="emb_shape"))
+    model.graph.output.append(onnx.helper.make_tensor_value_info("emb_shape", onnx.TensorProto.INT64, [2]))
+    res = quantize(model, None, weight_only=True, weight_bits=4, progress=False)
+    assert "embed.weight" in res.report["left_float"]
+    assert "Shape 'emb_shape'" in res.report["left_float"]["embed.weight"]
+
+
+def test_report_stays_small_and_has_no_block_scales():
+    model, feeds = decoder(seed=8, hidden=256, inter=512, vocab=512)
+    res = quantize(model, feeds, weight_only=True, weight_bits=4, weight_block=16, progress=False)
+    text = json.dumps(res.report, default=str)
+    assert len(text) < 20000, len(text)
+    # 4-bit codes with a float scale and a 4-bit zero point per 16 weights, the ends at 8 bits: ~0.22
+    assert res.report["weight_only"]["stored_bytes"] < 0.3 * res.report["weight_only"]["float_bytes_of_quantized"]
+
+
+def test_accuracy_level_is_checked_per_matmul_on_outlier_activations():
+    model, feeds = decoder(seed=9)
+    # a "massive activation": one input channel 3000x the rest after the first norm, which the next layers'
+    # weights ignore (rows near 0). int8 activations per block then round that block's other channels to 0.
+    for init in model.graph.initializer:
+        a = onnx.numpy_helper.to_array(init).copy()
+        if init.name == "layers.0.input_layernorm.weight":
+            a[3] = 3000.0
+        elif init.name in ("layers.0.q_proj.weight", "layers.0.k_proj.weight", "layers.0.v_proj.weight"):
+            a[3] = 0.0
+        else:
+            continue
+        init.CopyFrom(onnx.numpy_helper.from_array(a, init.name))
+    res = quantize(model, feeds, weight_only=True, weight_bits=4, progress=False)
+    levels = {n.name: n.attr("accuracy_level", 0) for n in res.model.graph.nodes if n.op_type == "MatMulNBits"}
+    assert any(v == 0 for v in levels.values()) and any(v == 4 for v in levels.values()), levels
