@@ -34,8 +34,8 @@ import numpy as np
 from qcompiler.passes.quantize.weight_blocks import (
     TINY,
     GridFn,
-    dequantize,
     expand_blocks,
+    fake_quantize,
     n_blocks,
     quantize_codes,
     rtn_quantize,
@@ -84,8 +84,9 @@ def scaled_error(f: np.ndarray, w: np.ndarray, s: np.ndarray, bits: int, block_s
     for r in range(0, n, step):
         wc = np.asarray(w[r:r + step], np.float32)
         ws = wc * s
-        q, sc, zp = rtn_quantize(ws, bits, block_size, symmetric, grid_fn)
-        e = wc - dequantize(q, sc, zp, block_size) / s
+        e = fake_quantize(ws, bits, block_size, symmetric, grid_fn)
+        e /= s
+        np.subtract(wc, e, out=e)
         out = f @ e.T
         total += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
     return total

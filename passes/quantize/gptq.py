@@ -53,13 +53,17 @@ from qcompiler.passes.quantize.weight_blocks import GridFn, n_blocks, quantize_c
 DAMP_TRIES = 6          # lambda = damp * mean(diag H) * 10**t, t = 0..DAMP_TRIES-1
 SUB_BATCH = 16          # columns per rank-1 sub-batch inside a lazy batch
 INV_BASE = 256          # triangular inverse: blocks up to this size go to np.linalg.inv
+HESSIAN_ROWS = 4096     # rows per X^T X product (float32 rows: a float32 product per chunk, summed in float64)
 
 
 def accumulate_hessian(h: Optional[np.ndarray], x_rows: np.ndarray, count: int) -> tuple:
     """Fold rows x [m, K] (any leading dims, flattened) into the running H = 2 X^T X / n: returns (H, count + m).
-    `h` None starts a float64 zero matrix; otherwise it is updated in place."""
+    `h` None starts a float64 zero matrix; otherwise it is updated in place. Float32 rows are multiplied in float32
+    (HESSIAN_ROWS at a time) and summed in float64, other dtypes in float64."""
     x = np.asarray(x_rows)
-    x = x.reshape(-1, x.shape[-1]).astype(np.float64, copy=False)
+    x = x.reshape(-1, x.shape[-1])
+    if x.dtype != np.float32:
+        x = x.astype(np.float64, copy=False)
     m, k = x.shape
     if h is None:
         h = np.zeros((k, k), np.float64)
@@ -67,7 +71,9 @@ def accumulate_hessian(h: Optional[np.ndarray], x_rows: np.ndarray, count: int) 
         return h, count
     total = count + m
     h *= count / total
-    h += (2.0 / total) * (x.T @ x)
+    for r in range(0, m, HESSIAN_ROWS):
+        xr = x[r:r + HESSIAN_ROWS]
+        h += (2.0 / total) * (xr.T @ xr)
     return h, total
 
 

@@ -85,3 +85,20 @@ def rtn_quantize(w: np.ndarray, bits: int, block_size: Optional[int], symmetric:
             scales[:, g], zps[:, g] = grid_fn(w[:, g * b:(g + 1) * b])
     q = quantize_codes(w, expand_blocks(scales, k, b), expand_blocks(zps.astype(np.float32), k, b), bits)
     return q.astype(np.uint8), scales, zps
+
+
+def fake_quantize(w: np.ndarray, bits: int, block_size: Optional[int], symmetric: bool = True,
+                  grid_fn: Optional[GridFn] = None) -> np.ndarray:
+    """dequantize(rtn_quantize(w)) in float32; whole blocks with the default grid broadcast, never repeated."""
+    w = np.asarray(w, np.float32)
+    n, k = w.shape
+    b, nb = n_blocks(k, block_size)
+    if grid_fn is not None or k % b:
+        return dequantize(*rtn_quantize(w, bits, block_size, symmetric, grid_fn), block_size)
+    wb = w.reshape(n, nb, b)
+    scale, zp = minmax_grid(wb, bits, symmetric)
+    scale, zp = scale[..., None], zp[..., None].astype(np.float32)
+    q = quantize_codes(wb, scale, zp, bits)
+    q -= zp
+    q *= scale
+    return q.reshape(n, k)
