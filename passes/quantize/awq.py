@@ -24,6 +24,8 @@ rows of the layer input X:
 
 Shared layout and default grid: qcompiler/passes/quantize/weight_blocks.py. Arithmetic in float32 (sums of squares
 in float64); memory: at most `max_rows` rows of X and chunks of output channels of about CHUNK_ELEMS elements.
+Speed (4096 x 4096, block 128, 1 BLAS thread, load ~4 on 2 cores): the alpha search ~0.5 CPU-s per candidate
+(the F E^T product with 1024 rows dominates; 20 candidates 9-14 CPU-s), the clip search 2.5 CPU-s.
 """
 from __future__ import annotations
 
