@@ -1,0 +1,217 @@
+"""AWQ weight-only quantization (Lin et al. 2024, "AWQ: Activation-aware Weight Quantization for LLM Compression and
+Acceleration"), the numerics in numpy.
+
+A few input channels of an LLM layer carry most of the activation energy; their weights matter most for the
+output. For a linear layer y = W x (W [N, K]) and a per-input-channel s > 0, X W^T = (X / s) (W * s)^T exactly,
+and quantizing W * s instead of W shrinks the relative rounding error of the salient columns (the block's grid
+is set by the other weights, so a scaled-up column is rounded relatively finer). Two searches, both on sample
+rows of the layer input X:
+
+- `awq_search` / `awq_search_shared`: s = m^alpha, m_k = mean|X_k| over the rows, normalised by sqrt(max * min)
+  (the reference's normalisation, so that s is centred around 1 on a log scale), alpha in i / n_grid,
+  i = 0..n_grid-1 (as the reference: alpha = 0 is s = 1, plain rounding, so the search never loses against it
+  on the sample). Each alpha is scored by the output error || X W^T - (X / s) Q(W * s)^T ||^2, one candidate at
+  a time, each vectorised over output channels in chunks. Layers reading one input (q/k/v, gate/up) share one
+  s: their errors are summed. The error is measured through F with F^T F = X^T X on at most `max_rows`
+  random rows of X: F = X when rows <= K, else the Cholesky factor of X^T X (K x K).
+- `awq_clip_search`: per (output channel, block) the clipping ratio r in 1 - i / n_grid, i < max_shrink *
+  n_grid (1.0 down to 0.55 by default), of the block's range: the weights are clamped to +-r max|w| (AWQ's
+  auto_clip) and the grid is the min/max grid of the clamped block. Each (row, block) takes the ratio with the
+  least error of its own contribution to the output, e^T G_g e with G_g = X_g^T X_g over X's columns of that
+  block (the reference's measure: per output channel and group). r = 1 is a candidate, so the block-local error
+  never rises. X here is the input the scaled weight reads (X / s). The reference skips clipping for the
+  query/key projections (attention scores are sensitive to it); that is the caller's choice.
+
+Shared layout and default grid: qcompiler/passes/quantize/weight_blocks.py. Arithmetic in float32 (sums of squares
+in float64); memory: at most `max_rows` rows of X and chunks of output channels of about CHUNK_ELEMS elements.
+Speed (4096 x 4096, block 128, 1 BLAS thread, load ~4 on 2 cores): the alpha search ~0.5 CPU-s per candidate
+(the F E^T product with 1024 rows dominates; 20 candidates 9-14 CPU-s), the clip search 2.5 CPU-s.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from qcompiler.passes.quantize.weight_blocks import (
+    TINY,
+    GridFn,
+    expand_blocks,
+    fake_quantize,
+    n_blocks,
+    quantize_codes,
+    rtn_quantize,
+)
+
+CHUNK_ELEMS = 1 << 22    # float32 elements per chunk of output channels (x a few temporaries)
+SCALE_FLOOR = 1e-4       # the reference clamps m^alpha at 1e-4 before normalising
+
+
+def sample_rows(x: np.ndarray, max_rows: Optional[int], seed: int = 0) -> np.ndarray:
+    """X flattened to [n, K] float32, at most `max_rows` rows drawn uniformly without replacement (fixed seed)."""
+    x = np.asarray(x)
+    x = x.reshape(-1, x.shape[-1])
+    if max_rows and x.shape[0] > max_rows:
+        rows = np.sort(np.random.default_rng(seed).choice(x.shape[0], int(max_rows), replace=False))
+        x = x[rows]
+    return np.ascontiguousarray(x, np.float32)
+
+
+def awq_scale(mean_abs: np.ndarray, alpha: float) -> np.ndarray:
+    """s = max(m^alpha, 1e-4) / sqrt(max * min), float32 [K]."""
+    s = np.maximum(np.asarray(mean_abs, np.float64) ** alpha, SCALE_FLOOR)
+    return (s / np.sqrt(s.max() * s.min())).astype(np.float32)
+
+
+def gram_factor(x: np.ndarray) -> np.ndarray:
+    """F float32 with F^T F = X^T X: X itself when it has no more rows than columns, else chol(X^T X)^T."""
+    n, k = x.shape
+    if n <= k:
+        return x
+    g = x.T.astype(np.float64) @ x.astype(np.float64)
+    g[np.diag_indices(k)] += 1e-12 * max(float(np.trace(g)) / k, TINY)
+    return np.linalg.cholesky(g).T.astype(np.float32)
+
+
+def _chunk_rows(n: int, k: int) -> int:
+    return max(1, min(n, CHUNK_ELEMS // max(k, 1)))
+
+
+def scaled_error(f: np.ndarray, w: np.ndarray, s: np.ndarray, bits: int, block_size: Optional[int],
+                 symmetric: bool, grid_fn: Optional[GridFn] = None) -> float:
+    """|| F (W - Q(W * s) / s)^T ||^2 (float64): the output error of W with s folded, by chunks of rows of W."""
+    n, k = w.shape
+    total = 0.0
+    step = _chunk_rows(n, max(k, f.shape[0]))
+    for r in range(0, n, step):
+        wc = np.asarray(w[r:r + step], np.float32)
+        ws = wc * s
+        e = fake_quantize(ws, bits, block_size, symmetric, grid_fn)
+        e /= s
+        np.subtract(wc, e, out=e)
+        out = f @ e.T
+        total += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
+    return total
+
+
+def awq_search_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: int, block_size: Optional[int],
+                      symmetric: bool, grid_fn: Optional[GridFn] = None, n_grid: int = 20,
+                      max_rows: Optional[int] = 1024, seed: int = 0) -> tuple:
+    """One AWQ scale s [K] for the weights `ws` (each [N_i, K]) reading the same input: (s float32, info)."""
+    x = np.asarray(x_sample)
+    x = x.reshape(-1, x.shape[-1])
+    k = x.shape[1]
+    for w in ws:
+        if np.ndim(w) != 2 or np.shape(w)[1] != k:
+            raise ValueError(f"AWQ: every weight must be [N, {k}] for an input [n, {k}], got {np.shape(w)}")
+    mean_abs = np.abs(x).mean(axis=0, dtype=np.float64)
+    f = gram_factor(sample_rows(x, max_rows, seed))
+    alphas = [i / n_grid for i in range(max(1, int(n_grid)))]
+    losses = []
+    best = (np.inf, 0.0, np.ones(k, np.float32))
+    for a in alphas:
+        s = awq_scale(mean_abs, a)
+        loss = sum(scaled_error(f, w, s, bits, block_size, symmetric, grid_fn) for w in ws)
+        losses.append(loss)
+        if loss < best[0]:
+            best = (loss, a, s)
+    info = {"alpha": best[1], "loss": best[0], "loss_rtn": losses[0], "alphas": alphas, "losses": losses,
+            "rows": int(min(x.shape[0], max_rows or x.shape[0]))}
+    return best[2], info
+
+
+def awq_search(w: np.ndarray, x_sample: np.ndarray, bits: int, block_size: Optional[int], symmetric: bool,
+               grid_fn: Optional[GridFn] = None, n_grid: int = 20, max_rows: Optional[int] = 1024,
+               seed: int = 0) -> tuple:
+    """AWQ scale s [K] of one weight W [N, K] read by X: (s float32, info)."""
+    return awq_search_shared([w], x_sample, bits, block_size, symmetric, grid_fn, n_grid, max_rows, seed)
+
+
+def block_grams(x: np.ndarray, b: int, nb: int) -> np.ndarray:
+    """G_g = X_g^T X_g [nb, b, b] float32 for the blocks of X's columns (the last one zero-padded)."""
+    n, k = x.shape
+    xp = np.zeros((n, nb * b), np.float32)
+    xp[:, :k] = x
+    xb = xp.reshape(n, nb, b).transpose(1, 0, 2)
+    return np.matmul(xb.transpose(0, 2, 1), xb)
+
+
+def clip_grid(lo: np.ndarray, hi: np.ndarray, bits: int, symmetric: bool) -> tuple:
+    """Min/max grid of the range [lo, hi] (widened to include 0): (scale float32, zero point float32)."""
+    lo = np.minimum(lo, 0.0)
+    hi = np.maximum(hi, 0.0)
+    if symmetric:
+        scale = np.maximum(np.maximum(-lo, hi) / (2 ** (bits - 1) - 1), TINY).astype(np.float32)
+        return scale, np.full(scale.shape, 2 ** (bits - 1), np.float32)
+    levels = 2 ** bits - 1
+    scale = np.maximum((hi - lo) / levels, TINY).astype(np.float32)
+    return scale, np.clip(np.rint(-lo / scale), 0, levels).astype(np.float32)
+
+
+def awq_clip_search(w_scaled: np.ndarray, x_sample: np.ndarray, bits: int, block_size: Optional[int],
+                    symmetric: bool, n_grid: int = 20, max_shrink: float = 0.5,
+                    max_rows: Optional[int] = 4096, seed: int = 0) -> tuple:
+    """AWQ's clipping search on the scaled weight [N, K] read by the scaled input X / s: (q uint8 [N, K],
+    scales float32 [N, nb], zero points uint8 [N, nb], info)."""
+    w = np.asarray(w_scaled, np.float32)
+    n, k = w.shape
+    b, nb = n_blocks(k, block_size)
+    x = sample_rows(x_sample, max_rows, seed)
+    grams = block_grams(x, b, nb)
+    ratios = [1.0 - i / n_grid for i in range(max(1, int(max_shrink * n_grid)))]
+    scales = np.empty((n, nb), np.float32)
+    zps = np.empty((n, nb), np.float32)
+    best_ratio = np.empty((n, nb), np.float32)
+    err_first = err_best = 0.0
+    step = _chunk_rows(n, nb * b * 4)
+    for r in range(0, n, step):
+        m = min(step, n - r)
+        wb = np.zeros((m, nb * b), np.float32)
+        wb[:, :k] = w[r:r + m]
+        wb = wb.reshape(m, nb, b)
+        amax = np.abs(wb).max(axis=-1)
+        wmin, wmax = wb.min(axis=-1), wb.max(axis=-1)
+        best = np.full((m, nb), np.inf)
+        for ratio in ratios:
+            lim = amax * np.float32(ratio)
+            sc, zp = clip_grid(np.maximum(wmin, -lim), np.minimum(wmax, lim), bits, symmetric)
+            q = quantize_codes(wb, sc[..., None], zp[..., None], bits)
+            e = (wb - (q - zp[..., None]) * sc[..., None]).transpose(1, 0, 2)      # [nb, m, b]
+            err = np.einsum("gmi,gmi->mg", np.matmul(e, grams), e, dtype=np.float64)
+            take = err < best
+            best = np.where(take, err, best)
+            scales[r:r + m] = np.where(take, sc, scales[r:r + m])
+            zps[r:r + m] = np.where(take, zp, zps[r:r + m])
+            best_ratio[r:r + m] = np.where(take, ratio, best_ratio[r:r + m])
+            if ratio == ratios[0]:
+                err_first += float(err.sum())
+        err_best += float(best.sum())
+    zps = zps.astype(np.uint8)
+    q = quantize_codes(w, expand_blocks(scales, k, b), expand_blocks(zps.astype(np.float32), k, b), bits)
+    info = {"mean_ratio": float(best_ratio.mean()), "clipped": float((best_ratio < 1.0).mean()),
+            "block_loss_noclip": err_first, "block_loss": err_best}
+    return q.astype(np.uint8), scales, zps, info
+
+
+def awq_quantize_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: int, block_size: Optional[int],
+                        symmetric: bool, grid_fn: Optional[GridFn] = None, n_grid: int = 20, clip: bool = True,
+                        max_rows: Optional[int] = 1024, seed: int = 0) -> tuple:
+    """The whole of AWQ for weights sharing one input: (s [K], [(q, scales, zero points) per weight], info).
+    The codes are of W * s; the model must divide its input by s (fold 1/s into the producer)."""
+    s, info = awq_search_shared(ws, x_sample, bits, block_size, symmetric, grid_fn, n_grid, max_rows, seed)
+    out = []
+    clips = []
+    xs = np.asarray(x_sample, np.float32).reshape(-1, s.shape[0]) / s if clip else None
+    for w in ws:
+        w_scaled = np.asarray(w, np.float32) * s
+        if clip:
+            q, sc, zp, ci = awq_clip_search(w_scaled, xs, bits, block_size, symmetric, n_grid, seed=seed)
+            clips.append(ci)
+        else:
+            q, sc, zp = rtn_quantize(w_scaled, bits, block_size, symmetric, grid_fn)
+        out.append((q, sc, zp))
+    info["clip"] = clips
+    return s, out, info
+
+
+# ---- pass class (added at integration) -------------------------------------------------------------------------
