@@ -4,12 +4,14 @@
 registers every pass."""
 from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     adaround,
+    awq,
     bias_correction,
     calibrate,
     check_accuracy_level,
     convert_opset,
     encodings,
     float16_islands,
+    gptq,
     initializer_inputs,
     insert_qdq,
     latency_search,

@@ -43,6 +43,13 @@ from qcompiler.passes.quantize.weight_blocks import (
     rtn_quantize,
 )
 
+from qcompiler.passes.quantize.plan_weights import stored_nk
+from qcompiler.passes.quantize.weight_grid import weight_sqnr_db
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, require_samples, stream_rows
+from qcompiler.quant.core.block_grid import BlockGrid
+from qcompiler.quant.core.context import QuantPass
+
 CHUNK_ELEMS = 1 << 22    # float32 elements per chunk of output channels (x a few temporaries)
 SCALE_FLOOR = 1e-4       # the reference clamps m^alpha at 1e-4 before normalising
 
@@ -215,3 +222,129 @@ def awq_quantize_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: in
 
 
 # ---- pass class (added at integration) -------------------------------------------------------------------------
+
+
+AWQ_ROWS = 4096          # input rows sampled per group for the searches
+AWQ_SAMPLES = 64
+AWQ_ROW_BUDGET = 512 << 20
+
+
+def fold_target(x, k: int):
+    """Where a per-channel 1/s on activation `x` can be folded so the graph computes the same thing: (node,
+    input slot, axis) of a constant whose entries along `axis` scale x's last axis — a norm's gamma (`Mul` by a
+    constant vector), the output columns of the MatMul that produced x (through an element-wise Mul with another
+    activation: SiLU(gate) * up, and attention's `probs @ v`, which scale v's columns). None: nothing to fold into
+    (AWQ then leaves the group on round-to-nearest). The constant must be read by that node only."""
+    seen = 0
+    while x is not None and x.producer is not None and seen < 4:
+        p, seen = x.producer, seen + 1
+        if p.op_type == "Mul" and len(p.inputs) == 2:
+            consts = [i for i, v in enumerate(p.inputs) if v is not None and v.tensor is not None]
+            if len(consts) == 1:
+                c = p.inputs[consts[0]]
+                shape = c.shape or ()
+                if len(shape) >= 1 and shape[-1] == k and all(d == 1 for d in shape[:-1]) and len(c.uses()) == 1:
+                    return p, consts[0], len(shape) - 1
+                return None
+            if not consts:     # activation * activation: scale one side (the one a MatMul made)
+                for v in p.inputs:
+                    q = v.producer if v is not None else None
+                    if q is not None and q.op_type == "MatMul" and len(v.uses()) == 1:
+                        x = v
+                        break
+                else:
+                    return None
+                continue
+            return None
+        if p.op_type == "MatMul" and len(p.inputs) == 2:
+            w = p.inputs[1]
+            if w is not None and w.tensor is not None and w.shape is not None and len(w.shape) == 2 \
+                    and len(w.uses()) == 1:
+                return p, 1, 1
+            if w is not None and w.tensor is None and len(w.uses()) == 1:   # probs @ v: scale v
+                x = w
+                continue
+            return None
+        return None
+    return None
+
+
+@register_pass
+class AWQ(QuantPass):
+    """`awq` (optional, `--recipe awq`, weight-only): activation-aware scales and clipped grids. For each group
+    of layers reading one activation, a per-input-channel scale s (searched from the activations' magnitudes on
+    the calibration data) multiplies the weights' input channels and divides the activation, folded into the op
+    that made it (a norm's gamma, the previous projection's columns); then each block's clipping ratio is
+    searched on the layer output error. A group with nothing to fold into keeps round-to-nearest (the report
+    names it)."""
+
+    name = "awq"
+    description = "weight-only: AWQ per-channel scales folded into the previous op, then clipped grids"
+    preserves_semantics = True
+    requires = ("quant-context", "weight-plan")
+    after = "plan-weights"
+
+    def run(self, ctx) -> PassResult:
+        require_samples(ctx, "awq")
+        g = ctx.model.graph
+        groups = input_groups(ctx)
+        scaled, skipped = 0, []
+        # downstream groups first: a group's scale may be folded into an upstream layer's weight (v_proj's
+        # columns for o_proj), which that layer's own search must then see
+        for names in reversed(chunks(groups, lambda n, jobs: 4 * AWQ_ROWS * jobs[0].k, AWQ_ROW_BUDGET)):
+            rows = {n: [] for n in names}
+
+            def keep(name, r):
+                have = sum(len(a) for a in rows[name])
+                if have < AWQ_ROWS:
+                    rows[name].append(r[:AWQ_ROWS - have].copy())
+            stream_rows(ctx, names, keep, max_samples=AWQ_SAMPLES)
+            for name in reversed(names):
+                jobs = [j for j in groups[name] if j.grid is None and not j.tied]
+                x = np.concatenate(rows[name]) if rows[name] else None
+                target = fold_target(g.value(name), jobs[0].k) if jobs else None
+                if not jobs or x is None or target is None or any(len(_linear_inputs(ctx, j)) != 1 for j in jobs):
+                    if jobs:
+                        skipped.append(name)
+                    continue
+                ws = [stored_nk(j, g.initializers[j.weight]) for j in jobs]
+                s, info = awq_search_shared(ws, x, jobs[0].bits, jobs[0].block_size, jobs[0].symmetric)
+                _fold(g, target, 1.0 / s)
+                for job, w in zip(jobs, ws):
+                    ws_ = w * s[None, :]
+                    q, scales, zps, _ = awq_clip_search(ws_, x / s[None, :], job.bits, job.block_size,
+                                                        job.symmetric)
+                    job.grid = BlockGrid(q=q, scales=scales, zero_points=zps, bits=job.bits,
+                                         block_size=job.block_size, symmetric=job.symmetric)
+                    job.sqnr_db = weight_sqnr_db(ws_, job.grid)
+                    job.algorithm = "awq"
+                    job.input_scale = s
+                    _set_weight(g, job, ws_)
+                    scaled += 1
+        if skipped:
+            ctx.notes.append(f"awq: {len(skipped)} layer groups keep round-to-nearest (no op before them to fold "
+                             f"the scales into): {', '.join(n[:40] for n in skipped[:5])}")
+        return PassResult(True, {"layers": scaled, "skipped_groups": len(skipped)})
+
+
+def _linear_inputs(ctx, job):
+    nodes = {n.name: n for n in ctx.model.graph.nodes}
+    return {nodes[r].inputs[0].name for r, kind in job.readers if kind in ("matmul", "gemm", "head")}
+
+
+def _fold(g, target, factor: np.ndarray) -> None:
+    """Multiply the constant at `target` (node, slot, axis) by `factor` along its axis."""
+    node, slot, axis = target
+    v = node.inputs[slot]
+    arr = np.asarray(v.tensor.numpy(), dtype=np.float32)
+    shape = [1] * arr.ndim
+    shape[axis] = -1
+    new = (arr * factor.reshape(shape)).astype(arr.dtype)
+    g.set_constant(v, new, writer=node)
+
+
+def _set_weight(g, job, w_nk: np.ndarray) -> None:
+    """Store the scaled weight W [N, K] back in its layout (the writer replaces it with the narrow form)."""
+    v = g.initializers[job.weight]
+    arr = w_nk if job.rows_axis == 0 else w_nk.T
+    v.tensor = type(v.tensor).from_array(np.ascontiguousarray(arr.astype(v.tensor.numpy_uncached().dtype)))

@@ -53,6 +53,16 @@ import numpy as np
 
 from qcompiler.passes.quantize.weight_blocks import TINY, GridFn, n_blocks, quantize_codes, rtn_grid
 
+from threadpoolctl import threadpool_limits
+
+from qcompiler.passes.quantize.plan_weights import stored_nk
+from qcompiler.passes.quantize.weight_grid import block_grid_fn, weight_sqnr_db
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.progress import bar
+from qcompiler.quant.calibration.weight_inputs import DEFAULT_SAMPLES, chunks, input_groups, require_samples, stream_rows
+from qcompiler.quant.core.block_grid import BlockGrid
+from qcompiler.quant.core.context import QuantPass
+
 DAMP_TRIES = 6          # lambda = damp * mean(diag H) * 10**t, t = 0..DAMP_TRIES-1
 SUB_BATCH = 16          # columns per rank-1 sub-batch inside a lazy batch
 INV_BASE = 256          # triangular inverse: blocks up to this size go to np.linalg.inv
@@ -232,3 +242,51 @@ def _current_block(wt, u, err, pos, j, s1, s2, i1, i2) -> np.ndarray:
 
 
 # ---- pass class (added at integration) -------------------------------------------------------------------------
+
+
+HESSIAN_BUDGET = 512 << 20     # bytes of Hessians held at once (float64 K x K per input group)
+
+
+@register_pass
+class GPTQ(QuantPass):
+    """`gptq` (optional, `--recipe gptq`, weight-only): GPTQ codes instead of round-to-nearest for every
+    MatMul/Gemm/head weight of the weight-only plan, from Hessians of the layers' float inputs on the
+    calibration samples, a chunk of input groups at a time (qcompiler/quant/calibration/weight_inputs.py). Each
+    block's grid is the same search as round-to-nearest's (block_grid), chosen when GPTQ first reaches it."""
+
+    name = "gptq"
+    description = "weight-only: GPTQ (blockwise, damped Hessian, act-order, lazy batches) instead of round-to-nearest"
+    preserves_semantics = False
+    requires = ("quant-context", "weight-grids")
+    after = "weight-grid"
+
+    def run(self, ctx) -> PassResult:
+        require_samples(ctx, "gptq")
+        g = ctx.model.graph
+        groups = input_groups(ctx)
+        done, loss = 0, 0.0
+        todo = len({id(j) for jobs in groups.values() for j in jobs})
+        with bar("gptq", todo, ctx.settings.progress) as progress, threadpool_limits(1, "blas"):
+            for names in chunks(groups, lambda n, jobs: 8 * jobs[0].k ** 2, HESSIAN_BUDGET):
+                hess = dict.fromkeys(names)
+                counts = dict.fromkeys(names, 0)
+
+                def add(name, rows):
+                    hess[name], counts[name] = accumulate_hessian(hess[name], rows, counts[name])
+                stream_rows(ctx, names, add, max_samples=ctx.settings.limit or DEFAULT_SAMPLES)
+                for name in names:
+                    for job in groups[name]:
+                        if job.algorithm.startswith("gptq") or hess[name] is None:
+                            continue          # a weight two inputs read (none here): the first one's Hessian
+                        w = stored_nk(job, g.initializers[job.weight])
+                        q, scales, zps, stats = gptq_quantize(w, hess[name], job.bits, job.block_size,
+                                                              symmetric=job.symmetric,
+                                                              grid_fn=block_grid_fn(job.bits, job.symmetric))
+                        job.grid = BlockGrid(q, scales, zps, job.bits, job.block_size, job.symmetric)
+                        job.sqnr_db = weight_sqnr_db(w, job.grid)
+                        job.algorithm = "gptq" if not job.algorithm.startswith("awq") else "awq+gptq"
+                        loss += float(stats.get("loss", 0.0))
+                        done += 1
+                        progress.update(1)
+                hess.clear()
+        return PassResult(False, {"layers": done, "loss": round(loss, 6)})

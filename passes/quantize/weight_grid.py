@@ -22,6 +22,14 @@ def grid_job(job, w, search: str = "mse"):
     return grid
 
 
+def block_grid_fn(bits: int, symmetric: bool):
+    """GPTQ's per-block grid choice as round-to-nearest makes it: `fn(w_block [N, b]) -> (scale [N], zp [N])`."""
+    def fn(w_block):
+        g = block_grid(w_block, bits, w_block.shape[1], symmetric=symmetric, search="mse")
+        return g.scales[:, 0], g.zero_points[:, 0]
+    return fn
+
+
 def weight_sqnr_db(w, grid) -> float:
     return float(sqnr_db(w, grid.dequantize()))
 
