@@ -18,6 +18,7 @@ from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     measure_latency,
     measure_sqnr,
     mixed_precision,
+    narrow_float_weights,
     place,
     plan_weights,
     reference_outputs,

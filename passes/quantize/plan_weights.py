@@ -85,7 +85,7 @@ def weight_reads(g):
 
 
 # which axis of the stored tensor is N (rows) for each kind: 1 -> stored [K, N], 0 -> stored [N, K]
-_ROWS_AXIS = {"matmul": 1, "gemm": 1, "gemm_t": 0, "head": 0, "gather": 0}
+ROWS_AXIS = {"matmul": 1, "gemm": 1, "gemm_t": 0, "head": 0, "gather": 0}
 
 
 def _node_settings(ctx, node):
@@ -105,7 +105,7 @@ def build_weight_plan(ctx) -> WeightOnlyPlan:
         if reason:
             plan.left_float[name] = reason
             continue
-        rows_axis = _ROWS_AXIS[readers[0][1]]
+        rows_axis = ROWS_AXIS[readers[0][1]]
         n, k = int(w.shape[rows_axis]), int(w.shape[1 - rows_axis])
         bits, block, symmetric = _grid_of(ctx, readers, k)
         job = WeightJob(weight=name, n=n, k=k, bits=bits, block_size=block, symmetric=symmetric,
@@ -127,7 +127,7 @@ def _float_reason(ctx, w, readers) -> str:
         ns = _node_settings(ctx, node)
         if ns is not None and (not ns.weight_quantized or ns.keep_float):
             return f"its reader '{node.name[:60]}' is kept float (--exclude, --op-types or the config)"
-    axes = {_ROWS_AXIS[kind] for _, kind, _ in readers}
+    axes = {ROWS_AXIS[kind] for _, kind, _ in readers}
     if len(axes) > 1:
         return "read in two orientations (as [K, N] and as [N, K]): one stored copy cannot serve both"
     readers_set = {node for node, _, _ in readers}

@@ -314,6 +314,12 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
         report["pipeline"] = ran
     if ctx.weight_plan is not None:
         _weight_only_report(report, ctx)
+    if ctx.narrow_weights is not None:
+        report["narrow_float_weights"] = ctx.narrow_weights.summary()
+        readers = {r for j in ctx.narrow_weights.jobs.values() for r, _ in j.readers}
+        report["left_float"] = {k: v for k, v in report["left_float"].items()
+                                if k.split(":input")[0] not in readers and k not in ctx.narrow_weights.jobs}
+        report["counts"]["left_float"] = len(report["left_float"])
     net = ctx.safety_net if ctx.safety_net is not None else Outcome()
     report_fields(report, net, s.min_sqnr, seconds.get("safety-net", 0.0))
     report["warnings"] = list(ctx.warnings) + _clip_warnings(ctx, report)

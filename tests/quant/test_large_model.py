@@ -195,7 +195,8 @@ def _free_memory() -> int:
 
 @pytest.mark.slow
 def test_quantize_a_model_over_2gb(tmp_path):
-    """A 2.25 GiB chain of MatMuls with external data quantizes through the CLI (W8A8); its output loads and runs
+    """A 2.25 GiB chain of MatMuls with external data quantizes through the CLI weight-only int4 (no calibration
+    data; MatMulNBits, under 0.2x the float bytes) and W8A8; each output loads and runs
     in onnxruntime, close to float (output SQNR above 25 dB against numpy), and the child's peak RSS stays under
     1.5x the weights' bytes (the target). Slow (~1-3 min), not skipped: CI runs it."""
     sys.path.insert(0, ROOT)
@@ -207,6 +208,23 @@ def test_quantize_a_model_over_2gb(tmp_path):
         info = write_chain(str(tmp_path))
         assert info["weight_bytes"] > 2 ** 31
         before = os.stat(info["model"] + ".data")
+        x = np.load(info["calib"])["x"][0]
+        ref = float_reference(info, x)
+        # weight-only int4 first (no calibration data: round-to-nearest), its peak RSS measured alone
+        wo = str(tmp_path / "w4.onnx")
+        r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", info["model"], "-o", wo, "--weight-only",
+                            "--weight-bits", "4", "--json"], capture_output=True, text=True, cwd=ROOT)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert json.loads(r.stdout)["counts"]["params"] == len(info["widths"]) - 1
+        assert peak <= 1.5 * info["weight_bytes"], f"weight-only peak RSS {peak / 2 ** 30:.2f} GiB"
+        sess = ort.InferenceSession(wo, providers=["CPUExecutionProvider"])
+        assert {n.op_type for n in onnx.load(wo, load_external_data=False).graph.node} == {"MatMulNBits"}
+        db = sqnr_db(ref, sess.run(None, {"x": x})[0])
+        del sess
+        assert db > 12.0, db          # four random 4-bit layers (~22 dB each), block 32
+        assert os.path.getsize(wo) + sum(os.path.getsize(os.path.join(tmp_path, n)) for n in os.listdir(tmp_path)
+                                         if n.startswith("w4.onnx.")) < 0.2 * info["weight_bytes"]
         out, report = str(tmp_path / "q.onnx"), str(tmp_path / "q.json")
         usage0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", info["model"], "--calib", info["calib"],
@@ -218,11 +236,10 @@ def test_quantize_a_model_over_2gb(tmp_path):
         assert (after.st_size, after.st_mtime_ns, after.st_nlink) == (before.st_size, before.st_mtime_ns, 1)
         if usage0 * 1024 < peak:   # another child of this process may have peaked higher before
             assert peak <= 1.5 * info["weight_bytes"], f"peak RSS {peak / 2 ** 30:.2f} GiB"
-        x = np.load(info["calib"])["x"][0]
         sess = ort.InferenceSession(out, providers=["CPUExecutionProvider"])   # with its .data when it has one
         got = sess.run(None, {"x": x})[0]
         del sess
-        db = sqnr_db(float_reference(info, x), got)
+        db = sqnr_db(ref, got)
         assert db > 25.0, db
         rep = json.load(open(report))
         assert rep["output_sqnr_db"]["y"] > 25.0, rep["output_sqnr_db"]

@@ -58,6 +58,7 @@ class QuantContext:
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     latency_search: Optional[dict] = None  # latency-search: floor, SQNR before/after, pairs taken out
     weight_plan: Any = None             # weight_only.WeightOnlyPlan (plan-weights)
+    narrow_weights: Any = None          # narrow-float-weights: the W8A8 float weights stored int8 (a WeightOnlyPlan)
     reference: Optional[list] = None    # reference-outputs: [(feed, float outputs)] when there is no calibration
     notes: List[str] = field(default_factory=list)
     smoothquant: Optional[dict] = None  # smoothquant: per layer how 1/s was placed and alpha (report 'smoothquant')

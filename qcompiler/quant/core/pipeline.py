@@ -31,7 +31,8 @@ from qcompiler.quant.core.switches import pass_switches, wanted_passes
 PREPARE_PASSES = ("initializers-as-constants", "inline-functions", "constant-to-initializer", "upcast-float16",
                   "fold-batchnorm", "simplify-shape-of", "canonicalize", "fold-weight-layout")
 DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
-                                     "insert-qdq", "float16-islands", "measure-sqnr", "latency-search",
+                                     "insert-qdq", "narrow-float-weights", "float16-islands", "measure-sqnr",
+                                     "latency-search",
                                      "safety-net")
 # weight-only (`--weight-only`): activations stay float, so no calibration pass and no placement; the float
 # outputs for the report come from `reference-outputs` (nothing without calibration data)

@@ -1,0 +1,77 @@
+"""`narrow-float-weights`: after W8A8 placement, the weights still float become 8-bit weight-only kernels.
+
+A MatMul whose input activation stays float (a decoder's down_proj after SiLU(gate) * up, an input too wide for
+8 bits) runs a float kernel, so placement leaves its weight float; so does an embedding Gather. On a target
+with weight-only kernels (`ort_cpu`: MatMulNBits, GatherBlockQuantized) those weights can still be stored
+int8 and read by a kernel that takes float activations: the file shrinks by three quarters for those tensors
+and the MatMul reads a quarter of the bytes. Each becomes an 8-bit weight-only job (blocks of 128 along the
+reduction axis with zero points, weight SQNR ~44 dB) through the weight-only passes' own grid and writer;
+`--optimize accuracy` keeps them float. The report's `narrow_float_weights` lists them.
+"""
+from __future__ import annotations
+
+from qcompiler.passes.quantize.plan_weights import DEFAULT_BLOCK, ROWS_AXIS, stored_nk, weight_reads
+from qcompiler.passes.quantize.weight_grid import grid_job
+from qcompiler.passes.quantize.write_weights import write_nbits
+from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.weight_only import WeightJob, WeightOnlyPlan
+
+BITS = 8
+
+
+def float_weight_jobs(ctx) -> WeightOnlyPlan:
+    """The weight-only jobs of the float weights left after Q/DQ insertion: every reader a MatMul, Gemm, head
+    or embedding Gather the form runs, no other reader, the node not kept float by the user."""
+    form = ctx.profile.weight_only
+    plan = WeightOnlyPlan(form=form)
+    g = ctx.model.graph
+    cfg = ctx.options.config if ctx.options is not None else None
+    by_weight: dict = {}
+    for w, node, kind, why in weight_reads(g):
+        by_weight.setdefault(w.name, (w, []))[1].append((node, kind, why))
+    for name, (w, readers) in by_weight.items():
+        if any(why for _, _, why in readers) or len({ROWS_AXIS[k] for _, k, _ in readers}) > 1:
+            continue
+        if any(kind == "gather" and form.gather is None for _, kind, _ in readers):
+            continue
+        if cfg is not None and any(cfg.settings_for(n).keep_float or not cfg.settings_for(n).weight_quantized
+                                   for n, _, _ in readers):
+            continue
+        nodes = {n for n, _, _ in readers} | {n.inputs[1].producer for n, k, _ in readers if k == "head"}
+        if any(u.user not in nodes for u in w.uses()):
+            continue
+        rows_axis = ROWS_AXIS[readers[0][1]]
+        job = WeightJob(weight=name, n=int(w.shape[rows_axis]), k=int(w.shape[1 - rows_axis]), bits=BITS,
+                        block_size=DEFAULT_BLOCK[BITS], symmetric=not form.zero_points,
+                        readers=[(n.name, "gemm" if k == "gemm_t" else k) for n, k, _ in readers],
+                        rows_axis=rows_axis, algorithm="rtn",
+                        accuracy_level=0)   # float activations: these were left float for their accuracy
+        plan.jobs[name] = job
+    return plan
+
+
+@register_pass
+class NarrowFloatWeights(QuantPass):
+    name = "narrow-float-weights"
+    description = "W8A8: float weights of float-kernel MatMuls and embeddings stored int8 for weight-only kernels"
+    preserves_semantics = False
+    requires = ("quant-context", "qdq")
+
+    def run(self, ctx) -> PassResult:
+        form = ctx.profile.weight_only
+        if form is None or form.matmul != "MatMulNBits" or BITS not in form.bits or ctx.settings.optimize == "accuracy":
+            return PassResult(False, {"weights": 0})
+        plan = float_weight_jobs(ctx)
+        g = ctx.model.graph
+        for job in plan.jobs.values():
+            job.grid = grid_job(job, stored_nk(job, g.initializers[job.weight]))
+            write_nbits(ctx, job)
+            job.grid = None
+        if plan.jobs:
+            ctx.model.opset_imports.setdefault("com.microsoft", 1)
+            ctx.narrow_weights = plan
+            ctx.notes.append(f"{len(plan.jobs)} float weights (float-kernel MatMuls, embeddings) stored int8 for "
+                             f"{form.matmul}/{form.gather}: {', '.join(j.weight[:40] for j in list(plan.jobs.values())[:4])}"
+                             + (" ..." if len(plan.jobs) > 4 else ""))
+        return PassResult(bool(plan.jobs), {"weights": len(plan.jobs)})
