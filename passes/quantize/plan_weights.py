@@ -188,9 +188,10 @@ def _grid_of(ctx, readers, k):
 
 
 def stored_nk(job, value) -> np.ndarray:
-    """The job's weight as float32 W [N, K] (rows = output channels), whatever way it is stored."""
+    """The job's weight as float32 W [N, K] (rows = output channels), whatever way it is stored: a stored [K, N]
+    weight is returned as its transposed view (no copy: the grid search reads it a chunk of rows at a time)."""
     arr = np.asarray(value.tensor.numpy_uncached(), dtype=np.float32)
-    return arr if job.rows_axis == 0 else np.ascontiguousarray(arr.T)
+    return arr if job.rows_axis == 0 else arr.T
 
 
 @register_pass

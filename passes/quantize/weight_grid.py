@@ -9,11 +9,13 @@ the gain), so a 0.5 B decoder quantizes in about the time onnxruntime's own quan
 """
 from __future__ import annotations
 
+import numpy as np
+
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.progress import bar
 from qcompiler.quant.core.block_grid import block_grid
 from qcompiler.quant.core.context import QuantPass
-from qcompiler.sqnr import sqnr_db
+from qcompiler.sqnr import db_from_powers
 from qcompiler.passes.quantize.plan_weights import stored_nk
 
 
@@ -32,8 +34,21 @@ def block_grid_fn(bits: int, symmetric: bool):
     return fn
 
 
+SQNR_CHUNK = 1 << 22   # weight elements dequantized at a time for the weight SQNR
+
+
 def weight_sqnr_db(w, grid) -> float:
-    return float(sqnr_db(w, grid.dequantize()))
+    """The weight's SQNR on its grid, a chunk of rows at a time (never a second float copy of the weight)."""
+    n, k = grid.q.shape
+    step = max(1, SQNR_CHUNK // max(k, 1))
+    signal = noise = 0.0
+    for r in range(0, n, step):
+        rows = slice(r, min(n, r + step))
+        ref = np.asarray(w[rows], np.float32)
+        d = grid.dequantize(rows) - ref
+        signal += float(np.einsum("ij,ij->", ref, ref, dtype=np.float64))
+        noise += float(np.einsum("ij,ij->", d, d, dtype=np.float64))
+    return db_from_powers(signal, noise)
 
 
 FAST_ABOVE = 64_000_000

@@ -51,13 +51,14 @@ _ASYM_BOTH = np.array([1.0, 0.95, 0.90, 0.85, 0.80, 0.75, 0.70, 0.65, 0.60])
 _ASYM_ONE = np.array([0.90, 0.80, 0.70])
 _FLOAT_TRIM = np.array([0.0, 0.03, 0.07, 0.12, 0.18])
 _REFITS = 2
-# search="fast": three coarse candidates, no fine stage, the least-squares refits (about half the time of "mse";
-# Gaussian [2048, 4096] at 4 bits, block 32: symmetric 21.83 -> 21.76 dB, asymmetric 22.25 -> 22.14 dB, where
-# minmax gives 21.32 and 21.85). Weight-only picks it for large models (passes/quantize/weight_grid.py).
-_FAST = {"shrink": np.array([1.0, 0.9, 0.8]), "shrink_other": np.array([1.0]), "fine": np.array([]),
-         "asym_both": np.array([1.0, 0.9, 0.8]), "asym_one": np.array([])}
+# search="fast": two coarse candidates, no fine stage, one least-squares refit (about a sixth of "mse"'s time,
+# 0.41 s of CPU for [2048, 4096] asymmetric; Gaussian at 4 bits, block 32: symmetric 21.83 -> 21.65 dB,
+# asymmetric 22.25 -> 22.08 dB, where minmax gives 21.32 and 21.85). Weight-only picks it for large models
+# (passes/quantize/weight_grid.py).
+_FAST = {"shrink": np.array([1.0, 0.9]), "shrink_other": np.array([]), "fine": np.array([]),
+         "asym_both": np.array([1.0, 0.9]), "asym_one": np.array([]), "refits": 1}
 _FULL = {"shrink": _SHRINK, "shrink_other": _SHRINK_OTHER, "fine": _FINE, "asym_both": _ASYM_BOTH,
-         "asym_one": _ASYM_ONE}
+         "asym_one": _ASYM_ONE, "refits": _REFITS}
 
 
 @dataclass
@@ -82,15 +83,17 @@ class BlockGrid:
     def float_zero_points(self) -> bool:
         return self.zero_points.dtype.kind == "f"
 
-    def dequantize(self) -> np.ndarray:
-        """float32 [N, K] = (q - zp) * scale, block by block."""
-        n, k = self.q.shape
+    def dequantize(self, rows: slice = slice(None)) -> np.ndarray:
+        """float32 [N, K] = (q - zp) * scale, block by block (only `rows`, when given: a weight's rows a chunk at
+        a time, for callers that must not hold a second float copy of a large weight)."""
+        codes = self.q[rows]
+        n, k = codes.shape
         nb, bs = self.n_blocks, self.block_size
         q = np.zeros((n, nb * bs), np.float32)
-        q[:, :k] = self.q
+        q[:, :k] = codes
         q = q.reshape(n, nb, bs)
-        q -= self.zero_points.astype(np.float32)[..., None]
-        q *= self.scales[..., None]
+        q -= self.zero_points[rows].astype(np.float32)[..., None]
+        q *= self.scales[rows][..., None]
         return q.reshape(n, nb * bs)[:, :k]
 
 
@@ -216,7 +219,7 @@ def _fit_symmetric(wb, bits, search):
     t_coarse = best_t
     for g in c_["fine"]:
         consider(t_coarse * np.float32(g))
-    for _ in range(_REFITS):                                # least squares scale given the codes
+    for _ in range(c_["refits"]):                                # least squares scale given the codes
         c = np.clip(np.rint(v / best_t[..., None]), lo, hi)
         qq = np.einsum("ijk,ijk->ij", c, c)
         t_ls = np.einsum("ijk,ijk->ij", v, c) / np.where(qq == 0, 1, qq)
@@ -276,7 +279,7 @@ def _fit_asymmetric(wb, bits, search):
         consider(k_coarse * np.float32(g), np.clip(np.rint(z_coarse * np.float32(g)), 0, qmax))
     n = np.float32(v.shape[-1])
     sw = v.sum(-1)
-    for _ in range(_REFITS):                                # least squares (scale, offset) given the codes
+    for _ in range(c_["refits"]):                                # least squares (scale, offset) given the codes
         c = np.rint(v * best_k[..., None] + best_z[..., None])
         np.clip(c, 0, qmax, out=c)
         sq, sqq, swq = c.sum(-1), np.einsum("ijk,ijk->ij", c, c), np.einsum("ijk,ijk->ij", v, c)
