@@ -81,8 +81,6 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     switches = check_switches(given)
     inputs = tuple(x for x in (model_path, calib, given["config"], given["load_encodings"], given["target"])
                    if x is not None)
-    switches = resolve_early(switches, given)   # a config may ask for weight-only: the pipeline depends on it
-    given.update(config=switches["config"], weight_only=switches["weight_only"])
     names = pipeline_for(**switches)
     passes = parse_pipeline(names)   # unknown names fail here, before any file is read
     pareto = f"{report_path}.pareto.png" if switches["max_drop"] is not None and report_path and not report_stdout \
@@ -92,6 +90,14 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
         Instruments.dump_outputs(passes, flags["dump_dir"])
     check_output_paths(outputs, inputs, models=(model_path,),
                        new_folders={"--dump-dir": flags["dump_dir"]})
+    # only now is the config read (no file is read before the outputs are checked): it may ask for weight-only,
+    # whose pipeline differs
+    weight_only = switches["weight_only"]
+    switches = resolve_early(switches, given)
+    given.update(config=switches["config"], weight_only=switches["weight_only"])
+    if switches["weight_only"] != weight_only:
+        names = pipeline_for(**switches)
+        passes = parse_pipeline(names)
     instruments = Instruments(passes, inputs, feeds_name=calib, feeds_factory=first_sample(calib, "calibration data"),
                               **flags)
     res = quantize(model_path, calib, **dict(given, recipe=None, pipeline=names), instrumentations=instruments.list)

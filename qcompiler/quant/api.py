@@ -175,8 +175,8 @@ def _check_inputs(model_or_path, calib, weight_only: bool = False) -> None:
     if calib is None and weight_only:
         return
     if calib is None:
-        raise ArgumentError("calib is required (calibration data); only weight-only quantization "
-                            "(weight_only=True) goes without it")
+        raise ArgumentError("calib must be given (an .npz/.npy path, a folder, an iterable of feed dicts or a "
+                            "reader); only weight-only quantization (weight_only=True) goes without it")
     if isinstance(calib, (str, bytes, os.PathLike)):
         require_path(calib, "calib")
     elif isinstance(calib, dict) or not (hasattr(calib, "__iter__") or callable(getattr(calib, "get_next", None))):

@@ -136,7 +136,9 @@ def test_config_warnings_reach_the_report_and_stderr(tiny, tmp_path):
 
 def test_every_parsed_field_is_one_placement_or_the_api_reads():
     """A guard against a field coming back dead: these are the QuantConfig fields, each read by quantize
-    (target, scheme, supergroups, model_input_quantized, defaults/op_type/rules, warnings) or descriptive."""
+    (target, scheme, supergroups, model_input_quantized, defaults/op_type/rules, warnings, weight_only: the
+    api's resolve_early) or descriptive."""
     fields = set(QuantConfig.__dataclass_fields__)
     assert fields == {"source", "format", "target", "scheme", "defaults", "op_type", "rules", "supergroups",
-                      "model_input_quantized", "unsigned_symmetric", "hw_version", "supported_kernels", "warnings"}
+                      "model_input_quantized", "unsigned_symmetric", "hw_version", "supported_kernels", "warnings",
+                      "weight_only"}
