@@ -20,6 +20,7 @@ from qcompiler.ir import verify
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core import nbits
 from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.encoding import Encoding
 
 MS = "com.microsoft"
 
@@ -142,6 +143,19 @@ def write_dq(ctx, job) -> int:
     return 1
 
 
+def job_encoding(job) -> Encoding:
+    """The job's grid as a per-block Encoding in the weight's stored layout (the encodings file's entry): a
+    stored [K, N] weight is blocked along axis 0 with scales [nb, N], a stored [N, K] one along axis 1."""
+    grid = job.grid
+    scale, zp = np.asarray(grid.scales, np.float32), np.rint(np.asarray(grid.zero_points, np.float64))
+    axis = 1
+    if job.rows_axis == 1:
+        scale, zp, axis = scale.T, zp.T, 0
+    return Encoding(scale=np.ascontiguousarray(scale), zero_point=np.ascontiguousarray(zp.astype(np.int64)),
+                    bits=grid.bits, symmetric=grid.symmetric, signed=False, axis=axis, block_size=grid.block_size,
+                    meta={"weight_only": True, "algorithm": job.algorithm})
+
+
 @register_pass
 class WriteWeights(QuantPass):
     name = "write-weights"
@@ -155,6 +169,7 @@ class WriteWeights(QuantPass):
         form = plan.form
         written = 0
         for job in plan.jobs.values():
+            ctx.params[job.weight] = job_encoding(job)     # the encodings file's per-block entry
             written += write_nbits(ctx, job) if form.matmul == "MatMulNBits" else write_dq(ctx, job)
             job.grid = None           # the codes are in the model now; the report keeps the job's summary
         if form.matmul == "MatMulNBits" and plan.jobs:

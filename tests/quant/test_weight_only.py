@@ -192,3 +192,14 @@ def test_gptq_and_awq_beat_round_to_nearest_on_held_out_samples():
             assert res.report["weight_only"]["algorithms"].get(recipe, 0) >= 14, res.report["weight_only"]
     assert sqnr["gptq"] > sqnr[None] + 0.8, sqnr       # measured: 12.94 -> 14.25 dB
     assert sqnr["awq"] > sqnr[None], sqnr              # random weights: little to gain (12.94 -> 13.06 dB)
+
+
+def test_encodings_file_holds_the_per_block_grids(tmp_path):
+    model, _ = decoder(head="untied", seed=1)
+    res = quantize(model, None, weight_only=True, weight_bits=4, progress=False)
+    doc = res.write_encodings(str(tmp_path / "e.json"))
+    params = {e["name"]: e for e in doc["param_encodings"]}
+    assert len(params) == 7 * 2 + 2 and all(e["enc_type"] == "PER_BLOCK" for e in params.values())
+    q = params["layers.0.q_proj.weight"]
+    assert (q["bw"], q["block_size"], len(q["scale"])) == (4, 32, 64 * 2)    # N=64 rows x 2 blocks of K=64
+    assert params["lm_head.weight"]["bw"] == 8
