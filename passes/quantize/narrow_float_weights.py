@@ -10,6 +10,8 @@ reduction axis with zero points, weight SQNR ~44 dB) through the weight-only pas
 """
 from __future__ import annotations
 
+import numpy as np
+
 from qcompiler.passes.quantize.plan_weights import DEFAULT_BLOCK, ROWS_AXIS, stored_nk, weight_reads
 from qcompiler.passes.quantize.weight_grid import grid_job
 from qcompiler.passes.quantize.write_weights import write_nbits
@@ -38,6 +40,8 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
         if cfg is not None and any(cfg.settings_for(n).keep_float or not cfg.settings_for(n).weight_quantized
                                    for n, _, _ in readers):
             continue
+        if _on_a_grid(ctx, readers):   # prefolded: already on the grid the plan (and the encodings file) gave it
+            continue
         nodes = {n for n, _, _ in readers} | {n.inputs[1].producer for n, k, _ in readers if k == "head"}
         if any(u.user not in nodes for u in w.uses()):
             continue
@@ -47,8 +51,20 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
                         readers=[(n.name, "gemm" if k == "gemm_t" else k) for n, k, _ in readers],
                         rows_axis=rows_axis, algorithm="rtn",
                         accuracy_level=0)   # float activations: these were left float for their accuracy
+        if job.stored_bytes() >= job.float_bytes() // 2:   # a small weight: blocks, scales and zero points
+            continue                                        # would take more than they save
         plan.jobs[name] = job
     return plan
+
+
+def _on_a_grid(ctx, readers) -> bool:
+    """A reader's weight use the plan quantized (stored float on its grid for a float kernel)."""
+    uses = ctx.plan.uses if ctx.plan is not None else {}
+    for node, kind, _ in readers:
+        spec = uses.get((node.name, 0 if kind == "gather" else 1))
+        if spec is not None and not spec.keep_float:
+            return True
+    return False
 
 
 @register_pass
@@ -64,8 +80,12 @@ class NarrowFloatWeights(QuantPass):
             return PassResult(False, {"weights": 0})
         plan = float_weight_jobs(ctx)
         g = ctx.model.graph
-        for job in plan.jobs.values():
-            job.grid = grid_job(job, stored_nk(job, g.initializers[job.weight]))
+        for name, job in list(plan.jobs.items()):
+            w = stored_nk(job, g.initializers[job.weight])
+            if not np.isfinite(w).all():     # an inf/NaN weight stays as the model has it (calibrate says why)
+                del plan.jobs[name]
+                continue
+            job.grid = grid_job(job, w)
             write_nbits(ctx, job)
             job.grid = None
         if plan.jobs:

@@ -226,6 +226,8 @@ def _fit_symmetric(wb, bits, search):
         consider(np.where(t_ls == 0, best_t, t_ls))
     s = (m * best_t).astype(np.float32)
     z = np.full(m.shape, half, np.uint8)
+    if search == "fast":    # the minmax range was a candidate: no block-by-block comparison (a fifth of the time)
+        return _codes(wb, s, half, qmax).astype(np.uint8), s, z
     return _pick(wb, (_codes(wb, s, half, qmax), s, z), ref)
 
 
@@ -293,6 +295,8 @@ def _fit_asymmetric(wb, bits, search):
     s = (d1 / best_k).astype(np.float32)
     s = np.where(d == 0, ref[1], s).astype(np.float32)
     z = np.where(d == 0, ref[2], best_z).astype(np.uint8)
+    if search == "fast":    # the minmax range was a candidate: no block-by-block comparison (a fifth of the time)
+        return _codes(wb, s, z, qmax).astype(np.uint8), s, z
     return _pick(wb, (_codes(wb, s, z, qmax), s, z), ref)
 
 
