@@ -266,7 +266,7 @@ class GPTQ(QuantPass):
         groups = input_groups(ctx)
         done, loss = 0, 0.0
         todo = len({id(j) for jobs in groups.values() for j in jobs})
-        with bar("gptq", todo, ctx.settings.progress) as progress, threadpool_limits(1, "blas"):
+        with bar("gptq", todo, ctx.settings.progress) as progress:
             for names in chunks(groups, lambda n, jobs: 8 * jobs[0].k ** 2, HESSIAN_BUDGET):
                 hess = dict.fromkeys(names)
                 counts = dict.fromkeys(names, 0)
@@ -279,9 +279,10 @@ class GPTQ(QuantPass):
                         if job.algorithm.startswith("gptq") or hess[name] is None:
                             continue          # a weight two inputs read (none here): the first one's Hessian
                         w = stored_nk(job, g.initializers[job.weight])
-                        q, scales, zps, stats = gptq_quantize(w, hess[name], job.bits, job.block_size,
-                                                              symmetric=job.symmetric,
-                                                              grid_fn=block_grid_fn(job.bits, job.symmetric))
+                        with threadpool_limits(1, "blas"):   # its many small products: one BLAS thread
+                            q, scales, zps, stats = gptq_quantize(w, hess[name], job.bits, job.block_size,
+                                                                  symmetric=job.symmetric,
+                                                                  grid_fn=block_grid_fn(job.bits, job.symmetric))
                         job.grid = BlockGrid(q, scales, zps, job.bits, job.block_size, job.symmetric)
                         job.sqnr_db = weight_sqnr_db(w, job.grid)
                         job.algorithm = "gptq" if not job.algorithm.startswith("awq") else "awq+gptq"
