@@ -13,6 +13,7 @@ bars go to stderr (qcompiler/progress.py).
 from __future__ import annotations
 
 import json
+import os
 import math
 
 import click
@@ -102,6 +103,7 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
                               **flags)
     res = quantize(model_path, calib, **dict(given, recipe=None, pipeline=names), instrumentations=instruments.list)
     save_model(res.model, output, protect=inputs)
+    res.report["size"] = file_sizes(model_path, res.model, output)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
     _write_report(res.report, report_path, inputs)
@@ -121,6 +123,20 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
                 click.echo(f"  {mp_note}", err=to_stderr)
         click.echo(f"wrote {output}", err=to_stderr)
     _quality_gate(res.report, allow_low_sqnr)
+
+
+def file_sizes(model_path: str, model, output: str) -> dict:
+    """Bytes on disk of the float model (its file and the external data it read) and of the written output (its
+    file and `OUTPUT.data` when it has one): the figure a user who quantizes to ship a smaller model wants."""
+    def size(p):
+        try:
+            return os.path.getsize(p)
+        except OSError:
+            return 0
+    float_bytes = size(model_path) + sum(size(p) for p in getattr(model, "external_files", ()) or ())
+    out_bytes = size(output) + size(output + ".data")
+    return {"float_bytes": float_bytes, "quantized_bytes": out_bytes,
+            "ratio": round(out_bytes / float_bytes, 3) if float_bytes else None}
 
 
 def _mixed_precision_plot(report: dict, path, inputs):
@@ -162,7 +178,7 @@ def summary_object(report: dict, output: str, encodings_path=None, report_path=N
            "widened": report.get("widened"), "min_sqnr_db": report.get("min_sqnr_db"),
            "below_floor": report.get("below_floor"), "safety_net": report.get("safety_net"),
            "warnings": [warning_line(w) for w in report.get("warnings", [])],
-           "notes": report.get("notes"), "seconds": report.get("seconds")}
+           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size")}
     if report.get("mixed_precision"):
         mp = report["mixed_precision"]
         out["mixed_precision"] = {"budget": mp["budget"], "drop": mp["drop"], "weight_bytes": mp["weight_bytes"],

@@ -217,3 +217,22 @@ def test_frozen_encoding_that_matches_nothing_warns(tiny, tmp_path):
     code, out, err = qz(tiny, "--load-encodings", str(enc))
     assert code == 0, err
     assert "qcompiler: warning: --load-encodings entry 'ghost_tensor' names no quantizable value" in err.splitlines()
+
+
+def test_summary_gives_the_file_size_against_float(tmp_path):
+    """The file size is a first-class figure: the summary line and the --json object give it against float."""
+    import json as _json
+    import subprocess
+    import sys
+
+    from tests.quant.decoder_models import decoder
+    import onnx as _onnx
+    model, _ = decoder(seed=3, hidden=128, inter=256)
+    p = tmp_path / "m.onnx"
+    _onnx.save(model, p)
+    r = subprocess.run([sys.executable, "-m", "qcompiler", "quantize", str(p), "-o", str(tmp_path / "q.onnx"),
+                        "--weight-only", "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    size = _json.loads(r.stdout)["size"]
+    assert size["float_bytes"] == p.stat().st_size and size["quantized_bytes"] == (tmp_path / "q.onnx").stat().st_size
+    assert size["ratio"] < 0.5 and "MB float" in r.stderr
