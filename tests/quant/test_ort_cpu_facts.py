@@ -9,7 +9,8 @@ optimized graph it writes (`optimized_model_filepath`) is compared with the clai
 
 - every (record, op, integer type) of the table: the kernel appears (or the Q/DQ around the op is dropped), and an
   8/16-bit type the record does not list does not fuse;
-- every op a record `absorbs`: DQ -> op -> absorbed -> Q still becomes the kernel, the absorbed op gone;
+- every op a record `absorbs`: DQ -> op -> absorbed -> Q still becomes the kernel, the absorbed op gone; and a
+  Relu/Clip onnxruntime drops before a unit's Q is listed in its record;
 - every `fused_activations` pair: either the producer's kernel absorbs the activation, or splitting the pair with a
   Q/DQ would not give two integer kernels (otherwise the pair hides an integer kernel and must not be one unit);
 - the reverse: an op onnxruntime fuses as DQ -> op -> Q that the table has no record for fails.
@@ -241,6 +242,16 @@ def test_absorbed_activation(record, op, act):
     assert _fused(nodes, record, op) and act not in types, types
 
 
+@pytest.mark.parametrize("record,op,act", [pytest.param(r, op, a, id=f"{r.name}-{op}-{a}") for r in TABLE.fusions
+                                           if r.action == "replace" and r.output_q != "none" for op in r.ops
+                                           for a in ("Relu", "Clip")])
+def test_relu_clip_absorbed_only_where_listed(record, op, act):
+    """The reverse of test_absorbed_activation: a Relu/Clip onnxruntime drops before the unit's Q is listed."""
+    nodes = _nodes(_unit(op, "uint8", after=act))
+    absorbed = act not in [n.op_type for n in nodes] and _fused(nodes, record, op)
+    assert absorbed == (act in record.absorbs), (record.name, op, act, [n.op_type for n in nodes])
+
+
 def _integer(op: str, nodes: list) -> bool:
     """Whether the op of a unit ran an integer kernel (a table record's kernel, or its Q/DQ dropped)."""
     return any(_fused(nodes, r, op) for r in TABLE.for_op(op) if r.action != "weight_only")
@@ -248,18 +259,21 @@ def _integer(op: str, nodes: list) -> bool:
 
 @pytest.mark.parametrize("producer,act", [pytest.param(p, a, id=f"{p}+{a}") for p, a in PROFILE.fused_activations])
 def test_fused_pair_is_what_onnxruntime_does(producer, act):
-    """A pair is one unit only where onnxruntime makes it one: the producer's kernel absorbs the activation, or
-    a Q/DQ between them would not give two integer kernels (the activation has none, or the producer has none)."""
-    absorbing = [r for r in TABLE.for_op(producer) if act in r.absorbs]
-    if absorbing:
-        nodes = _nodes(_unit(producer, "uint8", after=act))
-        types = [n.op_type for n in nodes]
-        assert _fused(nodes, absorbing[0], producer) and act not in types, types
+    """A pair is one unit only where onnxruntime makes it one: the producer's kernel absorbs the activation (and
+    then the table's record says so in `absorbs`), or a Q/DQ between them would not give two integer kernels (the
+    activation has none, or the producer has none)."""
+    nodes = _nodes(_unit(producer, "uint8", after=act))
+    types = [n.op_type for n in nodes]
+    absorbed = act not in types and _integer(producer, nodes)
+    listed = any(act in r.absorbs for r in TABLE.for_op(producer))
+    assert absorbed == listed, (f"{producer}+{act}: onnxruntime {'absorbs' if absorbed else 'does not absorb'} "
+                                f"the {act} ({types}), the table's {producer} record says the opposite")
+    if absorbed:
         return
     split = _nodes(_unit(producer, "uint8", after=act, split=True))
-    both = _integer(producer, [n for n in split]) and _integer(act, split)
-    assert not both, (f"{producer}+{act} is fused in the profile, but with a Q/DQ between them onnxruntime runs "
-                      f"{[n.op_type for n in split]}")
+    assert not (_integer(producer, split) and _integer(act, split)), (
+        f"{producer}+{act} is fused in the profile, but with a Q/DQ between them onnxruntime runs "
+        f"{[n.op_type for n in split]}")
 
 
 # ops onnxruntime might fuse as DQ -> op -> Q that the table has no record for (a fused one must get a record)
