@@ -97,6 +97,10 @@ _FIXED = {"Sigmoid": [0.0, 1.0], "Softmax": [0.0, 1.0], "Tanh": [-1.0, 1.0], "Ha
 _FUSED = [["Conv", "Relu"], ["Conv", "Clip"], ["Conv", "LeakyRelu"], ["Conv", "HardSwish"],
           ["Gemm", "Relu"], ["Gemm", "Clip"], ["MatMul", "Relu"], ["Add", "Relu"], ["Add", "Clip"],
           ["ConvTranspose", "Relu"], ["BatchNormalization", "Relu"], ["Conv", "BatchNormalization"]]
+# onnxruntime's CPU provider absorbs only the Relu/Clip a Q makes redundant; a Conv+LeakyRelu with no Q between
+# them runs a float FusedConv, with a Q/DQ between them QLinearConv + QLinearLeakyRelu
+# (tests/quant/test_ort_cpu_facts.py checks every pair against onnxruntime)
+_FUSED_ORT_CPU = [p for p in _FUSED if p != ["Conv", "LeakyRelu"]]
 
 PROFILES: dict = {
     "ort_cpu": {
@@ -116,7 +120,7 @@ PROFILES: dict = {
         "quantize_data_movement_outputs": True,
         "tie_inputs_and_output": ["Concat"],
         "fixed_output_range": _FIXED,
-        "fused_activations": _FUSED,
+        "fused_activations": _FUSED_ORT_CPU,
         "split_fused_above_macs": {"HardSwish": 8000000},
         "bias_add_ops": ["MatMul", "Gemm"],
         # anchors B, checked on ORT 1.31: Conv->QLinearConv needs an output Q (Relu/Clip before it fold into
