@@ -38,8 +38,14 @@ def test_corpus_model_meets_target(name, tmp_path):
         assert ev["value"] >= bound, ev
     else:
         assert ev["float_value"] - ev["value"] <= bound, ev
-    if name == "char_rnn":  # LSTM/GRU W and R are quantized per output channel, not left float
+    if name == "char_rnn":
+        # ort_cpu runs LSTM/GRU float: by default their W and R stay exact float (on a grid they would buy
+        # nothing); asked for (--optimize accuracy) they are quantized per output channel
+        left = res.report["left_float"]
+        assert all(any(k.startswith(n) for k in left) for n in ("/lstm1/LSTM", "/gru/GRU")), sorted(left)[:8]
         import onnx
+        res = quantize(os.path.join(folder, "model.onnx"), os.path.join(folder, "calib.npz"), optimize="accuracy")
+        save_model(res.model, out)
         m = onnx.load(out)
         params = res.report["quantized_params"]
         for n in (n for n in m.graph.node if n.op_type in ("LSTM", "GRU")):

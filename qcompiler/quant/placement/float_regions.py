@@ -276,7 +276,6 @@ def _enters_a_body(v) -> bool:
 
 # recurrent ops: no QDQ integer kernel on ort_cpu, but their weights stay int8 + DQ under `balanced` (the corpus
 # promise: char_rnn's LSTM/GRU weights quantized, where the peers leave them float)
-RECURRENT = {"LSTM", "GRU", "RNN"}
 
 
 def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False,
@@ -317,6 +316,11 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
             dropped += 1
     if balanced:     # weights stay quantized (stored on their grid for a float kernel: no run time, and the
         everywhere, freed = False, freed_wide      # width the user asked for), except behind a freed 16-bit value
+    # ... and except the weights of ops that run a float kernel whatever their inputs (the profile's
+    # float_kernel_ops: LSTM/GRU/RNN on onnxruntime's CPU): on their grid they buy neither size (stored float) nor
+    # speed and only cost accuracy (three stacked LSTMs on their 7-bit grid: embedding cosine 0.9998 -> 0.987,
+    # while onnxruntime's own quantizer leaves them float); `--optimize accuracy` keeps them on the grid
+    always_float = set(plan.profile.float_kernel_ops)
     # a weight of a node that runs a float kernel is multiplied in float whatever its grid: stored on the grid it
     # buys no speed. `everywhere` frees them all; otherwise those of nodes that now read a float activation this
     # step freed (minilm_l6's FFN MatMuls behind a widened LayerNorm output: cosine 0.9969 -> 0.9973)
@@ -324,9 +328,8 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
         node = plan.nodes.get(node_name)
         if spec.kind not in ("weight", "bias") or spec.keep_float or node is None or node.graph is not g:
             continue
-        if not everywhere and not any(x is not None and x.name in freed for x in node.inputs):
-            continue
-        if cost == "balanced" and node.op_type in RECURRENT and spec.kind == "weight":
+        if not everywhere and not any(x is not None and x.name in freed for x in node.inputs) \
+                and node.op_type not in always_float:
             continue
         if not k.integer(node) and not k.weight_only(node, slot, spec):
             spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
