@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 PRESETS = {
     # ~0.55 B parameters, 2.2 GB float32: untied embeddings (embed 32000x1536 and lm_head 1536x32000)
-    "0.5b": dict(hidden=1536, layers=16, intermediate=4096, vocab=32000, heads=12, tie=False),
+    "0.5b": {"hidden": 1536, "layers": 16, "intermediate": 4096, "vocab": 32000, "heads": 12, "tie": False},
 }
 
 
@@ -34,7 +34,7 @@ def preset(name):
         n = int(name.split("-", 1)[1])
         if not 1 <= n <= 64:
             raise SystemExit(f"growth-N: N={n} out of range")
-        return dict(hidden=512, layers=n, intermediate=1408, vocab=32000, heads=8, tie=False)
+        return {"hidden": 512, "layers": n, "intermediate": 1408, "vocab": 32000, "heads": 8, "tie": False}
     raise SystemExit(f"unknown preset {name!r}: 0.5b or growth-N")
 
 
@@ -59,13 +59,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
 
-    cfgd = preset(a.preset) if a.preset else dict(hidden=a.hidden, layers=a.layers, intermediate=a.intermediate,
-                                                   vocab=a.vocab, heads=a.heads, tie=a.tie_embeddings)
+    cfgd = preset(a.preset) if a.preset else {"hidden": a.hidden, "layers": a.layers, "intermediate": a.intermediate,
+                                                   "vocab": a.vocab, "heads": a.heads, "tie": a.tie_embeddings}
     if a.preset and a.tie_embeddings:
         cfgd["tie"] = True
-    import torch
-
     import export_util as E
+    import torch
     torch.set_num_threads(os.cpu_count() or 1)
     t0 = time.perf_counter()
     cfg = E.llama_config(cfgd["hidden"], cfgd["layers"], cfgd["intermediate"], cfgd["vocab"], cfgd["heads"],
