@@ -69,7 +69,9 @@ PEER_DOC = {
     "ort_w8a8": "ORT quantize_static QDQ per-channel",
     "modelopt_int4": "ModelOpt int4 rtn_dq b32",
     "modelopt_awq4": "ModelOpt int4 awq_lite b32",
-    "inc_rtn4": "INC weight-only RTN int4 b32",
+    "inc_rtn4": "INC (onnx-neural-compressor) RTN int4 b32 sym",
+    "inc_gptq4": "INC GPTQ int4 b32 sym (calib)",
+    "inc_awq4": "INC AWQ int4 b32 sym (calib)",
 }
 QC_ROWS = {
     "qc_rtn4": (["--weight-only", "--weight-bits", "4", "--block-size", "32"], False, "qcompiler RTN int4 b32"),
@@ -186,9 +188,7 @@ def row_command(row, a, model, calib, out):
         why = python_ok(a.modelopt_python, "modelopt.onnx.quantization.int4")
         return ([a.modelopt_python, runner, row, model, calib, out], None) if why is None else (None, why)
     if row.startswith("inc_"):
-        why = python_ok(a.inc_python, "onnx_neural_compressor")
-        if why is not None and python_ok(a.inc_python, "neural_compressor") is None:
-            why = None
+        why = python_ok(a.inc_python, "onnx_neural_compressor.quantization.matmul_nbits_quantizer")
         return ([a.inc_python, runner, row, model, calib, out], None) if why is None else (None, why)
     why = python_ok(a.peer_python, "onnxruntime.quantization.matmul_nbits_quantizer")
     return ([a.peer_python, runner, row, model, calib, out], None) if why is None else (None, why)

@@ -18,9 +18,12 @@ ROW (onnxruntime 1.32, project venv unless noted):
                   wrapped to return the upper factor, so the code's `.T` yields the lower one it indexes.
   ort_hqq4        HQQWeightOnlyQuantConfig block 32 bits 4 (needs torch: run with the benchmark venv)
   ort_w8a8        quantize_static, QDQ, per-channel, MinMax, calib.npz
-  modelopt_int4   modelopt.onnx.quantization.int4 RTN (rtn_dq), block 32 (ModelOpt venv)
-  modelopt_awq4   modelopt.onnx.quantization.int4 awq_lite with calib.npz, block 32 (ModelOpt venv)
-  inc_rtn4        onnx-neural-compressor / neural-compressor weight-only RTN int4 block 32 (INC venv)
+  modelopt_int4   nvidia-modelopt 0.47 modelopt.onnx.quantization.quantize(quantize_mode="int4", rtn_dq), block 32,
+                  fp32 elsewhere (ModelOpt venv): blocked int4 DequantizeLinear -> MatMul (QDQ, TensorRT-style)
+  modelopt_awq4   the same with awq_lite on the first 32 calib.npz samples
+  inc_rtn4        onnx-neural-compressor 1.0 MatMulNBitsQuantizer RTN int4 block 32 symmetric (INC venv)
+  inc_gptq4       the same with GPTQ (calib.npz)
+  inc_awq4        the same with AWQ (calib.npz)
 Outputs are saved with external data (OUT.onnx + OUT.onnx.data).
 """
 from __future__ import annotations
@@ -135,34 +138,41 @@ def run(row, model, calib, out):
         quantize_static(model, out, _ort_reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
                         calibrate_method=CalibrationMethod.MinMax, use_external_data_format=big > 1.8e9)
     elif row in ("modelopt_int4", "modelopt_awq4"):
-        import onnx
-        from modelopt.onnx.quantization.int4 import quantize as mo_int4
+        # the public entry (modelopt.onnx.quantization.quantize): it raises the opset to 21 for int4
+        # DequantizeLinear; int4.quantize() called directly keeps opset 18 and writes an invalid model.
+        # high_precision_dtype fp32: its default fp16 turns the float parts of the graph to fp16 (a TensorRT
+        # choice; onnxruntime's CPU provider has few fp16 kernels). Calibration: the first 32 calib.npz samples.
+        from modelopt.onnx.quantization import quantize as mo_quantize
         method = "rtn_dq" if row == "modelopt_int4" else "awq_lite"
-        kw = {} if method == "rtn_dq" else {"calibration_data_reader": NpzReader(calib, limit=32)}
-        m = mo_int4(model, calibration_method=method, block_size=32, **kw)
-        onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=os.path.basename(out) + ".data")
-    elif row == "inc_rtn4":
-        run_inc(model, out)
+        mo_quantize(model, quantize_mode="int4", calibration_method=method,
+                    calibration_data_reader=NpzReader(calib, limit=32), calibration_eps=["cpu"], block_size=32,
+                    output_path=out, use_external_data_format=True, high_precision_dtype="fp32", log_level="WARNING")
+    elif row.startswith("inc_"):
+        run_inc(row, model, calib, out)
     else:
         raise SystemExit(f"unknown row {row}")
 
 
-def run_inc(model, out):
+def run_inc(row, model, calib, out):
+    """onnx-neural-compressor 1.0 (Intel's ONNX-only INC): MatMulNBitsQuantizer, int4, block 32, symmetric."""
     import onnx
-    try:  # onnx-neural-compressor 1.x
-        from onnx_neural_compressor.quantization import config as inc_config
-        from onnx_neural_compressor.quantization import matmul_nbits_quantizer as inc_q
-        cfg = inc_q.RTNWeightOnlyQuantConfig()
-        q = inc_q.MatMulNBitsQuantizer(model, n_bits=4, block_size=32, is_symmetric=True, algo_config=cfg)
-        q.process()
-        m = q.model.model if hasattr(q.model, "model") else q.model
-        del inc_config
-    except ImportError:  # neural-compressor 2.x/3.x ONNX path
-        from neural_compressor import PostTrainingQuantConfig, quantization
-        conf = PostTrainingQuantConfig(approach="weight_only", op_type_dict={
-            ".*": {"weight": {"bits": 4, "group_size": 32, "scheme": "sym", "algorithm": ["RTN"]}}})
-        m = quantization.fit(model, conf).model
+    from onnx_neural_compressor import data_reader
+    from onnx_neural_compressor.quantization import matmul_nbits_quantizer as inc_q
+
+    class Reader(NpzReader, data_reader.CalibrationDataReader):
+        pass
+
+    if row == "inc_rtn4":
+        algo = inc_q.RTNWeightOnlyQuantConfig()
+    elif row == "inc_gptq4":
+        algo = inc_q.GPTQWeightOnlyQuantConfig(calibration_data_reader=Reader(calib))
+    else:
+        algo = inc_q.AWQWeightOnlyQuantConfig(calibration_data_reader=Reader(calib))
+    q = inc_q.MatMulNBitsQuantizer(model, block_size=32, is_symmetric=True, n_bits=4, algo_config=algo)
+    q.process()
+    m = q.model
+    if not isinstance(m, onnx.ModelProto):
+        m = m.model
     onnx.save_model(m, out, save_as_external_data=True, all_tensors_to_one_file=True,
                     location=os.path.basename(out) + ".data")
 
