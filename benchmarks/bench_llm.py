@@ -69,6 +69,7 @@ PEER_DOC = {
     "ort_w8a8": "ORT quantize_static QDQ per-channel",
     "modelopt_int4": "ModelOpt int4 rtn_dq b32",
     "modelopt_awq4": "ModelOpt int4 awq_lite b32",
+    "modelopt_awqclip4": "ModelOpt int4 awq_clip b32",
     "inc_rtn4": "INC (onnx-neural-compressor) RTN int4 b32 sym",
     "inc_gptq4": "INC GPTQ int4 b32 sym (calib)",
     "inc_awq4": "INC AWQ int4 b32 sym (calib)",

@@ -20,7 +20,10 @@ ROW (onnxruntime 1.32, project venv unless noted):
   ort_w8a8        quantize_static, QDQ, per-channel, MinMax, calib.npz
   modelopt_int4   nvidia-modelopt 0.47 modelopt.onnx.quantization.quantize(quantize_mode="int4", rtn_dq), block 32,
                   fp32 elsewhere (ModelOpt venv): blocked int4 DequantizeLinear -> MatMul (QDQ, TensorRT-style)
-  modelopt_awq4   the same with awq_lite on the first 32 calib.npz samples
+  modelopt_awq4   the same with awq_lite on the first 32 calib.npz samples. On a machine without CUDA 0.47 fails:
+                  int4.py:1330 calls cupy's `.get()` on what is then a numpy array (when it folds the AWQ scale
+                  into the producer's initializer, here the RMSNorm weight Mul)
+  modelopt_awqclip4 the same with awq_clip (ModelOpt's int4 default method)
   inc_rtn4        onnx-neural-compressor 1.0 MatMulNBitsQuantizer RTN int4 block 32 symmetric (INC venv)
   inc_gptq4       the same with GPTQ (calib.npz)
   inc_awq4        the same with AWQ (calib.npz)
@@ -137,13 +140,13 @@ def run(row, model, calib, out):
         big = os.path.getsize(model) + (os.path.getsize(model + ".data") if os.path.exists(model + ".data") else 0)
         quantize_static(model, out, _ort_reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
                         calibrate_method=CalibrationMethod.MinMax, use_external_data_format=big > 1.8e9)
-    elif row in ("modelopt_int4", "modelopt_awq4"):
+    elif row in ("modelopt_int4", "modelopt_awq4", "modelopt_awqclip4"):
         # the public entry (modelopt.onnx.quantization.quantize): it raises the opset to 21 for int4
         # DequantizeLinear; int4.quantize() called directly keeps opset 18 and writes an invalid model.
         # high_precision_dtype fp32: its default fp16 turns the float parts of the graph to fp16 (a TensorRT
         # choice; onnxruntime's CPU provider has few fp16 kernels). Calibration: the first 32 calib.npz samples.
         from modelopt.onnx.quantization import quantize as mo_quantize
-        method = "rtn_dq" if row == "modelopt_int4" else "awq_lite"
+        method = {"modelopt_int4": "rtn_dq", "modelopt_awq4": "awq_lite", "modelopt_awqclip4": "awq_clip"}[row]
         mo_quantize(model, quantize_mode="int4", calibration_method=method,
                     calibration_data_reader=NpzReader(calib, limit=32), calibration_eps=["cpu"], block_size=32,
                     output_path=out, use_external_data_format=True, high_precision_dtype="fp32", log_level="WARNING")
