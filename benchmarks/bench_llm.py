@@ -228,7 +228,8 @@ def run_quantize(row, argv, out, logs, timeout):
     meas = read_json(res_json) if os.path.exists(res_json) else {"rc": p.returncode}
     r = {"ok": meas.get("rc") == 0 and os.path.exists(out), **meas, "log": e}
     if not r["ok"]:
-        r["error"] = last_error_line(e, o)
+        rc = meas.get("rc")
+        r["error"] = f"killed by signal {-rc}" if isinstance(rc, int) and rc < 0 else last_error_line(e, o)
     with open(o) as f:  # qcompiler --json: one JSON summary line on stdout
         for ln in f:
             if ln.startswith("{"):
