@@ -37,6 +37,38 @@ def emulate_level4(x: np.ndarray, block: int) -> np.ndarray:
     return q.reshape(r, nb * block)[:, :k]
 
 
+def lower_levels(ctx, jobs) -> list:
+    """Give accuracy_level 0 to each job among `jobs` whose output int8 activations (level 4) would move by more
+    than LEVEL4_MIN_DB SQNR on its calibration inputs, level 4 to the others; returns the weights set to 0."""
+    groups = input_groups(ctx, jobs)
+    lowered = []
+    for names in chunks(groups, lambda n, js: 4 * MAX_ROWS * js[0].k, ROW_BUDGET):
+        rows = {n: [] for n in names}
+
+        def keep(name, r):
+            have = sum(len(a) for a in rows[name])
+            if have < MAX_ROWS:
+                rows[name].append(r[:MAX_ROWS - have].copy())
+        stream_rows(ctx, names, keep, max_samples=CHECK_SAMPLES)
+        for name in names:
+            x = np.concatenate(rows[name]) if rows[name] else None
+            if x is None or not len(x):
+                continue
+            for job in groups[name]:
+                if job.grid is None or job.accuracy_level == 0:
+                    continue
+                w = job.grid.dequantize()
+                db = sqnr_db(x @ w.T, emulate_level4(x, job.block_size) @ w.T)
+                if db < LEVEL4_MIN_DB:
+                    job.accuracy_level = 0
+                    job.notes.append(f"accuracy_level 0: int8 activations would give {db:.1f} dB on its "
+                                     f"output (< {LEVEL4_MIN_DB:g} dB)")
+                    lowered.append(job.weight)
+                else:
+                    job.accuracy_level = 4
+    return lowered
+
+
 @register_pass
 class CheckAccuracyLevel(QuantPass):
     name = "check-accuracy-level"
@@ -54,33 +86,12 @@ class CheckAccuracyLevel(QuantPass):
         if ctx.samples is None:
             ctx.notes.append("accuracy_level 4 (int8 activations in MatMulNBits) not checked: no calibration data")
             return PassResult(False, {"checked": 0})
-        groups = input_groups(ctx)
-        lowered, checked = [], 0
-        for names in chunks(groups, lambda n, jobs: 4 * MAX_ROWS * jobs[0].k, ROW_BUDGET):
-            rows = {n: [] for n in names}
-
-            def keep(name, r):
-                have = sum(len(a) for a in rows[name])
-                if have < MAX_ROWS:
-                    rows[name].append(r[:MAX_ROWS - have].copy())
-            stream_rows(ctx, names, keep, max_samples=CHECK_SAMPLES)
-            for name in names:
-                x = np.concatenate(rows[name]) if rows[name] else None
-                if x is None or not len(x):
-                    continue
-                for job in groups[name]:
-                    if job.grid is None:
-                        continue
-                    w = job.grid.dequantize()
-                    ref = x @ w.T
-                    db = sqnr_db(ref, emulate_level4(x, job.block_size) @ w.T)
-                    checked += 1
-                    if db < LEVEL4_MIN_DB:
-                        job.accuracy_level = 0
-                        job.notes.append(f"accuracy_level 0: int8 activations would give {db:.1f} dB on its "
-                                         f"output (< {LEVEL4_MIN_DB:g} dB)")
-                        lowered.append(job.weight)
+        jobs = list(plan.jobs.values())
+        lowered = lower_levels(ctx, jobs)
+        for job in jobs:            # what the check did not reach (an embedding) keeps the default
+            if job.accuracy_level == 4:
+                job.accuracy_level = None
         if lowered:
             ctx.notes.append(f"accuracy_level 0 (float activations) for {len(lowered)} MatMulNBits whose output "
                              f"int8 activations move by more than {LEVEL4_MIN_DB:g} dB SQNR; level 4 elsewhere")
-        return PassResult(False, {"checked": checked, "level0": len(lowered)})
+        return PassResult(False, {"checked": len(jobs), "level0": len(lowered)})

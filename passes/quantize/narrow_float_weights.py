@@ -5,13 +5,15 @@ A MatMul whose input activation stays float (a decoder's down_proj after SiLU(ga
 with weight-only kernels (`ort_cpu`: MatMulNBits, GatherBlockQuantized) those weights can still be stored
 int8 and read by a kernel that takes float activations: the file shrinks by three quarters for those tensors
 and the MatMul reads a quarter of the bytes. Each becomes an 8-bit weight-only job (blocks of 128 along the
-reduction axis with zero points, weight SQNR ~44 dB) through the weight-only passes' own grid and writer;
-`--optimize accuracy` keeps them float. The report's `narrow_float_weights` lists them.
+reduction axis with zero points, weight SQNR ~44 dB) through the weight-only passes' own grid and writer, at
+accuracy_level 4 where check-accuracy-level's measure on the calibration data allows it (int8 activations: fast
+at one token), else 0; `--optimize accuracy` keeps them float. The report's `narrow_float_weights` lists them.
 """
 from __future__ import annotations
 
 import numpy as np
 
+from qcompiler.passes.quantize.check_accuracy_level import lower_levels
 from qcompiler.passes.quantize.plan_weights import DEFAULT_BLOCK, ROWS_AXIS, stored_nk, weight_reads
 from qcompiler.passes.quantize.weight_grid import grid_job
 from qcompiler.passes.quantize.write_weights import write_nbits
@@ -49,8 +51,7 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
         job = WeightJob(weight=name, n=int(w.shape[rows_axis]), k=int(w.shape[1 - rows_axis]), bits=BITS,
                         block_size=DEFAULT_BLOCK[BITS], symmetric=not form.zero_points,
                         readers=[(n.name, "gemm" if k == "gemm_t" else k) for n, k, _ in readers],
-                        rows_axis=rows_axis, algorithm="rtn",
-                        accuracy_level=0)   # float activations: these were left float for their accuracy
+                        rows_axis=rows_axis, algorithm="rtn")
         if job.stored_bytes() >= job.float_bytes() // 2:   # a small weight: blocks, scales and zero points
             continue                                        # would take more than they save
         plan.jobs[name] = job
@@ -86,6 +87,13 @@ class NarrowFloatWeights(QuantPass):
                 del plan.jobs[name]
                 continue
             job.grid = grid_job(job, w)
+        level = ctx.settings.accuracy_level
+        level = form.accuracy_level if level is None else level
+        if level == 4 and ctx.samples is not None:   # int8 activations where the calibration data shows they
+            lower_levels(ctx, list(plan.jobs.values()))   # cost little (fast at one token), float elsewhere
+        for job in plan.jobs.values():
+            if job.accuracy_level is None:   # not measured: these MatMuls were left float for their
+                job.accuracy_level = 0       # activations' sake, so float activations
             write_nbits(ctx, job)
             job.grid = None
         if plan.jobs:
