@@ -15,7 +15,7 @@ import numpy as np
 
 from qcompiler.passes.quantize.check_accuracy_level import lower_levels
 from qcompiler.passes.quantize.plan_weights import DEFAULT_BLOCK, ROWS_AXIS, stored_nk, weight_reads
-from qcompiler.passes.quantize.weight_grid import grid_job
+from qcompiler.passes.quantize.weight_grid import FAST_ABOVE, grid_job
 from qcompiler.passes.quantize.write_weights import write_nbits
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core.context import QuantPass
@@ -81,12 +81,13 @@ class NarrowFloatWeights(QuantPass):
             return PassResult(False, {"weights": 0})
         plan = float_weight_jobs(ctx)
         g = ctx.model.graph
+        search = "fast" if sum(j.n * j.k for j in plan.jobs.values()) > FAST_ABOVE else "mse"
         for name, job in list(plan.jobs.items()):
             w = stored_nk(job, g.initializers[job.weight])
             if not np.isfinite(w).all():     # an inf/NaN weight stays as the model has it (calibrate says why)
                 del plan.jobs[name]
                 continue
-            job.grid = grid_job(job, w)
+            job.grid = grid_job(job, w, search)
         level = ctx.settings.accuracy_level
         level = form.accuracy_level if level is None else level
         if level == 4 and ctx.samples is not None:   # int8 activations where the calibration data shows they
