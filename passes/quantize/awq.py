@@ -46,7 +46,7 @@ from qcompiler.passes.quantize.weight_blocks import (
 from qcompiler.passes.quantize.plan_weights import stored_nk
 from qcompiler.passes.quantize.weight_grid import weight_sqnr_db
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, require_samples, stream_rows
+from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, require_samples, first_rows
 from qcompiler.quant.core.block_grid import BlockGrid
 from qcompiler.quant.core.context import QuantPass
 
@@ -292,16 +292,10 @@ class AWQ(QuantPass):
         # downstream groups first: a group's scale may be folded into an upstream layer's weight (v_proj's
         # columns for o_proj), which that layer's own search must then see
         for names in reversed(chunks(groups, lambda n, jobs: 4 * AWQ_ROWS * jobs[0].k, AWQ_ROW_BUDGET)):
-            rows = {n: [] for n in names}
-
-            def keep(name, r):
-                have = sum(len(a) for a in rows[name])
-                if have < AWQ_ROWS:
-                    rows[name].append(r[:AWQ_ROWS - have].copy())
-            stream_rows(ctx, names, keep, max_samples=AWQ_SAMPLES)
+            rows = first_rows(ctx, names, AWQ_ROWS, AWQ_SAMPLES)
             for name in reversed(names):
                 jobs = [j for j in groups[name] if j.grid is None and not j.tied]
-                x = np.concatenate(rows[name]) if rows[name] else None
+                x = rows[name]
                 target = fold_target(g.value(name), jobs[0].k) if jobs else None
                 if not jobs or x is None or target is None or any(len(_linear_inputs(ctx, j)) != 1 for j in jobs):
                     if jobs:

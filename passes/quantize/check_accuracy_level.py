@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, stream_rows
+from qcompiler.quant.calibration.weight_inputs import chunks, first_rows, input_groups
 from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.core.weight_only import default_accuracy_level
 from qcompiler.sqnr import sqnr_db
 
 LEVEL4_MIN_DB = 30.0       # int8 activation rounding must stay this far below the signal (4-bit weights: ~20 dB)
@@ -43,15 +44,9 @@ def lower_levels(ctx, jobs) -> list:
     groups = input_groups(ctx, jobs)
     lowered = []
     for names in chunks(groups, lambda n, js: 4 * MAX_ROWS * js[0].k, ROW_BUDGET):
-        rows = {n: [] for n in names}
-
-        def keep(name, r):
-            have = sum(len(a) for a in rows[name])
-            if have < MAX_ROWS:
-                rows[name].append(r[:MAX_ROWS - have].copy())
-        stream_rows(ctx, names, keep, max_samples=CHECK_SAMPLES)
+        rows = first_rows(ctx, names, MAX_ROWS, CHECK_SAMPLES)
         for name in names:
-            x = np.concatenate(rows[name]) if rows[name] else None
+            x = rows[name]
             if x is None or not len(x):
                 continue
             for job in groups[name]:
@@ -78,10 +73,7 @@ class CheckAccuracyLevel(QuantPass):
 
     def run(self, ctx) -> PassResult:
         plan = ctx.weight_plan
-        level = ctx.settings.accuracy_level
-        if level is None:
-            level = plan.form.accuracy_level
-        if plan.form.matmul != "MatMulNBits" or level != 4:
+        if plan.form.matmul != "MatMulNBits" or default_accuracy_level(ctx.settings, plan.form) != 4:
             return PassResult(False, {"checked": 0})
         if ctx.samples is None:
             ctx.notes.append("accuracy_level 4 (int8 activations in MatMulNBits) not checked: no calibration data")

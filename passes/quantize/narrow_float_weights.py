@@ -19,7 +19,7 @@ from qcompiler.passes.quantize.weight_grid import FAST_ABOVE, grid_job
 from qcompiler.passes.quantize.write_weights import write_nbits
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core.context import QuantPass
-from qcompiler.quant.core.weight_only import WeightJob, WeightOnlyPlan
+from qcompiler.quant.core.weight_only import WeightJob, WeightOnlyPlan, default_accuracy_level
 
 BITS = 8
 
@@ -88,9 +88,7 @@ class NarrowFloatWeights(QuantPass):
                 del plan.jobs[name]
                 continue
             job.grid = grid_job(job, w, search)
-        level = ctx.settings.accuracy_level
-        level = form.accuracy_level if level is None else level
-        if level == 4 and ctx.samples is not None:   # int8 activations where the calibration data shows they
+        if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None:   # int8 activations where the calibration data shows they
             lower_levels(ctx, list(plan.jobs.values()))   # cost little (fast at one token), float elsewhere
         for job in plan.jobs.values():
             if job.accuracy_level is None:   # not measured: these MatMuls were left float for their

@@ -21,6 +21,7 @@ from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core import nbits
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.core.encoding import Encoding
+from qcompiler.quant.core.weight_only import default_accuracy_level
 
 MS = "com.microsoft"
 
@@ -35,9 +36,8 @@ def write_nbits(ctx, job) -> int:
     g = ctx.model.graph
     value = g.initializers[job.weight]
     dt = _scale_dtype(value)
-    level = job.accuracy_level if job.accuracy_level is not None else ctx.settings.accuracy_level
-    if level is None:
-        level = ctx.profile.weight_only.accuracy_level
+    level = job.accuracy_level if job.accuracy_level is not None else \
+        default_accuracy_level(ctx.settings, ctx.profile.weight_only)
     name, grid = job.weight, job.grid
     linear = any(kind != "gather" for _, kind in job.readers)
     packed = nbits.pack_matmul_nbits(grid) if linear else None

@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-import numpy as np
 import onnx
 
 from qcompiler.arguments import got, require_path
@@ -40,7 +39,7 @@ from qcompiler.quant.core.pipeline import (
 from qcompiler.quant.core.schemes import DEFAULT_SCHEME, canonical_scheme
 from qcompiler.quant.core.switches import BY_NAME, OPTIMIZE, api_doc, check_switches
 from qcompiler.quant.interop.encodings_io import write_encodings
-from qcompiler.quant.interop.report import build_report, pass_stats, report_fields
+from qcompiler.quant.interop.report import build_report, output_error_fields, pass_stats, report_fields
 from qcompiler.quant.placement import PlacementOptions
 from qcompiler.quant.settings.config import load_config
 from qcompiler.quant.settings.selection import (
@@ -345,10 +344,7 @@ def _weight_only_report(report: dict, ctx) -> None:
     plan = ctx.weight_plan
     report["weight_only"] = plan.summary()
     report["left_float"] = {name: f"weight: {why}" for name, why in plan.left_float.items()}
-    errors = ctx.errors or {}
-    report["output_sqnr_db"] = {n: (round(v, 2) if np.isfinite(v) else v)
-                                for n, v in ((n, e.sqnr_db()) for n, e in errors.items())}
-    report["output_max_abs_error"] = {n: float(f"{e.max_abs:.4g}") for n, e in errors.items()}
+    report.update(output_error_fields(ctx.errors))
     report["sqnr_samples"] = len(ctx.reference or ())
     report["counts"] = {"activations": 0, "params": len(plan.jobs), "left_float": len(plan.left_float),
                         "widened": 0}

@@ -72,3 +72,16 @@ def stream_rows(ctx, names: List[str], fn: Callable[[str, np.ndarray], None], ma
             fn(name, a.reshape(-1, a.shape[-1]))
         seen += 1
     return seen
+
+
+def first_rows(ctx, names: List[str], max_rows: int, max_samples: int) -> Dict[str, np.ndarray]:
+    """The first `max_rows` input rows of each value in `names` over at most `max_samples` calibration samples, as
+    float32 [r, K] (None for a value no sample reached): one onnxruntime pass, at most `max_rows` rows kept each."""
+    rows: Dict[str, list] = {n: [] for n in names}
+
+    def keep(name, r):
+        have = sum(len(a) for a in rows[name])
+        if have < max_rows:
+            rows[name].append(r[:max_rows - have].copy())
+    stream_rows(ctx, names, keep, max_samples=max_samples)
+    return {n: np.concatenate(r) if r else None for n, r in rows.items()}

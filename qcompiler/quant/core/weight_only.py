@@ -97,6 +97,11 @@ class WeightOnlyPlan:
                 "layers": {j.weight: _layer_entry(j) for j in jobs}}
 
 
+def default_accuracy_level(settings, form) -> int:
+    """MatMulNBits' accuracy_level when no measure decided it: `--accuracy-level`, else the target's."""
+    return form.accuracy_level if settings.accuracy_level is None else settings.accuracy_level
+
+
 def _layer_entry(j: WeightJob) -> dict:
     e = {"readers": [r for r, _ in j.readers], "shape_nk": [j.n, j.k], "bits": j.bits, "block_size": j.block_size,
          "symmetric": j.symmetric, "algorithm": j.algorithm}

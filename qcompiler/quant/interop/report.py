@@ -160,11 +160,18 @@ def _output_errors(sess, kept: list, progress=False) -> Dict[str, OutputError]:
     return errs
 
 
+def output_error_fields(errors) -> dict:
+    """The report's `output_sqnr_db` (2 decimals, +-inf kept) and `output_max_abs_error` of output_errors()."""
+    errors = errors or {}
+    sqnr = {n: e.sqnr_db() for n, e in errors.items()}
+    return {"output_sqnr_db": {k: (round(v, 2) if np.isfinite(v) else v) for k, v in sqnr.items()},
+            "output_max_abs_error": {n: float(f"{e.max_abs:.4g}") for n, e in errors.items()}}
+
+
 def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encoding], calib, timings: dict,
                  target: str, scheme: str, notes=(), errors=None, layers=None) -> dict:
     """The report dict (JSON-serialisable). `errors`: output_errors() (SQNR and max abs error per output);
     `layers`: per-node precision choices (mixed precision, field notes §5)."""
-    sqnr = {n: e.sqnr_db() for n, e in (errors or {}).items()}
     floats = plan.float_values()
     for (node, slot), spec in plan.uses.items():
         if spec.keep_float and spec.kind in ("weight", "bias"):
@@ -173,8 +180,7 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
     integers = sorted(n for n, dt in dtypes.items() if not np.issubdtype(dt, np.floating))
     return {
         "target": target, "scheme": scheme, "calibration_samples": calib.samples,
-        "output_sqnr_db": {k: (round(v, 2) if np.isfinite(v) else v) for k, v in sqnr.items()},
-        "output_max_abs_error": {n: float(f"{e.max_abs:.4g}") for n, e in (errors or {}).items()},
+        **output_error_fields(errors),
         "sqnr_samples": len(calib.kept),
         "sqnr_samples_note": _sqnr_samples_note(len(calib.kept), calib.samples),
         "sqnr_masked_outputs": _masked_outputs(calib.kept),
