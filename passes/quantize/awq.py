@@ -323,7 +323,8 @@ class AWQ(QuantPass):
 
 def _linear_inputs(ctx, job):
     nodes = {n.name: n for n in ctx.model.graph.nodes}
-    return {nodes[r].inputs[0].name for r, kind in job.readers if kind in ("matmul", "gemm", "head")}
+    return {nodes[r].inputs[0].name if r in nodes else r for r, kind in job.readers
+            if kind in ("matmul", "gemm", "head")}
 
 
 def _fold(g, target, factor: np.ndarray) -> None:

@@ -55,7 +55,7 @@ from qcompiler.passes.quantize.weight_blocks import TINY, GridFn, n_blocks, quan
 
 from threadpoolctl import threadpool_limits
 
-from qcompiler.passes.quantize.plan_weights import stored_nk
+from qcompiler.passes.quantize.plan_weights import stored_nk, weight_value
 from qcompiler.passes.quantize.weight_grid import block_grid_fn, weight_sqnr_db
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.progress import bar
@@ -278,7 +278,7 @@ class GPTQ(QuantPass):
                     for job in groups[name]:
                         if job.algorithm.startswith("gptq") or hess[name] is None:
                             continue          # a weight two inputs read (none here): the first one's Hessian
-                        w = stored_nk(job, g.initializers[job.weight])
+                        w = stored_nk(job, weight_value(g, job.weight))
                         with threadpool_limits(1, "blas"):   # its many small products: one BLAS thread
                             q, scales, zps, stats = gptq_quantize(w, hess[name], job.bits, job.block_size,
                                                                   symmetric=job.symmetric,

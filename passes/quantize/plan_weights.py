@@ -29,8 +29,8 @@ NBITS_BLOCKS = (16, 32, 64, 128, 256)   # MatMulNBits / GatherBlockQuantized: a 
 
 
 def _weight(v):
-    """`v` when it is a rank-2 float initializer of the main graph, else None."""
-    if v is None or v.tensor is None or v.is_input or v.graph.parent is not None:
+    """`v` when it is a rank-2 float initializer (of the main graph, or of an If/Loop/Scan body), else None."""
+    if v is None or v.tensor is None or v.is_input or v.graph.initializers.get(v.name) is not v:
         return None
     shape = v.shape
     if shape is None or len(shape) != 2 or v.dtype not in FLOAT_TYPES or 0 in shape:
@@ -49,11 +49,12 @@ def _transposed_weight(v):
     return _weight(p.inputs[0])
 
 
-def weight_reads(g):
-    """(weight value, node, kind, why-not) for every candidate read in the main graph, in graph order; `why-not`
-    is "" for a read the weight-only form can take."""
+def weight_reads(g, bodies: bool = True):
+    """(weight value, node, kind, why-not) for every candidate read in the main graph and (`bodies`) its
+    If/Loop/Scan bodies, main graph first, each graph in its order; `why-not` is "" for a read the weight-only
+    form can take."""
     out = []
-    for node in g.nodes:
+    for node in (n for graph in (g.all_graphs() if bodies else [g]) for n in graph.nodes):
         if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2:
             w = _weight(node.inputs[1])
             if w is not None:
@@ -111,10 +112,23 @@ def build_weight_plan(ctx) -> WeightOnlyPlan:
         job = WeightJob(weight=name, n=n, k=k, bits=bits, block_size=block, symmetric=symmetric,
                         readers=[(node.name, "gemm" if kind == "gemm_t" else kind) for node, kind, _ in readers],
                         rows_axis=rows_axis)
+        bodies = sorted({f"{o.op_type} '{o.name[:60]}'" for o in map(body_owner, (r[0] for r in readers)) if o})
+        if bodies:
+            job.body = ", ".join(bodies)
+            job.notes.append(f"read inside the body of {job.body}: gridded without data (gptq, awq and the "
+                             f"accuracy_level check read main-graph activations only)")
         plan.jobs[name] = job
         if any(kind != "gather" for _, kind, _ in readers):
             plan.layer_order.append(name)
     return plan
+
+
+def body_owner(node):
+    """The main-graph If/Loop/Scan whose body (at any depth) holds `node`; None for a main-graph node."""
+    owner = None
+    while node.graph.parent is not None:
+        owner = node = node.graph.parent
+    return owner
 
 
 def _float_reason(ctx, w, readers) -> str:
@@ -150,7 +164,7 @@ def is_head(node) -> bool:
         v, seen = todo.pop(), seen + 1
         if v is None:
             continue
-        if v.is_graph_output():
+        if v.is_graph_output() and v.graph.parent is None:    # a body's output is not the model's
             return True
         todo.extend(u.user.outputs[0] for u in v.uses() if getattr(u.user, "op_type", None) in LAYOUT_OPS)
     return False
@@ -187,6 +201,14 @@ def _grid_of(ctx, readers, k):
     return bits, block, symmetric
 
 
+def weight_value(g, name: str):
+    """The initializer `name` of the main graph `g` or of one of its bodies (value names are model-wide)."""
+    v = g.initializers.get(name)
+    if v is None:
+        v = next(b.initializers[name] for b in g.subgraphs() if name in b.initializers)
+    return v
+
+
 def stored_nk(job, value) -> np.ndarray:
     """The job's weight as float32 W [N, K] (rows = output channels), whatever way it is stored: a stored [K, N]
     weight is returned as its transposed view (no copy: the grid search reads it a chunk of rows at a time)."""
@@ -211,4 +233,10 @@ class PlanWeights(QuantPass):
         if tied:
             ctx.notes.append(f"tied embedding and head: {', '.join(t[:60] for t in tied)} stored once, read by "
                              f"the Gather and the head")
-        return PassResult(False, {"weights": len(p.jobs), "float": len(p.left_float), "tied": len(tied)})
+        in_bodies = [j for j in p.jobs.values() if j.body]
+        if in_bodies:
+            ctx.notes.append(f"{len(in_bodies)} weights read inside If/Loop/Scan bodies "
+                             f"({', '.join(sorted({j.body for j in in_bodies}))[:120]}) stored narrow too; their grids "
+                             f"use no data (gptq, awq and the accuracy_level check read main-graph activations)")
+        return PassResult(False, {"weights": len(p.jobs), "float": len(p.left_float), "tied": len(tied),
+                                  "in_bodies": len(in_bodies)})

@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 
 from qcompiler.ir import verify
+from qcompiler.passes.quantize.plan_weights import weight_value
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core import nbits
 from qcompiler.quant.core.context import QuantPass
@@ -32,9 +33,11 @@ def _scale_dtype(value):
 
 
 def write_nbits(ctx, job) -> int:
-    """Rewrite the readers of `job` as MatMulNBits / GatherBlockQuantized; returns the nodes written."""
-    g = ctx.model.graph
-    value = g.initializers[job.weight]
+    """Rewrite the readers of `job` as MatMulNBits / GatherBlockQuantized; returns the nodes written. A reader
+    inside an If/Loop/Scan body is rewritten in its body; the packed tensors live where the weight lived (the
+    body reads them from the outer scope)."""
+    value = weight_value(ctx.model.graph, job.weight)
+    g = value.graph
     dt = _scale_dtype(value)
     level = job.accuracy_level if job.accuracy_level is not None else \
         default_accuracy_level(ctx.settings, ctx.profile.weight_only)
@@ -48,15 +51,16 @@ def write_nbits(ctx, job) -> int:
             consts[key] = g.add_constant(arr, f"{name}_{key}")
         return consts[key]
     written = 0
-    nodes = {n.name: n for n in g.nodes}
+    nodes = {n.name: n for b in g.all_graphs() for n in b.nodes}
     for node_name, kind in job.readers:
         node = nodes[node_name]
+        ng = node.graph
         if kind == "gather":
             attrs = {"bits": grid.bits, "block_size": grid.block_size, "gather_axis": 0, "quantize_axis": 1}
             if linear:      # tied: the head's packed table, viewed 2-D ([V, nb * blob]) for the lookup
                 b = const("nbits", packed["B"])
                 shape = const("table_shape", np.array([b.shape[0], b.shape[1] * b.shape[2]], np.int64))
-                table = g.add_node("Reshape", [b, shape], [f"{name}_table"], name=f"{name}_table",
+                table = ng.add_node("Reshape", [b, shape], [f"{name}_table"], name=f"{name}_table",
                                    before=node).outputs[0]
                 scales = const("scales", packed["scales"].astype(dt))
                 zps = None if packed["zero_points"] is None else const("zero_points", packed["zero_points"])
@@ -66,16 +70,16 @@ def write_nbits(ctx, job) -> int:
                 scales = const("scales", gq["scales"].astype(dt))
                 zps = None if gq["zero_points"] is None else const("zero_points", gq["zero_points"])
             padded = linear and job.k != grid.n_blocks * grid.block_size
-            new = g.add_node("GatherBlockQuantized", [table, node.inputs[1], scales] + ([zps] if zps is not None
+            new = ng.add_node("GatherBlockQuantized", [table, node.inputs[1], scales] + ([zps] if zps is not None
                                                                                         else []),
                              [node.outputs[0].name + ("_padded" if padded else "_q")], attrs=attrs,
                              name=f"{node.name}_gbq", domain=MS, before=node)
             out = new.outputs[0]
             if padded:      # the lookup is nb * block_size wide: cut it to K
                 cut = [const(k, np.array([x], np.int64)) for k, x in (("start", 0), ("end", job.k), ("axis", -1))]
-                out = g.add_node("Slice", [out] + cut, [node.outputs[0].name + "_q"], name=f"{node.name}_slice",
+                out = ng.add_node("Slice", [out] + cut, [node.outputs[0].name + "_q"], name=f"{node.name}_slice",
                                  before=node).outputs[0]
-            g.substitute(node.outputs[0], out, remove=[node])
+            ng.substitute(node.outputs[0], out, remove=[node])
         else:
             transpose = node.inputs[1].producer if kind == "head" else None
             b = const("nbits", packed["B"])
@@ -84,16 +88,16 @@ def write_nbits(ctx, job) -> int:
             attrs = dict(packed["attrs"])
             if level:
                 attrs["accuracy_level"] = int(level)
-            new = g.add_node("MatMulNBits", [node.inputs[0], b, scales] + ([zps] if zps is not None else []),
+            new = ng.add_node("MatMulNBits", [node.inputs[0], b, scales] + ([zps] if zps is not None else []),
                              [node.outputs[0].name + "_q"], attrs=attrs, name=f"{node.name}_nbits", domain=MS,
                              before=node)
             out = new.outputs[0]
             if kind == "gemm" and len(node.inputs) > 2 and node.inputs[2] is not None:
-                out = g.add_node("Add", [out, node.inputs[2]], [node.outputs[0].name + "_bias"],
+                out = ng.add_node("Add", [out, node.inputs[2]], [node.outputs[0].name + "_bias"],
                                  name=f"{node.name}_bias", before=node).outputs[0]
-            g.substitute(node.outputs[0], out, remove=[node])
+            ng.substitute(node.outputs[0], out, remove=[node])
             if transpose is not None and not transpose.outputs[0].uses():
-                g.remove_node(transpose)
+                transpose.graph.remove_node(transpose)
         written += 1
     g.drop_if_unused([value])
     return written
@@ -118,10 +122,17 @@ def dq_form(grid, signed: bool):
     return codes, grid.scales, zero
 
 
+def _node_in(g, node):
+    """The node of `g` that is `node` or holds it in a body (a weight read inside an If/Loop/Scan)."""
+    while node.graph is not g:
+        node = node.graph.parent
+    return node
+
+
 def write_dq(ctx, job) -> int:
     """Replace the weight by integer codes in its stored layout and one blocked DequantizeLinear."""
-    g = ctx.model.graph
-    value = g.initializers[job.weight]
+    value = weight_value(ctx.model.graph, job.weight)
+    g = value.graph
     grid = job.grid
     signed = ctx.profile.weight_only.signed
     codes, scale, zero = dq_form(grid, signed)        # [N, K] codes, [N, nb] scales, zero points or None
@@ -135,7 +146,7 @@ def write_dq(ctx, job) -> int:
     s = g.add_constant(np.ascontiguousarray(scale.astype(dt)), f"{job.weight}_scale")
     ins = [q, s] + ([g.add_constant(np.ascontiguousarray(zero), f"{job.weight}_zero_point")] if zero is not None
                     else [])
-    first = min((u.user for u in value.uses()), key=lambda n: g.nodes.index(n))
+    first = min((_node_in(g, u.user) for u in value.uses()), key=lambda n: g.nodes.index(n))
     dq = g.add_node("DequantizeLinear", ins, [job.weight + "_dq"], name=f"{job.weight}_dq",
                     attrs={"axis": axis, "block_size": int(grid.block_size)}, before=first)
     g.replace_all_uses(value, dq.outputs[0])

@@ -44,6 +44,7 @@ class WeightJob:
     algorithm: str = ""             # "rtn", "gptq", "awq+rtn", ... (the report)
     input_scale: Optional[np.ndarray] = None   # AWQ: W's columns were multiplied by this (inputs divided)
     accuracy_level: Optional[int] = None       # MatMulNBits' accuracy_level, when measured per node
+    body: str = ""                  # the If/Loop/Scan node(s) whose body reads it ("" in the main graph)
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -109,6 +110,8 @@ def _layer_entry(j: WeightJob) -> dict:
         e["weight_sqnr_db"] = round(float(j.sqnr_db), 2)
     if j.accuracy_level is not None:
         e["accuracy_level"] = j.accuracy_level
+    if j.body:
+        e["body"] = j.body
     if j.notes:
         e["notes"] = list(j.notes)
     return e
