@@ -4,7 +4,6 @@ body as the target's kernel, the output runs in onnxruntime on both branches abo
 report says per weight which body reads it and that its grid used no data."""
 from __future__ import annotations
 
-import numpy as np
 import onnx
 import pytest
 
