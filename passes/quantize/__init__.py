@@ -28,5 +28,6 @@ from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     untaken_branches,
     upcast_float16,
     weight_grid,
+    weight_mixed_precision,
     write_weights,
 )

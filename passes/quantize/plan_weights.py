@@ -177,9 +177,13 @@ def _grid_of(ctx, readers, k):
     leaves both float, and 8-bit heads are what onnxruntime-genai's mixed mode writes); then a config rule on
     any reader (the widest wins)."""
     s, form = ctx.settings, ctx.profile.weight_only
+    if s.per_channel is False:
+        raise ArgumentError("weight-only grids are per block (--block-size) or per channel (--per-channel): "
+                            "--per-tensor has no weight-only form")
     settings = [ns for ns in (_node_settings(ctx, node) for node, _, _ in readers) if ns is not None]
     bits = max((ns.weight_bits for ns in settings), default=s.weight_bits)
     block = next((ns.weight_block for ns in settings if ns.weight_block), None) or s.weight_block
+    per_channel = s.per_channel is True and block is None
     ruled = [ns for ns in settings if ns.matched_rules]
     if ruled:          # a config rule on a reader decides (the widest reader wins)
         bits = max(ns.weight_bits for ns in ruled)
@@ -191,14 +195,30 @@ def _grid_of(ctx, readers, k):
     if bits not in form.bits:
         raise ArgumentError(f"weight-only weights of {bits} bits: {ctx.profile.name} runs "
                             f"{' or '.join(str(b) for b in form.bits)} bits")
+    if per_channel:
+        return bits, channel_block(form, k), _symmetry(ctx)
     block = block or DEFAULT_BLOCK.get(bits, 32)
     if form.matmul == "MatMulNBits" and block not in NBITS_BLOCKS:
         raise ArgumentError(f"block size {block}: MatMulNBits takes a power of two from 16 to 256")
+    return bits, block, _symmetry(ctx)
+
+
+def channel_block(form, k: int) -> int:
+    """The block of a per-channel grid (one block over the whole reduction axis K): K itself for a
+    DequantizeLinear form; for MatMulNBits, whose block_size is a power of two of at least 16, the next one at or
+    above K (onnxruntime 1.32 runs blocks up to 4096 and longer than K, the tail padded: checked in the tests)."""
+    if form.matmul != "MatMulNBits":
+        return int(k)
+    return max(16, 1 << (int(k) - 1).bit_length())
+
+
+def _symmetry(ctx) -> bool:
+    s, form = ctx.settings, ctx.profile.weight_only
     sym = s.weight_symmetric
     symmetric = (not form.zero_points) if sym is None else bool(sym)
     if not symmetric and not form.zero_points:
         raise ArgumentError(f"{ctx.profile.name} runs weight-only grids without zero points: they are symmetric")
-    return bits, block, symmetric
+    return symmetric
 
 
 def weight_value(g, name: str):

@@ -142,13 +142,19 @@ def write_dq(ctx, job) -> int:
         zero = None if zero is None else zero.T
         axis = 0
     dt = _scale_dtype(value)
+    attrs = {"axis": axis, "block_size": int(grid.block_size)}
+    if job.per_channel:     # one block over K: the per-axis DequantizeLinear (scales along N) every runtime reads
+        n_axis = 1 - axis
+        scale = np.take(scale, 0, axis=axis)
+        zero = None if zero is None else np.take(zero, 0, axis=axis)
+        attrs = {"axis": n_axis}
     q = g.add_constant(np.ascontiguousarray(codes), f"{job.weight}_q")
     s = g.add_constant(np.ascontiguousarray(scale.astype(dt)), f"{job.weight}_scale")
     ins = [q, s] + ([g.add_constant(np.ascontiguousarray(zero), f"{job.weight}_zero_point")] if zero is not None
                     else [])
     first = min((_node_in(g, u.user) for u in value.uses()), key=lambda n: g.nodes.index(n))
     dq = g.add_node("DequantizeLinear", ins, [job.weight + "_dq"], name=f"{job.weight}_dq",
-                    attrs={"axis": axis, "block_size": int(grid.block_size)}, before=first)
+                    attrs=attrs, before=first)
     g.replace_all_uses(value, dq.outputs[0])
     g.drop_if_unused([value])
     return 1
@@ -162,6 +168,11 @@ def job_encoding(job) -> Encoding:
     axis = 1
     if job.rows_axis == 1:
         scale, zp, axis = scale.T, zp.T, 0
+    if job.per_channel:       # one scale per output channel, along the stored N axis
+        return Encoding(scale=np.ascontiguousarray(np.take(scale, 0, axis=axis)),
+                        zero_point=np.ascontiguousarray(np.take(zp, 0, axis=axis).astype(np.int64)), bits=grid.bits,
+                        symmetric=grid.symmetric, signed=False, axis=1 - axis,
+                        meta={"weight_only": True, "algorithm": job.algorithm})
     return Encoding(scale=np.ascontiguousarray(scale), zero_point=np.ascontiguousarray(zp.astype(np.int64)),
                     bits=grid.bits, symmetric=grid.symmetric, signed=False, axis=axis, block_size=grid.block_size,
                     meta={"weight_only": True, "algorithm": job.algorithm})

@@ -340,8 +340,12 @@ SWITCHES: Tuple[Switch, ...] = (
                  "(post_training_tf_enhanced), percentile, entropy (kl), mse"),
             config_key="scheme", setting_default="min_max",
             configures=("calibrate", "assign-encodings", "mixed-precision")),
-    _switch("per_channel", True, _bool, "weights per output channel (True) or per tensor",
-            Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor"),
+    _switch("per_channel", None, _optional(_bool),
+            "weights per output channel (True) or per tensor (None: per channel; weight-only: blocks of "
+            "weight_block, and True asks for one block over each weight's whole reduction axis)",
+            Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor; with "
+                 "--weight-only and no --block-size, --per-channel is one block over the whole reduction axis",
+                 default=None),
             config_key="weights.per_channel",
             configures=("place", "cle")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; qcompiler/quant/core/bitwidths.py)",

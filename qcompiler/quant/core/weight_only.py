@@ -52,6 +52,11 @@ class WeightJob:
         return tuple(kind for _, kind in self.readers)
 
     @property
+    def per_channel(self) -> bool:
+        """One block over the whole reduction axis (`--per-channel` without `--block-size`)."""
+        return self.block_size >= self.k
+
+    @property
     def tied(self) -> bool:
         """Read both as an embedding and as a linear layer: one stored copy serves both."""
         return "gather" in self.kinds and len(self.readers) > 1
@@ -106,6 +111,8 @@ def default_accuracy_level(settings, form) -> int:
 def _layer_entry(j: WeightJob) -> dict:
     e = {"readers": [r for r, _ in j.readers], "shape_nk": [j.n, j.k], "bits": j.bits, "block_size": j.block_size,
          "symmetric": j.symmetric, "algorithm": j.algorithm}
+    if j.per_channel:
+        e["per_channel"] = True
     if j.sqnr_db is not None:
         e["weight_sqnr_db"] = round(float(j.sqnr_db), 2)
     if j.accuracy_level is not None:
