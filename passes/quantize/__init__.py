@@ -12,6 +12,7 @@ from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     encodings,
     float16_islands,
     gptq,
+    head_bits,
     initializer_inputs,
     insert_qdq,
     latency_search,

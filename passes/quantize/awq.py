@@ -331,10 +331,11 @@ def _fold(g, target, factor: np.ndarray) -> None:
     """Multiply the constant at `target` (node, slot, axis) by `factor` along its axis."""
     node, slot, axis = target
     v = node.inputs[slot]
-    arr = np.asarray(v.tensor.numpy(), dtype=np.float32)
+    orig = np.asarray(v.tensor.numpy())
+    arr = orig.astype(np.float32)
     shape = [1] * arr.ndim
     shape[axis] = -1
-    new = (arr * factor.reshape(shape)).astype(arr.dtype)
+    new = (arr * factor.reshape(shape)).astype(orig.dtype)      # a float16 model keeps its float16 constant
     g.set_constant(v, new, writer=node)
 
 

@@ -208,10 +208,14 @@ def gptq_quantize(w: np.ndarray, hessian: np.ndarray, bits: int, block_size: Opt
 
 
 def _grid(grid_fn: GridFn, w_block: np.ndarray) -> tuple:
-    """grid_fn on one block, its scales kept positive and finite (a zero scale would divide by zero)."""
+    """grid_fn on one block, its scales kept finite and non-zero (a zero scale would divide by zero).
+
+    NOTE: a symmetric block grid's scale may be negative (block_grid puts the block's largest magnitude on code
+    -2**(bits-1) whatever its sign); replacing those by TINY cost the symmetric grids (trt's form) all their
+    accuracy: 21 -> 4 dB logits SQNR on the test decoder."""
     scale, zp = grid_fn(w_block)
     scale = np.asarray(scale, np.float32)
-    return np.where(np.isfinite(scale) & (scale > 0), scale, np.float32(TINY)), zp
+    return np.where(np.isfinite(scale) & (scale != 0), scale, np.float32(TINY)), zp
 
 
 def _column_error_powers(w, q, scales, zps, b, rows: int = 1024) -> np.ndarray:

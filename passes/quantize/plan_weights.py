@@ -1,9 +1,9 @@
 """`plan-weights`: the weight-only plan: every MatMul/Gemm weight and embedding the target can run narrow.
 
-A weight qualifies when it is a rank-2 float initializer read as the second input of a MatMul, the weight of a
-Gemm (alpha 1, transA 0), through a `Transpose(perm=[1, 0])` by a MatMul (the tied head exporters write as
-`MatMul(x, Transpose(embedding))`), or as the table of a `Gather(axis=0)` (an embedding) when the target has a
-quantized Gather. A weight several nodes read is ONE job: a tied embedding and head share one stored copy, so the
+A weight qualifies when it is a rank-2 float initializer (of the main graph or an If/Loop/Scan body) read as the
+second input of a MatMul, the weight of a Gemm (any alpha, beta, transA and bias C), through a
+`Transpose(perm=[1, 0])` by a MatMul (the tied head exporters write as `MatMul(x, Transpose(embedding))`), or as
+the table of a `Gather(axis=0)` (an embedding) when the target has a quantized Gather. A weight several nodes read is ONE job: a tied embedding and head share one stored copy, so the
 file holds it once (onnxruntime's own quantizer leaves such a head float; folding the Transpose into a second
 copy doubled it). What stays float says why: another reader that needs the float tensor, an orientation two
 readers disagree on, a Gemm attribute the narrow kernel does not take, an excluded node, a width the target
@@ -70,14 +70,8 @@ def weight_reads(g, bodies: bool = True):
             w = _weight(node.inputs[1])
             if w is None:
                 continue
-            why = ""
-            if node.attr("transA", 0) or float(node.attr("alpha", 1.0)) != 1.0:
-                why = "Gemm with transA or alpha != 1 (the narrow kernel computes x @ W^T only)"
-            elif len(node.inputs) > 2 and node.inputs[2] is not None:
-                c = node.inputs[2]
-                if float(node.attr("beta", 1.0)) != 1.0 or c.shape is None or len(c.shape) > 1:
-                    why = "Gemm whose bias is not a vector added once (beta != 1 or a 2-D C)"
-            out.append((w, node, "gemm_t" if node.attr("transB", 0) else "gemm", why))
+            # transA, alpha, beta and a C of any broadcastable shape: the writer adds a Transpose, a Mul, an Add
+            out.append((w, node, "gemm_t" if node.attr("transB", 0) else "gemm", ""))
         elif node.op_type == "Gather" and node.domain in ("", "ai.onnx") and len(node.inputs) == 2:
             w = _weight(node.inputs[0])
             if w is not None and int(node.attr("axis", 0)) in (0, -2):
@@ -108,10 +102,10 @@ def build_weight_plan(ctx) -> WeightOnlyPlan:
             continue
         rows_axis = ROWS_AXIS[readers[0][1]]
         n, k = int(w.shape[rows_axis]), int(w.shape[1 - rows_axis])
-        bits, block, symmetric = _grid_of(ctx, readers, k)
+        bits, block, symmetric, end, per_channel = _grid_of(ctx, readers, k)
         job = WeightJob(weight=name, n=n, k=k, bits=bits, block_size=block, symmetric=symmetric,
                         readers=[(node.name, "gemm" if kind == "gemm_t" else kind) for node, kind, _ in readers],
-                        rows_axis=rows_axis)
+                        rows_axis=rows_axis, end=end, per_channel=per_channel)
         bodies = sorted({f"{o.op_type} '{o.name[:60]}'" for o in map(body_owner, (r[0] for r in readers)) if o})
         if bodies:
             job.body = ", ".join(bodies)
@@ -171,11 +165,12 @@ def is_head(node) -> bool:
 
 
 def _grid_of(ctx, readers, k):
-    """(bits, block size, symmetric) for a weight: the switches; the width of the model's ends, the logits head
+    """(bits, block size, symmetric, end, per_channel) for a weight: the switches; the width of the model's ends, the logits head
     and the token embedding (`head_bits`, default 8 when the weights are narrower: on the test decoders a 4-bit
     head or embedding costs more logits SQNR than all the 4-bit layers between them, onnxruntime's quantizer
     leaves both float, and 8-bit heads are what onnxruntime-genai's mixed mode writes); then a config rule on
-    any reader (the widest wins)."""
+    any reader (the widest wins). `end`: the head/embedding rule gave its width (measure-head-bits may revise
+    it on calibration data)."""
     s, form = ctx.settings, ctx.profile.weight_only
     if s.per_channel is False:
         raise ArgumentError("weight-only grids are per block (--block-size) or per channel (--per-channel): "
@@ -185,22 +180,24 @@ def _grid_of(ctx, readers, k):
     block = next((ns.weight_block for ns in settings if ns.weight_block), None) or s.weight_block
     per_channel = s.per_channel is True and block is None
     ruled = [ns for ns in settings if ns.matched_rules]
+    end = False
     if ruled:          # a config rule on a reader decides (the widest reader wins)
         bits = max(ns.weight_bits for ns in ruled)
         block = next((ns.weight_block for ns in ruled if ns.weight_bits == bits and ns.weight_block), block)
     elif any(kind == "gather" or is_head(node) for node, kind, _ in readers):
         head = s.head_bits if s.head_bits is not None else max(bits, 8)
+        end = s.head_bits is None and head != bits
         if head != bits:
             bits, block = head, None
     if bits not in form.bits:
         raise ArgumentError(f"weight-only weights of {bits} bits: {ctx.profile.name} runs "
                             f"{' or '.join(str(b) for b in form.bits)} bits")
     if per_channel:
-        return bits, channel_block(form, k), _symmetry(ctx)
+        return bits, channel_block(form, k), _symmetry(ctx), end, True
     block = block or DEFAULT_BLOCK.get(bits, 32)
     if form.matmul == "MatMulNBits" and block not in NBITS_BLOCKS:
         raise ArgumentError(f"block size {block}: MatMulNBits takes a power of two from 16 to 256")
-    return bits, block, _symmetry(ctx)
+    return bits, block, _symmetry(ctx), end, False
 
 
 def channel_block(form, k: int) -> int:

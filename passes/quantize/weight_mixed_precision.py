@@ -80,14 +80,14 @@ def weights_as_inputs(model, names) -> onnx.ModelProto:
 class Evaluator:
     """Runs the float model with chosen weights replaced, on the kept samples; measures the drop."""
 
-    def __init__(self, ctx, jobs: List[WeightJob], samples: list):
+    def __init__(self, ctx, jobs: List[WeightJob], samples: list, metric=None):
         g = ctx.model.graph
         self.values = {j.weight: weight_value(g, j.weight) for j in jobs}
         self.floats = {n: np.asarray(v.tensor.numpy_uncached()) for n, v in self.values.items()}
         self.session = create_session(weights_as_inputs(ctx.model, self.floats), role="float")
         self.outputs = [v.name for v in g.outputs]
         self.samples = samples
-        self.metric = ctx.settings.metric
+        self.metric = metric
         self.reference = self.run({}, range(len(samples)))
         self.evaluations = 0
 
@@ -120,7 +120,17 @@ class Evaluator:
                 from None
 
 
-def _candidate_job(ctx, job: WeightJob, bits: int) -> WeightJob:
+def first_samples(ctx, n: int) -> list:
+    """The first `n` calibration samples as feed dicts (the search reads each many times)."""
+    out = []
+    for i, feed in enumerate(ctx.samples):
+        if i >= n:
+            break
+        out.append(dict(feed))
+    return out
+
+
+def candidate_job(ctx, job: WeightJob, bits: int) -> WeightJob:
     """`job` at `bits`: its own grid at its own width, else a round-to-nearest grid at that width's block."""
     if bits == job.bits:
         return job
@@ -130,12 +140,14 @@ def _candidate_job(ctx, job: WeightJob, bits: int) -> WeightJob:
     else:
         block = s.weight_block or DEFAULT_BLOCK.get(bits, 32)
     alt = WeightJob(weight=job.weight, n=job.n, k=job.k, bits=bits, block_size=block, symmetric=job.symmetric,
-                    readers=list(job.readers), rows_axis=job.rows_axis, body=job.body, algorithm="rtn")
+                    readers=list(job.readers), rows_axis=job.rows_axis, body=job.body, algorithm="rtn",
+                    per_channel=job.per_channel, end=job.end)
     alt.grid = grid_job(alt, stored_nk(alt, weight_value(ctx.model.graph, job.weight)))
     return alt
 
 
-def _dequantized(job: WeightJob, like: np.ndarray) -> np.ndarray:
+def dequantized(job: WeightJob, like: np.ndarray) -> np.ndarray:
+    """The job's grid as a float tensor in the weight's stored layout and dtype (what the kernel computes with)."""
     w = job.grid.dequantize()
     w = w if job.rows_axis == 0 else w.T
     return np.ascontiguousarray(w.astype(like.dtype))
@@ -146,11 +158,7 @@ class WeightSearch:
         plan = ctx.weight_plan
         self.ctx, self.budget = ctx, budget
         self.jobs = list(plan.jobs.values())
-        samples = []
-        for i, feed in enumerate(ctx.samples):
-            if i >= (ctx.settings.limit or MAX_SAMPLES):
-                break
-            samples.append(dict(feed))
+        samples = first_samples(ctx, ctx.settings.limit or MAX_SAMPLES)
         if not samples:
             raise ConfigError("--max-drop needs calibration samples: the calibration data has none")
         self.samples = samples
@@ -163,17 +171,17 @@ class WeightSearch:
         self.cands: Dict[str, Dict[str, WeightJob]] = {}
         self.cost: Dict[str, Dict[str, int]] = {}
         for j in self.jobs:
-            self.cands[j.weight] = {f"W{b}": _candidate_job(ctx, j, b) for b in widths}
+            self.cands[j.weight] = {f"W{b}": candidate_job(ctx, j, b) for b in widths}
             self.cost[j.weight] = {c: (self.cands[j.weight][c].stored_bytes() if c != FLOAT else j.float_bytes())
                                    for c in self.names}
-        self.ev = Evaluator(ctx, self.jobs, samples)
+        self.ev = Evaluator(ctx, self.jobs, samples, ctx.settings.metric)
         self.deq: Dict[tuple, np.ndarray] = {}
 
     def weights(self, assignment: Dict[str, str]) -> Dict[str, np.ndarray]:
         out = {}
         for name, c in assignment.items():
             if c != FLOAT:
-                out[name] = _dequantized(self.cands[name][c], self.ev.floats[name])
+                out[name] = dequantized(self.cands[name][c], self.ev.floats[name])
         return out
 
     def sensitivity(self) -> Dict[str, Dict[str, float]]:

@@ -88,19 +88,42 @@ def write_nbits(ctx, job) -> int:
             attrs = dict(packed["attrs"])
             if level:
                 attrs["accuracy_level"] = int(level)
-            new = ng.add_node("MatMulNBits", [node.inputs[0], b, scales] + ([zps] if zps is not None else []),
-                             [node.outputs[0].name + "_q"], attrs=attrs, name=f"{node.name}_nbits", domain=MS,
-                             before=node)
+            a = node.inputs[0]
+            if kind == "gemm" and node.attr("transA", 0):
+                a = ng.add_node("Transpose", [a], [a.name + "_t"], attrs={"perm": [1, 0]}, name=f"{node.name}_a_t",
+                                before=node).outputs[0]
+            new = ng.add_node("MatMulNBits", [a, b, scales] + ([zps] if zps is not None else []),
+                              [node.outputs[0].name + "_q"], attrs=attrs, name=f"{node.name}_nbits", domain=MS,
+                              before=node)
             out = new.outputs[0]
-            if kind == "gemm" and len(node.inputs) > 2 and node.inputs[2] is not None:
-                out = ng.add_node("Add", [out, node.inputs[2]], [node.outputs[0].name + "_bias"],
-                                 name=f"{node.name}_bias", before=node).outputs[0]
+            if kind == "gemm":
+                out = _gemm_epilogue(ng, node, out, dt)
             ng.substitute(node.outputs[0], out, remove=[node])
             if transpose is not None and not transpose.outputs[0].uses():
                 transpose.graph.remove_node(transpose)
         written += 1
     g.drop_if_unused([value])
     return written
+
+
+def _gemm_epilogue(g, node, out, dt):
+    """What a Gemm adds to x @ W^T: alpha (a Mul), then beta * C (an Add; C of any shape Gemm broadcasts to
+    [M, N], which Add broadcasts the same way; beta folded into a constant C, else a Mul)."""
+    alpha, beta = float(node.attr("alpha", 1.0)), float(node.attr("beta", 1.0))
+    if alpha != 1.0:
+        out = g.add_node("Mul", [out, g.add_constant(np.array(alpha, dt), f"{node.name}_alpha")],
+                         [node.outputs[0].name + "_alpha"], name=f"{node.name}_alpha", before=node).outputs[0]
+    c = node.inputs[2] if len(node.inputs) > 2 else None
+    if c is None or beta == 0.0:
+        return out
+    if beta != 1.0:
+        if c.tensor is not None:
+            c = g.add_constant(np.asarray(c.tensor.numpy() * beta).astype(c.tensor.numpy().dtype), f"{c.name}_beta")
+        else:
+            c = g.add_node("Mul", [c, g.add_constant(np.array(beta, dt), f"{node.name}_beta")],
+                           [c.name + "_beta"], name=f"{node.name}_beta", before=node).outputs[0]
+    return g.add_node("Add", [out, c], [node.outputs[0].name + "_bias"], name=f"{node.name}_bias",
+                      before=node).outputs[0]
 
 
 def dq_form(grid, signed: bool):

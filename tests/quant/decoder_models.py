@@ -155,3 +155,29 @@ def decoder_with_bodies(vocab: int = 96, hidden: int = 64, inter: int = 128, seq
     feeds = [{"input_ids": rng.integers(0, vocab, (1, seq)).astype(np.int64), "use_mlp": np.array(i % 2 == 0)}
              for i in range(samples)]
     return model, feeds
+
+
+def gemm_mlp(rows: int = 6, hidden: int = 64, inter: int = 128, samples: int = 6, seed: int = 0, dtype=np.float32):
+    """Every Gemm form older exporters write for a Linear, on flattened tokens x [rows, hidden]:
+    up: Gemm(x, W [inter, hidden], C [1, inter], transB=1) -> Relu -> down: Gemm(h, W [inter, hidden],
+    C [rows, hidden] (a full 2-D bias), alpha 0.5, beta 2) -> a Gemm with transA=1 on the transposed result ->
+    out [rows, hidden]. Returns (ModelProto, feeds)."""
+    rng = np.random.default_rng(seed)
+    elem = T.FLOAT16 if dtype == np.float16 else T.FLOAT
+    inits = [numpy_helper.from_array(a.astype(dtype), n) for n, a in (
+        ("up.weight", _w(rng, (inter, hidden))), ("up.bias", 0.1 * rng.standard_normal((1, inter))),
+        ("down.weight", _w(rng, (inter, hidden))), ("down.bias", 0.1 * rng.standard_normal((rows, hidden))),
+        ("out.weight", _w(rng, (hidden, hidden))), ("out.bias", 0.1 * rng.standard_normal(hidden)))]
+    nodes = [helper.make_node("Gemm", ["x", "up.weight", "up.bias"], ["up"], name="up", transB=1),
+             helper.make_node("Relu", ["up"], ["act"], name="act"),
+             helper.make_node("Gemm", ["act", "down.weight", "down.bias"], ["down"], name="down", alpha=0.5,
+                              beta=2.0),
+             helper.make_node("Transpose", ["down"], ["down_t"], name="down_t", perm=[1, 0]),
+             helper.make_node("Gemm", ["down_t", "out.weight", "out.bias"], ["y"], name="out", transA=1)]
+    graph = helper.make_graph(nodes, "gemm_mlp", [helper.make_tensor_value_info("x", elem, [rows, hidden])],
+                              [helper.make_tensor_value_info("y", elem, [rows, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    feeds = [{"x": rng.standard_normal((rows, hidden)).astype(dtype)} for _ in range(samples)]
+    return model, feeds

@@ -38,8 +38,9 @@ def input_groups(ctx, jobs=None) -> Dict[str, list]:
         for node_name, kind in job.readers:
             if kind not in LINEAR_KINDS or node_name not in nodes:
                 continue
-            x = nodes[node_name].inputs[0]
-            if x is None:
+            node = nodes[node_name]
+            x = node.inputs[0]
+            if x is None or (node.op_type == "Gemm" and node.attr("transA", 0)):   # rows are x's columns there
                 continue
             members = groups.setdefault(x.name, [])
             if job not in members:

@@ -38,7 +38,7 @@ DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibra
 # outputs for the report come from `reference-outputs` (nothing without calibration data)
 WEIGHT_ONLY_PREPARE = ("initializers-as-constants", "inline-functions", "constant-to-initializer", "canonicalize")
 WEIGHT_ONLY_PIPELINE = WEIGHT_ONLY_PREPARE + ("convert-opset", "reference-outputs", "plan-weights", "weight-grid",
-                                              "check-accuracy-level", "write-weights", "measure-sqnr")
+                                              "measure-head-bits", "check-accuracy-level", "write-weights", "measure-sqnr")
 START_FACTS = ("model", "quant-context")
 # a switch's pass that weight-only runs as another (activations float: the plan differs)
 WEIGHT_ONLY_VARIANTS = {"mixed-precision": "weight-mixed-precision"}

@@ -45,16 +45,13 @@ class WeightJob:
     input_scale: Optional[np.ndarray] = None   # AWQ: W's columns were multiplied by this (inputs divided)
     accuracy_level: Optional[int] = None       # MatMulNBits' accuracy_level, when measured per node
     body: str = ""                  # the If/Loop/Scan node(s) whose body reads it ("" in the main graph)
+    end: bool = False               # the logits head or token embedding, widened by the head rule (head_bits)
+    per_channel: bool = False       # one block over the whole reduction axis (`--per-channel`, no block size)
     notes: List[str] = field(default_factory=list)
 
     @property
     def kinds(self) -> tuple:
         return tuple(kind for _, kind in self.readers)
-
-    @property
-    def per_channel(self) -> bool:
-        """One block over the whole reduction axis (`--per-channel` without `--block-size`)."""
-        return self.block_size >= self.k
 
     @property
     def tied(self) -> bool:
