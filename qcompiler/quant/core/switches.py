@@ -347,7 +347,7 @@ SWITCHES: Tuple[Switch, ...] = (
                  "--weight-only and no --block-size, --per-channel is one block over the whole reduction axis",
                  default=None),
             config_key="weights.per_channel",
-            configures=("place", "cle")),
+            configures=("place", "cle", "plan-weights")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; qcompiler/quant/core/bitwidths.py)",
             Flag(("--weight-bits",), type=int, show_default=True), config_key="weights.bits",
             configures=("place", "cle")),
@@ -377,7 +377,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "None: 8 when weight_bits is below 8 (they carry most of a 4-bit model's error)",
             Flag(("--head-bits",), "weight-only: bits of the logits head and the token embedding (default: 8 "
                  "when --weight-bits is 4)", type=int),
-            configures=("plan-weights",)),
+            configures=("plan-weights", "measure-head-bits")),
     _switch("accuracy_level", None, _optional(_int(0, 4)),
             "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
             "activations inside the kernel, checked per MatMul on the calibration data; 0: float)",
@@ -478,7 +478,7 @@ SWITCHES: Tuple[Switch, ...] = (
                  "qcompiler.passes.quantize.mixed_precision.search); a table is printed, a Pareto PNG written beside --report",
                  metavar="X%"),
             enables="mixed-precision",
-            configures=("mixed-precision",)),
+            configures=("mixed-precision", "weight-mixed-precision")),
     _switch("metric", None, _metric,
             "the mixed-precision search's `metric(outputs, reference) -> score` (default: relative output error)",
             api_only="a Python callable",
