@@ -7,20 +7,26 @@ measures, on the first HEAD_SAMPLES samples, the output SQNR of the whole planne
 grid) with each end at its rule's width and at `--weight-bits`, and keeps the narrower width only where it
 costs less than HEAD_COST_DB of output SQNR; the layer's note in the report gives both figures. It does
 nothing when `--head-bits` or a config rule set the width, under `--max-drop` (that search chooses every
-width, the ends included), without calibration data, or above MEASURE_MAX_BYTES of planned weights (the
-measure holds them twice in float: the rule stands, and the notes say so).
+width, the ends included), without calibration data, or above weight_mixed_precision's MAX_MODEL_BYTES of
+weights (its evaluation model is one ModelProto: the rule stands, and the notes say so).
 """
 from __future__ import annotations
 
 import math
 
-from qcompiler.passes.quantize.weight_mixed_precision import Evaluator, candidate_job, dequantized, first_samples
+from qcompiler.passes.quantize.weight_mixed_precision import (
+    MAX_MODEL_BYTES,
+    Evaluator,
+    candidate_job,
+    dequantized,
+    first_samples,
+    measurable,
+)
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core.context import QuantPass
 
 HEAD_COST_DB = 0.5        # a narrower head must cost less than this much output SQNR
 HEAD_SAMPLES = 16
-MEASURE_MAX_BYTES = 2 << 30
 
 
 def _db(drop: float) -> float:
@@ -43,8 +49,8 @@ class MeasureHeadBits(QuantPass):
         if ctx.samples is None:
             ctx.notes.append(f"{rule} (no calibration data to measure a {s.weight_bits}-bit head on)")
             return PassResult(False, {"measured": 0})
-        if sum(j.float_bytes() for j in plan.jobs.values()) > MEASURE_MAX_BYTES:
-            ctx.notes.append(f"{rule} (not measured: over {MEASURE_MAX_BYTES >> 30} GiB of weights)")
+        if not measurable(ctx):
+            ctx.notes.append(f"{rule} (not measured: over {MAX_MODEL_BYTES >> 20} MiB of weights)")
             return PassResult(False, {"measured": 0})
         jobs = list(plan.jobs.values())
         samples = first_samples(ctx, HEAD_SAMPLES)

@@ -17,8 +17,8 @@ evaluation feeds the weights it wants (float, or dequantized from a candidate gr
    the greedy sees shrinks to what the measurement shows and it runs again (MAX_VERIFICATIONS at most); all
    float is always within. The cheapest verified assignment wins.
 The planned grid (round-to-nearest, or GPTQ's when it ran) is kept at its own width; the other width gets a
-round-to-nearest grid. The search holds the weights in float and one candidate's codes: it is for models that
-fit in memory twice (a 0.5 B decoder: ~4 GB). Its measure is at float activations (MatMulNBits
+round-to-nearest grid. The search holds the weights in float and one candidate's codes, and its session is one
+ModelProto: models up to MAX_MODEL_BYTES of weights (a larger one is a one-line error). Its measure is at float activations (MatMulNBits
 accuracy_level 0); check-accuracy-level runs after it.
 """
 from __future__ import annotations
@@ -41,12 +41,20 @@ from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.progress import bar
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.core.weight_only import WeightJob
+from qcompiler.quant.runtime.memory import weight_bytes
 
 FLOAT = "float"
 MAX_SAMPLES = 32          # kept calibration samples the search measures on
 HOLDOUT_MIN = 8           # with this many samples or more, every other one is held out of the search
 MAX_VERIFICATIONS = 6
 EPS = 1e-12
+# the evaluation model is one in-memory ModelProto (weights as inputs): protobuf serializes at most 2 GB
+MAX_MODEL_BYTES = 1536 << 20
+
+
+def measurable(ctx) -> bool:
+    """Whether the evaluation model fits one ModelProto (below MAX_MODEL_BYTES of initializers)."""
+    return weight_bytes(ctx.model) <= MAX_MODEL_BYTES
 
 
 def _graphs(gp):
@@ -317,6 +325,10 @@ class WeightMixedPrecision(QuantPass):
             raise ConfigError("--max-drop measures the drop on calibration data: give --calib")
         if not ctx.weight_plan.jobs:
             return PassResult(False, {"weights": 0})
+        if not measurable(ctx):
+            raise ConfigError(f"--max-drop with --weight-only measures on an in-memory copy of the model, up to "
+                              f"{MAX_MODEL_BYTES >> 20} MiB of weights; this one has {weight_bytes(ctx.model) >> 20} "
+                              f"MiB: give widths by a config rule (weights.bits) or --head-bits instead")
         search = WeightSearch(ctx, s.max_drop)
         res = search.run()
         apply_choice(ctx, search, res)

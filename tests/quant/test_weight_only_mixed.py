@@ -121,3 +121,16 @@ def test_per_channel_weight_only_is_one_block_per_row(bits, target):
         blocked = quantize(model, None, weight_only=True, weight_bits=4, target=target, progress=False)
         assert logits_sqnr(ref, run(model_to_proto(blocked.model), feeds)) > db
         assert op_count(model_to_proto(blocked.model), "MatMul") == op_count(q, "MatMul")
+
+
+def test_models_too_large_to_measure_say_so(monkeypatch):
+    """The measures run one in-memory model: above its size --max-drop is one line, the head keeps its rule."""
+    from qcompiler.errors import ConfigError
+    from qcompiler.passes.quantize import weight_mixed_precision
+    model, feeds = decoder(seed=1)
+    monkeypatch.setattr(weight_mixed_precision, "MAX_MODEL_BYTES", 1000)
+    with pytest.raises(ConfigError, match="in-memory copy of the model"):
+        quantize(model, feeds, weight_only=True, weight_bits=4, max_drop=0.05, progress=False)
+    res = quantize(model, feeds, weight_only=True, weight_bits=4, progress=False)
+    assert any("not measured" in n for n in res.report["notes"])
+    assert res.report["weight_only"]["layers"]["embed.weight"]["bits"] == 8
