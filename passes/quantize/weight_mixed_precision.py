@@ -277,9 +277,9 @@ def apply_choice(ctx, search: WeightSearch, res: dict) -> None:
             del plan.jobs[name]
             if name in plan.layer_order:
                 plan.layer_order.remove(name)
-            alone = ", ".join(f"{k} {100 * table[name][k]:.3g} %" for k in search.names[:-1])
-            plan.left_float[name] = (f"--max-drop: kept float (alone it drops {alone}; budget "
-                                     f"{100 * search.budget:.3g} %)")
+            plan.left_float[name] = (f"--max-drop: kept float (no narrower width fit the budget of "
+                                     f"{100 * search.budget:.3g} % with the other weights; the mixed-precision "
+                                     f"table gives its drop alone)")
             continue
         cand = search.cands[name][c]
         if cand is not job:
