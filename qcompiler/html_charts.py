@@ -1,0 +1,157 @@
+"""Static SVG charts for the HTML report, drawn by matplotlib (the `html` extra) and embedded as data: URIs.
+
+A data: URI image keeps the page one file that makes no network request, and it isolates each chart: matplotlib's
+SVG carries a global `*{...}` style and element ids (`figure_1`, glyph and clip-path ids) that would clash
+between several charts inlined in one page. Text is drawn as paths (`svg.fonttype: path`), so no font is loaded;
+mathtext is off (`text.parse_math`), so a node name holding `$` is drawn as it is and never parsed.
+"""
+from __future__ import annotations
+
+import base64
+import io
+import math
+import re
+from typing import Iterable, List, Optional
+
+from qcompiler.passes.quantize.mixed_precision.plot import pareto_figure
+
+CHART_RC = {"text.parse_math": False, "svg.fonttype": "path", "svg.hashsalt": "qcompiler", "font.size": 8}
+LABEL_CHARS = 48            # a marked layer's name on a chart is cut to this many characters
+GRID_COLOURS = {0: "#c8c8c8", 4: "#7b3294", 8: "#2c7bb6", 16: "#1a9641"}   # float, int4, int8, int16
+KERNEL_COLOURS = {True: "#404040", False: "#ececec"}
+
+
+def _figure(width: float, height: float):
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+    return Figure(figsize=(width, height), dpi=100)
+
+
+def _rc():
+    import matplotlib
+    return matplotlib.rc_context(CHART_RC)
+
+
+def data_uri(fig) -> str:
+    """The figure as an SVG data: URI (no metadata: matplotlib's names its web site in it)."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", metadata={"Creator": None, "Date": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]          # the DOCTYPE names the W3C's DTD by URL: not needed by any browser
+    return "data:image/svg+xml;base64," + base64.b64encode(svg.encode("utf-8")).decode("ascii")
+
+
+def db_number(v) -> Optional[float]:
+    """A dB figure from a report (a number, "inf", None) as a float, or None when there is none."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, (int, float)):
+        return float(v) if not math.isnan(v) else None
+    if isinstance(v, str) and v.strip().lstrip("+-") in ("inf", "Infinity"):
+        return -math.inf if v.strip().startswith("-") else math.inf
+    return None
+
+
+def _short(name) -> str:
+    s = str(name)
+    return s if len(s) <= LABEL_CHARS else s[:LABEL_CHARS - 1] + "…"
+
+
+def sqnr_chart(values: List[dict], marked: Iterable[int]) -> str:
+    """Per-value SQNR in graph order: with the quantizers up to it (`sqnr_db`) and that quantizer alone
+    (`alone_sqnr_db`); the entries at indices `marked` (of `values`, already in graph order) are red and named.
+    An exact value (infinite SQNR) is drawn at the top edge."""
+    with _rc():
+        fig = _figure(10, 3.6)
+        ax = fig.add_subplot(1, 1, 1)
+        ys = [db_number(v.get("sqnr_db")) for v in values]
+        alone = [db_number(v.get("alone_sqnr_db")) for v in values]
+        finite = [y for y in ys + alone if y is not None and math.isfinite(y)]
+        top = (max(finite) if finite else 60.0) + 5.0
+        bottom = min(finite) if finite else 0.0
+
+        def shown(y):
+            if y is None:
+                return math.nan
+            return top if y == math.inf else (bottom - 5.0 if y == -math.inf else y)
+        xs = list(range(len(values)))
+        ax.plot(xs, [shown(y) for y in ys], color="#2c7bb6", lw=1, marker=".", ms=3,
+                label="SQNR with every quantizer up to it")
+        if any(a is not None for a in alone):
+            ax.plot(xs, [shown(a) for a in alone], color="#fdae61", lw=0.8, marker=".", ms=2,
+                    label="that quantizer alone")
+        marked = [i for i in marked if 0 <= i < len(values)]
+        if marked:
+            ax.scatter(marked, [shown(ys[i]) for i in marked], s=40, color="#d7191c", zorder=3, label="worst")
+            for rank, i in enumerate(sorted(marked, key=lambda i: shown(ys[i]))):
+                ax.annotate(_short(values[i].get("name", "")), (i, shown(ys[i])), fontsize=7, color="#d7191c",
+                            xytext=(4, -10 - 9 * (rank % 3)), textcoords="offset points")
+        ax.set_xlabel("value, in graph order")
+        ax.set_ylabel("SQNR (dB)")
+        ax.set_ylim(bottom - 8.0, top + 2.0)
+        ax.grid(True, axis="y", color="#e0e0e0", lw=0.5)
+        ax.legend(fontsize=7, loc="lower left")
+        fig.subplots_adjust(left=0.06, right=0.99, bottom=0.14, top=0.97)
+        return data_uri(fig)
+
+
+def grid_bits(text) -> int:
+    """Bits of a grid as report['layers'] writes it ("int8 per-channel (axis 0) [...]" -> 8); 0 for float."""
+    m = re.match(r"u?int(\d+)", str(text))
+    return int(m.group(1)) if m else 0
+
+
+def precision_chart(rows: List[dict]) -> str:
+    """The plan in graph order without debug data: per layer, its weight grid, its output grid and (when the
+    report measured kernels) whether onnxruntime runs it on an integer kernel. `rows`: dicts with `weight_bits`,
+    `output_bits` (None: none) and `integer` (None: not measured)."""
+    with _rc():
+        fig = _figure(10, 1.9)
+        ax = fig.add_subplot(1, 1, 1)
+        lanes = [("weights", "weight_bits"), ("output", "output_bits")]
+        if any(r.get("integer") is not None for r in rows):
+            lanes.append(("kernel", "integer"))
+        for lane, (_, key) in enumerate(reversed(lanes)):
+            for i, r in enumerate(rows):
+                v = r.get(key)
+                if v is None:
+                    continue
+                colour = KERNEL_COLOURS[bool(v)] if key == "integer" else GRID_COLOURS.get(v, "#fdae61")
+                ax.broken_barh([(i, 0.9)], (lane + 0.1, 0.8), facecolors=colour)
+        ax.set_yticks([k + 0.5 for k in range(len(lanes))], [name for name, _ in reversed(lanes)])
+        ax.set_xlim(0, max(len(rows), 1))
+        ax.set_ylim(0, len(lanes))
+        ax.set_xlabel("layer (#), in graph order")
+        from matplotlib.patches import Patch
+        handles = [Patch(color=c, label="float" if b == 0 else f"{b}-bit") for b, c in GRID_COLOURS.items()]
+        if len(lanes) == 3:
+            handles += [Patch(color=KERNEL_COLOURS[True], label="integer kernel"),
+                        Patch(color=KERNEL_COLOURS[False], label="float kernel")]
+        ax.legend(handles=handles, fontsize=7, ncol=len(handles), loc="upper center", bbox_to_anchor=(0.5, 1.32),
+                  frameon=False)
+        fig.subplots_adjust(left=0.07, right=0.99, bottom=0.25, top=0.8)
+        return data_uri(fig)
+
+
+def timing_chart(passes: List[dict]) -> str:
+    """Wall seconds of each pass run, in pipeline order."""
+    with _rc():
+        fig = _figure(7, 0.6 + 0.18 * max(len(passes), 1))
+        ax = fig.add_subplot(1, 1, 1)
+        names = [_short(p.get("name", "")) for p in passes]
+        secs = [p.get("seconds") if isinstance(p.get("seconds"), (int, float)) else 0.0 for p in passes]
+        ys = list(range(len(passes)))[::-1]
+        ax.barh(ys, secs, color="#2c7bb6", height=0.7)
+        ax.set_yticks(ys, names)
+        ax.set_xlabel("seconds")
+        ax.grid(True, axis="x", color="#e0e0e0", lw=0.5)
+        fig.subplots_adjust(left=0.28, right=0.98, bottom=0.5 / (0.6 + 0.18 * max(len(passes), 1)), top=0.98)
+        return data_uri(fig)
+
+
+def pareto_chart(mp: dict) -> Optional[str]:
+    """The mixed-precision search's Pareto plot (the same figure as REPORT.pareto.png)."""
+    with _rc():
+        fig = pareto_figure(mp)
+        return None if fig is None else data_uri(fig)
