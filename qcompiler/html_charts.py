@@ -109,6 +109,8 @@ def precision_chart(rows: List[dict]) -> str:
     with _rc():
         fig = _figure(10, 1.9)
         ax = fig.add_subplot(1, 1, 1)
+        from matplotlib.patches import Patch
+        from matplotlib.ticker import MaxNLocator
         lanes = [("weights", "weight_bits"), ("output", "output_bits")]
         if any(r.get("integer") is not None for r in rows):
             lanes.append(("kernel", "integer"))
@@ -121,9 +123,9 @@ def precision_chart(rows: List[dict]) -> str:
                 ax.broken_barh([(i, 0.9)], (lane + 0.1, 0.8), facecolors=colour)
         ax.set_yticks([k + 0.5 for k in range(len(lanes))], [name for name, _ in reversed(lanes)])
         ax.set_xlim(0, max(len(rows), 1))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, len(lanes))
         ax.set_xlabel("layer (#), in graph order")
-        from matplotlib.patches import Patch
         handles = [Patch(color=c, label="float" if b == 0 else f"{b}-bit") for b, c in GRID_COLOURS.items()]
         if len(lanes) == 3:
             handles += [Patch(color=KERNEL_COLOURS[True], label="integer kernel"),
