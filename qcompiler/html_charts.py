@@ -16,7 +16,7 @@ from typing import Iterable, List, Optional
 from qcompiler.passes.quantize.mixed_precision.plot import pareto_figure
 
 CHART_RC = {"text.parse_math": False, "svg.fonttype": "path", "svg.hashsalt": "qcompiler", "font.size": 8}
-LABEL_CHARS = 48            # a marked layer's name on a chart is cut to this many characters
+LABEL_CHARS = 36            # a marked layer's name on a chart is cut to this many characters
 GRID_COLOURS = {0: "#c8c8c8", 4: "#7b3294", 8: "#2c7bb6", 16: "#1a9641"}   # float, int4, int8, int16
 KERNEL_COLOURS = {True: "#404040", False: "#ececec"}
 
@@ -60,8 +60,8 @@ def _short(name) -> str:
 
 def sqnr_chart(values: List[dict], marked: Iterable[int]) -> str:
     """Per-value SQNR in graph order: with the quantizers up to it (`sqnr_db`) and that quantizer alone
-    (`alone_sqnr_db`); the entries at indices `marked` (of `values`, already in graph order) are red and named.
-    An exact value (infinite SQNR) is drawn at the top edge."""
+    (`alone_sqnr_db`); the entries at indices `marked` (of `values`, already in graph order; worst first) are red,
+    numbered and named. An exact value (infinite SQNR) is a triangle at the top edge."""
     with _rc():
         fig = _figure(10, 3.6)
         ax = fig.add_subplot(1, 1, 1)
@@ -76,17 +76,26 @@ def sqnr_chart(values: List[dict], marked: Iterable[int]) -> str:
                 return math.nan
             return top if y == math.inf else (bottom - 5.0 if y == -math.inf else y)
         xs = list(range(len(values)))
-        ax.plot(xs, [shown(y) for y in ys], color="#2c7bb6", lw=1, marker=".", ms=3,
-                label="SQNR with every quantizer up to it")
+        line = [shown(y) if y is None or math.isfinite(y) else math.nan for y in ys]
+        ax.plot(xs, line, color="#2c7bb6", lw=1, marker=".", ms=3, label="SQNR with every quantizer up to it")
+        exact = [i for i, y in enumerate(ys) if y == math.inf]
+        if exact:
+            ax.scatter(exact, [top] * len(exact), marker="^", s=14, color="#2c7bb6", label="exact (no error)")
         if any(a is not None for a in alone):
             ax.plot(xs, [shown(a) for a in alone], color="#fdae61", lw=0.8, marker=".", ms=2,
                     label="that quantizer alone")
         marked = [i for i in marked if 0 <= i < len(values)]
         if marked:
-            ax.scatter(marked, [shown(ys[i]) for i in marked], s=40, color="#d7191c", zorder=3, label="worst")
-            for rank, i in enumerate(sorted(marked, key=lambda i: shown(ys[i]))):
-                ax.annotate(_short(values[i].get("name", "")), (i, shown(ys[i])), fontsize=7, color="#d7191c",
-                            xytext=(4, -10 - 9 * (rank % 3)), textcoords="offset points")
+            ax.scatter(marked, [shown(ys[i]) for i in marked], s=40, color="#d7191c", zorder=3,
+                       label="worst (numbered as in the table)")
+            for rank, i in enumerate(marked, 1):
+                right_half = i > len(values) / 2
+                low = shown(ys[i]) < (bottom + top) / 2        # labels go towards the middle of the chart
+                dy = 12 + 10 * (rank - 1)
+                ax.annotate(f"{rank} {_short(values[i].get('name', ''))}", (i, shown(ys[i])), fontsize=7,
+                            color="#d7191c", ha="right" if right_half else "left",
+                            xytext=(-6 if right_half else 6, dy if low else -dy), textcoords="offset points",
+                            arrowprops={"arrowstyle": "-", "color": "#d7191c", "lw": 0.5})
         ax.set_xlabel("value, in graph order")
         ax.set_ylabel("SQNR (dB)")
         ax.set_ylim(bottom - 8.0, top + 2.0)
