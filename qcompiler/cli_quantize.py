@@ -29,6 +29,7 @@ from qcompiler.quant.api import quantize, resolve_early
 from qcompiler.quant.core.pipeline import pipeline_for
 from qcompiler.quant.core.switches import api_from_cli, check_switches, cli_switches
 from qcompiler.quant.interop.report import format_summary
+from qcompiler.shorten import short_path
 from qcompiler.quant.settings.selection import warning_text
 
 # the API's warning kinds, named as the command line names them
@@ -114,7 +115,7 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
     _write_report(res.report, report_path, inputs)
     if report_html:
-        write_html_report(report_html, res.report, title=os.path.basename(model_path), protect=inputs)
+        write_html_report(report_html, res.report, title=short_path(model_path), protect=inputs)
     mp_note = _mixed_precision_plot(res.report, pareto, inputs)
     instruments.report()
     for w in res.report.get("warnings", []):

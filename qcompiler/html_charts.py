@@ -100,7 +100,7 @@ def sqnr_chart(values: List[dict], marked: Iterable[int]) -> str:
         ax.set_ylabel("SQNR (dB)")
         ax.set_ylim(bottom - 8.0, top + 2.0)
         ax.grid(True, axis="y", color="#e0e0e0", lw=0.5)
-        ax.legend(fontsize=7, loc="lower left")
+        ax.legend(fontsize=7, loc="best")
         fig.subplots_adjust(left=0.06, right=0.99, bottom=0.14, top=0.97)
         return data_uri(fig)
 

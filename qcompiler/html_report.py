@@ -45,7 +45,7 @@ def render_html(report: dict, debug: Optional[dict] = None, title: Optional[str]
     """The page for `report` (quantize's JSON report as a dict) and, optionally, `debug` (`qcompiler debug`'s
     object: `values` ranked worst first, each with `name`, `sqnr_db`, `alone_sqnr_db`, `max_abs_error`, `order`,
     `node`, `op_type`; `modules` with `scope`, `sqnr_db`, `alone_sqnr_db`; `outputs`). `title`: the page's
-    heading (the model's file name)."""
+    heading (the model's path); without a report (`{}`) the page holds the debug sections only."""
     require_html_extra()
     import jinja2
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
@@ -67,7 +67,8 @@ def page_context(report: dict, debug: Optional[dict], title: Optional[str] = Non
     layers = _layer_rows(report)
     values, worst = _debug_values(debug)
     return {
-        "title": str(title or "quantization report"),
+        "title": str(title or ""),
+        "has_report": bool(report),
         "generated": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "summary": _summary_rows(report),
         "outputs": _output_rows(report),
@@ -76,7 +77,7 @@ def page_context(report: dict, debug: Optional[dict], title: Optional[str] = Non
         "timing_chart": timing_chart(report["passes"]) if report.get("passes") else None,
         "effects": pass_effects(report),
         "sqnr_chart": sqnr_chart(values, worst[:WORST_MARKED]) if values else None,
-        "worst": [dict(values[i], rank=k + 1) for k, i in enumerate(worst[:WORST_LISTED])],
+        "worst": [_value_row(values[i], k + 1) for k, i in enumerate(worst[:WORST_LISTED])],
         "modules": _module_rows(debug),
         "debug_outputs": _debug_outputs(debug),
         "has_debug": debug is not None,
@@ -247,15 +248,27 @@ def _debug_values(debug: Optional[dict]):
     return [ranked[i] for i in in_order], [position[i] for i in range(len(ranked))]
 
 
+def _value_row(v: dict, rank: int) -> dict:
+    return {"rank": rank, "name": v.get("name", ""), "kind": v.get("kind") or "", "node": v.get("node") or "",
+            "op_type": v.get("op_type") or "", "sqnr_db": v.get("sqnr_db"), "alone_sqnr_db": v.get("alone_sqnr_db"),
+            "max_abs_error": v.get("max_abs_error")}
+
+
 def _order(v: dict) -> float:
     o = v.get("order")
     return float(o) if isinstance(o, (int, float)) and not isinstance(o, bool) else math.inf
 
 
 def _module_rows(debug: Optional[dict]) -> List[dict]:
-    rows = [m for m in (debug or {}).get("modules") or () if isinstance(m, dict)]
-    return sorted(rows, key=lambda m: (db_number(m.get("sqnr_db")) if db_number(m.get("sqnr_db")) is not None
-                                       else math.inf))
+    """debug['modules'], worst first: by SQNR, then by SQNR alone (a module whose quantizers reach no output
+    measures infinite SQNR with every quantizer up to it)."""
+    def db(m, key):
+        d = db_number(m.get(key))
+        return math.inf if d is None else d
+    rows = [{"scope": m.get("scope", ""), "sqnr_db": m.get("sqnr_db"), "alone_sqnr_db": m.get("alone_sqnr_db"),
+             "quantizers": m.get("quantizers")}
+            for m in (debug or {}).get("modules") or () if isinstance(m, dict)]
+    return sorted(rows, key=lambda m: (db(m, "sqnr_db"), db(m, "alone_sqnr_db")))
 
 
 def _debug_outputs(debug: Optional[dict]) -> List[tuple]:

@@ -65,12 +65,15 @@ def _debug(n_values: int = 30, bad: int = 10) -> dict:
         name = HOSTILE[i % len(HOSTILE)] + f"#{i}" if i % 7 == 3 else f"/block{i // 10}/conv{i}/output_0"
         sqnr = 40.0 - 0.3 * i if i != bad else 6.0
         values.append({"name": name, "sqnr_db": sqnr if i != 0 else "inf", "alone_sqnr_db": sqnr + 3.0,
-                       "max_abs_error": 0.01 * (i + 1), "order": i, "node": f"node{i}", "op_type": "Conv"})
+                       "max_abs_error": 0.01 * (i + 1), "order": i, "node": f"node{i}", "op_type": "Conv",
+                       "kind": "activation", "local_sqnr_db": sqnr})
+    del values[5]["node"]       # an entry without a field the page shows: a blank cell, not an error
     ranked = sorted(values, key=lambda v: v["sqnr_db"] if isinstance(v["sqnr_db"], float) else 1e9)
     return {"values": ranked,
-            "modules": [{"scope": "/block0/", "sqnr_db": 30.0, "alone_sqnr_db": 38.0},
+            "modules": [{"scope": "/block1/", "sqnr_db": "inf", "alone_sqnr_db": 20.0, "quantizers": 7},
+                        {"scope": "/block0/", "sqnr_db": 30.0, "alone_sqnr_db": 38.0},
                         {"scope": HOSTILE[0], "sqnr_db": 7.0, "alone_sqnr_db": 8.0}],
-            "outputs": {"logits": {"sqnr_db": 12.0, "max_abs_error": 0.5}}}
+            "outputs": {"logits": 12.0}, "samples": 8, "unmatched": [], "notes": []}
 
 
 def _svgs(page: str) -> list:
@@ -153,7 +156,16 @@ def test_debug_values_are_charted_in_graph_order_and_listed_worst_first():
     sqnr_svg = _svgs(page)[0]
     assert "/block2/conv29/output_0" in sqnr_svg and "&lt;script&gt;alert(1)&lt;/script&gt;#10" in sqnr_svg
     assert "/block0/conv1/output_0" not in sqnr_svg              # a good value is drawn, not named
-    assert page.index("&lt;script&gt;alert(1)&lt;/script&gt;</td><td class=\"n\">7.00 dB") < page.index("/block0/")
+    assert page.index("&lt;script&gt;alert(1)&lt;/script&gt;</td><td class=\"n\">7.00 dB") < \
+        page.index("/block0/</td>") < page.index("/block1/</td>")
+    assert '<td class="name">logits</td><td class="n">12.00 dB</td>' in page
+
+
+def test_debug_alone_makes_a_debug_page():
+    page = render_html({}, _debug(), title="f.onnx")
+    assert "<h1>qcompiler debug report" in page and 'alt="per-value SQNR' in page
+    assert "Summary" not in page and "Safety net" not in page and "Mixed-precision" not in page
+    _no_fetchable_url(page)
 
 
 def test_without_debug_the_plan_is_charted_and_debug_is_named():
