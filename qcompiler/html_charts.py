@@ -163,6 +163,7 @@ def timing_chart(passes: List[dict]) -> str:
 
 def pareto_chart(mp: dict) -> Optional[str]:
     """The mixed-precision search's Pareto plot (the same figure as REPORT.pareto.png)."""
+    trials = [dict(t, what=_short(t.get("what", ""))) for t in mp.get("trials", ()) if isinstance(t, dict)]
     with _rc():
-        fig = pareto_figure(mp)
+        fig = pareto_figure(dict(mp, trials=trials))
         return None if fig is None else data_uri(fig)

@@ -28,6 +28,9 @@ from qcompiler.quant.settings.selection import warning_text
 WORST_MARKED = 5            # worst values marked and named on the SQNR chart
 WORST_LISTED = 20           # ... and listed in the table under it
 VALUES_PER_REASON = 200     # a left-float reason lists at most this many values (the JSON report has all)
+NAME_CHARS = 200            # a name from the model is cut to this many characters on the page (head…tail)
+TEXT_CHARS = 1000           # ... and any other text (a reason, a note that quotes names) to this many
+CHART_PREFIX = "data:image/svg+xml;base64,"
 TEMPLATE = "templates/report.html.j2"
 MISSING_EXTRA = "--report-html needs jinja2 and matplotlib: pip install 'qcompiler[html]'"
 
@@ -49,9 +52,10 @@ def render_html(report: dict, debug: Optional[dict] = None, title: Optional[str]
     require_html_extra()
     import jinja2
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, trim_blocks=True,
-                             lstrip_blocks=True)
+                             lstrip_blocks=True, finalize=_bounded_text)
     env.filters["db"] = _db_text
     env.filters["num"] = _num_text
+    env.filters["cut"] = cut_name
     source = resources.files("qcompiler").joinpath(TEMPLATE).read_text(encoding="utf-8")
     return env.from_string(source).render(**page_context(report or {}, debug, title))
 
@@ -91,6 +95,23 @@ def page_context(report: dict, debug: Optional[dict], title: Optional[str] = Non
         "notes": [str(n) for n in report.get("notes") or ()],
         "warnings": [_warning(w) for w in report.get("warnings") or ()],
     }
+
+
+def _bounded_text(v):
+    """Every value the page prints: a string over TEXT_CHARS is cut (head…tail); a chart is left whole."""
+    if isinstance(v, str) and len(v) > TEXT_CHARS and not v.startswith(CHART_PREFIX):
+        return cut_name(v, TEXT_CHARS)
+    return v
+
+
+def cut_name(v, limit: int = NAME_CHARS) -> str:
+    """A name from the model, at most NAME_CHARS characters (head…tail, both ends show what it is): a hostile
+    model's 100k-character names would otherwise fill the page."""
+    s = "" if v is None else str(v)
+    if len(s) <= limit:
+        return s
+    half = (limit - 1) // 2
+    return s[:half] + "…" + s[-half:]
 
 
 def _db_text(v) -> str:

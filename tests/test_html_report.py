@@ -134,6 +134,13 @@ def test_hostile_names_are_escaped_everywhere():
     assert any("&lt;script&gt;" in svg for svg in svgs)
 
 
+def test_a_huge_name_is_cut_on_the_page():
+    huge = "n" * 50_000 + "<script>" + "m" * 50_000
+    page = render_html(_report(names=[huge] + HOSTILE[1:]), None, title=huge)
+    assert len(page) < 400_000 and "n" * 500 not in page and "m" * 500 not in page   # the charts' labels too
+    assert '<td class="name">' + "n" * 99 + "…" + "m" * 99 + "</td>" in page
+
+
 def test_a_clean_report_names_no_url_at_all():
     page = render_html(_report(names=[f"conv{i}" for i in range(5)]), None)
     assert "http:" not in page and "https:" not in page
