@@ -18,6 +18,8 @@ from qcompiler.passes.quantize.mixed_precision.plot import pareto_figure
 CHART_RC = {"text.parse_math": False, "svg.fonttype": "path", "svg.hashsalt": "qcompiler", "font.size": 8}
 LABEL_CHARS = 36            # a marked layer's name on a chart is cut to this many characters
 GRID_COLOURS = {0: "#c8c8c8", 4: "#7b3294", 8: "#2c7bb6", 16: "#1a9641"}   # float, int4, int8, int16
+INSIDE_GROUP = -1           # an output inside a supergroup: float there, its grid is at the group's boundary
+INSIDE_COLOUR = "#abd9e9"
 KERNEL_COLOURS = {True: "#404040", False: "#ececec"}
 
 
@@ -106,9 +108,12 @@ def sqnr_chart(values: List[dict], marked: Iterable[int]) -> str:
 
 
 def grid_bits(text) -> int:
-    """Bits of a grid as report['layers'] writes it ("int8 per-channel (axis 0) [...]" -> 8); 0 for float."""
+    """Bits of a grid as report['layers'] writes it ("int8 per-channel (axis 0) [...]" -> 8); 0 for float,
+    INSIDE_GROUP for a value inside a supergroup ("float (inside Conv+Relu supergroup ...)")."""
     m = re.match(r"u?int(\d+)", str(text))
-    return int(m.group(1)) if m else 0
+    if m:
+        return int(m.group(1))
+    return INSIDE_GROUP if str(text).startswith("float (inside ") and "supergroup" in str(text) else 0
 
 
 def precision_chart(rows: List[dict]) -> str:
@@ -128,7 +133,8 @@ def precision_chart(rows: List[dict]) -> str:
                 v = r.get(key)
                 if v is None:
                     continue
-                colour = KERNEL_COLOURS[bool(v)] if key == "integer" else GRID_COLOURS.get(v, "#fdae61")
+                colour = KERNEL_COLOURS[bool(v)] if key == "integer" else \
+                    INSIDE_COLOUR if v == INSIDE_GROUP else GRID_COLOURS.get(v, "#fdae61")
                 ax.broken_barh([(i, 0.9)], (lane + 0.1, 0.8), facecolors=colour)
         ax.set_yticks([k + 0.5 for k in range(len(lanes))], [name for name, _ in reversed(lanes)])
         ax.set_xlim(0, max(len(rows), 1))
@@ -136,6 +142,7 @@ def precision_chart(rows: List[dict]) -> str:
         ax.set_ylim(0, len(lanes))
         ax.set_xlabel("layer (#), in graph order")
         handles = [Patch(color=c, label="float" if b == 0 else f"{b}-bit") for b, c in GRID_COLOURS.items()]
+        handles.append(Patch(color=INSIDE_COLOUR, label="inside a fused group (its quantizer, if any, at the end)"))
         if len(lanes) == 3:
             handles += [Patch(color=KERNEL_COLOURS[True], label="integer kernel"),
                         Patch(color=KERNEL_COLOURS[False], label="float kernel")]

@@ -243,7 +243,7 @@ def _layer_rows(r: dict) -> List[dict]:
         rows.append({"index": i, "name": name, "weights": weights, "outputs": outs,
                      "precision": d.get("precision"), "rules": [str(x) for x in d.get("config_rules") or ()],
                      "weight_bits": max((grid_bits(v) for _, v in weights), default=None),
-                     "output_bits": max((grid_bits(v) for v in outs), default=None),
+                     "output_bits": max((grid_bits(v) for v in outs), default=None),   # inside a group: -1
                      "integer": k.get("integer") if isinstance(k, dict) else None,
                      "kernel": (k.get("kernel") if isinstance(k, dict) else None),
                      "kernel_reason": (k.get("reason") if isinstance(k, dict) else None)})

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from qcompiler.cli import main
 from qcompiler.errors import ArgumentError
+from qcompiler.html_charts import grid_bits
 from qcompiler.html_report import MISSING_EXTRA, page_context, pass_effects, render_html
 from tests.browser import find_chromium, is_blank, load_page, network_requests
 from tests.corpus import corpus_file
@@ -181,8 +182,16 @@ def test_without_debug_the_plan_is_charted_and_debug_is_named():
     ctx = page_context(_report(names=[f"conv{i}" for i in range(5)]), None)
     assert ctx["precision_chart"] and ctx["sqnr_chart"] is None
     assert [r["weight_bits"] for r in ctx["layers"]] == [8] * 5
-    assert [r["output_bits"] for r in ctx["layers"]] == [0] * 5
+    assert [r["output_bits"] for r in ctx["layers"]] == [-1] * 5        # inside a Conv+Relu group
     assert ctx["layers"][0]["integer"] is True and ctx["layers"][1]["integer"] is False
+
+
+@pytest.mark.parametrize("text, bits", [("uint8 per-tensor", 8), ("int4 per-block 32 (axis 1)", 4),
+                                        ("int16 per-channel (axis 0) [full range (float kernel)]", 16),
+                                        ("float (no integer kernel on ort_cpu reads or writes it)", 0),
+                                        ("float (inside Conv+Relu supergroup (quantizers only at its boundary))", -1)])
+def test_grid_bits_reads_the_reports_grid_text(text, bits):
+    assert grid_bits(text) == bits
 
 
 def test_summary_safety_net_mixed_precision_and_pass_effects():
