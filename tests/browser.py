@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import shutil
 import subprocess
 import tempfile
@@ -44,7 +45,8 @@ class _Pipe:
 
     def _read_one(self, deadline: float) -> dict:
         while b"\0" not in self.buf:
-            if time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.r], [], [], left)[0]:
                 raise TimeoutError("no answer from chromium")
             chunk = os.read(self.r, 1 << 20)
             if not chunk:

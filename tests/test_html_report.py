@@ -256,6 +256,19 @@ def _assert_renders(path) -> dict:
 
 
 @needs_chromium
+def test_the_browser_check_sees_errors_requests_and_a_blank_page(tmp_path):
+    """The checks below can fail: a page that logs an error, throws, fetches from outside and shows nothing."""
+    bad = tmp_path / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><head><title>t</title></head><body style="background:#fff">'
+                   '<img src="http://127.0.0.1:9/x.png" style="display:none">'
+                   '<script>console.error("boom"); undefined_function();</script></body></html>', encoding="utf-8")
+    got = load_page(str(bad))
+    assert [e["args"][0]["value"] for e in got["console_errors"] if e.get("args")] == ["boom"]
+    assert got["exceptions"] and network_requests(got["requests"]) == ["http://127.0.0.1:9/x.png"]
+    assert is_blank(got["png"])
+
+
+@needs_chromium
 def test_the_page_of_a_quantize_run_renders_in_chromium(tiny, tmp_path):
     out = tmp_path / "r.html"
     r = CliRunner().invoke(main, ["quantize", str(tiny / "tiny_cnn.onnx"), "--calib", str(tiny / "tiny_cnn_calib.npz"),
