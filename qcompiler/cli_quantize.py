@@ -209,6 +209,8 @@ def _safety_net_line(report: dict, to_stderr: bool = False) -> None:
                    f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float "
                    f"({sn.get('trials')} trials, {sn.get('seconds')} s; see report 'safety_net')"
                    + (f"; {sn['note']}" if sn.get("note") else ""), err=to_stderr)
+        if sn.get("summary"):
+            click.echo(f"  safety net {sn['summary']}", err=to_stderr)
 
 
 def _quality_gate(report: dict, allow: bool) -> None:

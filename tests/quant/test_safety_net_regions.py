@@ -1,0 +1,137 @@
+"""The safety net's region search: damage spread over a module (a spectrum built from Convs, squares and sums
+before a Log, where every band's quantizers wipe its quiet bins) is fixed by keeping that module's quantizers
+off the 8-bit grid, which no quantizer-by-quantizer trial finds; one bad quantizer is still found alone, without
+a region search."""
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto as T
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from qcompiler.passes.quantize import safety_net
+from qcompiler.passes.quantize.safety_net.budget import MAX_SECONDS, MIN_SECONDS, budget_seconds
+from qcompiler.passes.quantize.safety_net.regions import scope_prefixes
+from qcompiler.quant import quantize
+from qcompiler.quant.core.switches import DEFAULT_MIN_SQNR_DB
+
+SCOPE = "/frontend/spectrum/"
+
+
+def spectrum_model(groups=6, bins=4, win=32, hop=16, frames=16, n=24, noise=0.3, seed=0):
+    """x [1,1,L] -> per band group: Conv re/im (a windowed DFT filter bank), squares, sum, +eps, Log, all under
+    SCOPE; then Concat -> Conv 1x1 -> Relu -> Conv 1x1 under /head/. Inputs: three loud low tones (every group
+    holds loud bins) plus quiet noise (every group holds quiet bins an 8-bit power grid cannot resolve)."""
+    rng = np.random.default_rng(seed)
+    length = hop * (frames - 1) + win
+    t = np.arange(win)
+    hann = 0.5 - 0.5 * np.cos(2 * np.pi * t / win)
+    freqs = np.arange(groups * bins) % (win // 2) + 1
+    mk = h.make_node
+    inits, nodes, logs = [nh.from_array(np.float32(1e-6), "eps")], [], []
+    for g in range(groups):
+        f = freqs[g * bins:(g + 1) * bins]
+        p = f"{SCOPE}band{g}/"
+        inits += [nh.from_array((np.cos(2 * np.pi * f[:, None] * t / win) * hann).astype(np.float32)[:, None],
+                                f"{p}wr"),
+                  nh.from_array((-np.sin(2 * np.pi * f[:, None] * t / win) * hann).astype(np.float32)[:, None],
+                                f"{p}wi")]
+        nodes += [mk("Conv", ["x", f"{p}wr"], [f"{p}re"], strides=[hop], name=f"{p}conv_re"),
+                  mk("Conv", ["x", f"{p}wi"], [f"{p}im"], strides=[hop], name=f"{p}conv_im"),
+                  mk("Mul", [f"{p}re", f"{p}re"], [f"{p}re2"], name=f"{p}sq_re"),
+                  mk("Mul", [f"{p}im", f"{p}im"], [f"{p}im2"], name=f"{p}sq_im"),
+                  mk("Add", [f"{p}re2", f"{p}im2"], [f"{p}pow"], name=f"{p}power"),
+                  mk("Add", [f"{p}pow", "eps"], [f"{p}pe"], name=f"{p}add_eps"),
+                  mk("Log", [f"{p}pe"], [f"{p}log"], name=f"{p}log")]
+        logs.append(f"{p}log")
+    c = groups * bins
+    inits += [nh.from_array((rng.standard_normal((16, c, 1)) * 0.3).astype(np.float32), "/head/w1"),
+              nh.from_array((rng.standard_normal((8, 16, 1)) * 0.3).astype(np.float32), "/head/w2")]
+    nodes += [mk("Concat", logs, ["/head/spec"], axis=1, name="/head/concat"),
+              mk("Conv", ["/head/spec", "/head/w1"], ["/head/c1"], name="/head/conv1"),
+              mk("Relu", ["/head/c1"], ["/head/r1"], name="/head/relu1"),
+              mk("Conv", ["/head/r1", "/head/w2"], ["y"], name="/head/conv2")]
+    graph = h.make_graph(nodes, "spectrum", [h.make_tensor_value_info("x", T.FLOAT, [1, 1, length])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 8, frames])], inits)
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    tt = np.arange(length)
+    xs = []
+    for _ in range(n):
+        s = sum(a * np.cos(2 * np.pi * k * tt / win + rng.uniform(0, 6.3)) for k, a in ((1, 3.0), (2, 2.0), (3, 1.0)))
+        xs.append((s + noise * rng.standard_normal(length)).astype(np.float32)[None, None])
+    return m, np.stack(xs)
+
+
+def ort_sqnr(res, float_model, x, tmp_path) -> float:
+    """The exported model's output SQNR against float, in onnxruntime, over every sample."""
+    out = str(tmp_path / "q.onnx")
+    res.save(out)
+    q, f = ort.InferenceSession(out), ort.InferenceSession(float_model.SerializeToString())
+    y = np.stack([q.run(None, {"x": s})[0] for s in x])
+    ref = np.stack([f.run(None, {"x": s})[0] for s in x])
+    return float(-10 * np.log10(np.sum((ref - y) ** 2) / np.sum(ref ** 2)))
+
+
+def test_spectrum_needs_the_region_search(tmp_path, monkeypatch):
+    m, x = spectrum_model()
+    feeds = [{"x": s} for s in x]
+    monkeypatch.setattr(safety_net, "REGIONS", False)
+    alone = quantize(m, feeds, optimize="accuracy")
+    assert alone.report["safety_net"]["triggered"]
+    s_alone = ort_sqnr(alone, m, x, tmp_path)
+    assert s_alone < DEFAULT_MIN_SQNR_DB, s_alone          # single-quantizer trials do not reach the floor
+    monkeypatch.setattr(safety_net, "REGIONS", True)
+    res = quantize(m, feeds, optimize="accuracy")
+    sn = res.report["safety_net"]
+    s = ort_sqnr(res, m, x, tmp_path)
+    assert s >= DEFAULT_MIN_SQNR_DB > sn["sqnr_before_db"], (s, sn["summary"])
+    assert res.report["below_floor"] == []
+    assert sn["quantizer_search_db"] < DEFAULT_MIN_SQNR_DB + safety_net.TARGET_MARGIN_DB
+    kept = [t for t in sn["tried"] if t["kept"]]
+    assert len(kept) == 1 and kept[0]["region"] == SCOPE and kept[0]["sqnr_db"] >= DEFAULT_MIN_SQNR_DB
+    assert any(not t["kept"] for t in sn["tried"])          # it says what else it tried
+    assert SCOPE in sn["summary"] and sn["summary"].startswith("kept module")
+    # what it kept off the 8-bit grid is that module's quantizers (and the input only it reads)
+    assert sn["changed"] and all(c["value"].startswith(SCOPE) or c["value"] == "x" for c in sn["changed"])
+
+
+def one_bad_quantizer_model(n=16):
+    """x -> Relu -> Add(1000) -> Sub(1000) -> MatMul: the Add's output (1000 + a few units) on an 8-bit grid
+    that must hold 0 loses every unit; no other quantizer hurts."""
+    rng = np.random.default_rng(3)
+    inits = [nh.from_array(np.full([1, 16], 1000.0, np.float32), "big"),
+             nh.from_array((rng.standard_normal((16, 8)) * 0.3).astype(np.float32), "w")]
+    mk = h.make_node
+    nodes = [mk("Relu", ["x"], ["r"], name="/a/relu"), mk("Add", ["r", "big"], ["up"], name="/a/add"),
+             mk("Sub", ["up", "big"], ["down"], name="/a/sub"), mk("MatMul", ["down", "w"], ["y"], name="/b/mm")]
+    graph = h.make_graph(nodes, "bad", [h.make_tensor_value_info("x", T.FLOAT, [1, 16])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 8])], inits)
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m, rng.standard_normal((n, 1, 16)).astype(np.float32) * 2
+
+
+def test_one_bad_quantizer_needs_no_region_search(tmp_path):
+    m, x = one_bad_quantizer_model()
+    res = quantize(m, [{"x": s} for s in x], optimize="accuracy", target="trt")
+    sn = res.report["safety_net"]
+    assert sn["triggered"] and sn["sqnr_before_db"] < DEFAULT_MIN_SQNR_DB, sn
+    assert ort_sqnr(res, m, x, tmp_path) >= DEFAULT_MIN_SQNR_DB
+    assert sn["tried"] == [] and len(sn["changed"]) <= 2, sn     # found by the quantizer search alone
+
+
+@pytest.mark.parametrize("name,scopes", [("/encoder/layer.0/attention/MatMul",
+                                          ["/encoder/", "/encoder/layer.0/", "/encoder/layer.0/attention/"]),
+                                         ("encoder.layer.0.dense", ["encoder.", "encoder.layer.", "encoder.layer.0."]),
+                                         ("MatMul_12", [])])
+def test_scope_prefixes(name, scopes):
+    assert scope_prefixes(name) == scopes
+
+
+def test_budget_grows_with_the_model_within_floor_and_cap():
+    assert budget_seconds(0.001, 50) == MIN_SECONDS
+    assert MIN_SECONDS < budget_seconds(0.05, 1000) < MAX_SECONDS
+    assert budget_seconds(0.05, 1000) < budget_seconds(0.05, 2000)
+    assert budget_seconds(1.0, 100000) == MAX_SECONDS
