@@ -135,3 +135,61 @@ def test_budget_grows_with_the_model_within_floor_and_cap():
     assert MIN_SECONDS < budget_seconds(0.05, 1000) < MAX_SECONDS
     assert budget_seconds(0.05, 1000) < budget_seconds(0.05, 2000)
     assert budget_seconds(1.0, 100000) == MAX_SECONDS
+
+
+def test_cli_shows_the_trials_and_says_what_it_kept(tmp_path):
+    from click.testing import CliRunner
+
+    from qcompiler.cli import main
+    m, x = spectrum_model()
+    mp, dp = tmp_path / "spec.onnx", tmp_path / "calib.npz"
+    onnx.save(m, str(mp))
+    np.savez(str(dp), x=x)
+    args = ["quantize", str(mp), "--calib", str(dp), "-o", str(tmp_path / "q.onnx"), "--optimize", "accuracy"]
+    r = CliRunner().invoke(main, args + ["--progress"])
+    assert r.exit_code == 0, r.stderr
+    assert any(line.startswith("safety net: ") and "trial" in line for line in r.stderr.splitlines()), r.stderr
+    assert "\r" not in r.stderr
+    assert f"safety net kept module '{SCOPE}'" in r.stdout
+    r = CliRunner().invoke(main, args + ["--progress", "-q"])
+    assert r.exit_code == 0 and r.stderr == "" and r.stdout == ""
+
+
+def outlier_weight_model(d=32, n=16):
+    """x -> MatMul(w1) -> MatMul(w2): w1 has one column 100x the others (a per-tensor 8-bit grid wipes the rest)
+    and w2 ignores that column, so the output is what the wiped columns compute."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((d, d)) * 0.3).astype(np.float32)
+    w1[:, 0] *= 100
+    w2 = (rng.standard_normal((d, 8)) * 0.3).astype(np.float32)
+    w2[0] = 0
+    mk = h.make_node
+    nodes = [mk("MatMul", ["x", "/enc/w1"], ["hid"], name="/enc/mm1"),
+             mk("MatMul", ["hid", "/enc/w2"], ["y"], name="/enc/mm2")]
+    graph = h.make_graph(nodes, "w", [h.make_tensor_value_info("x", T.FLOAT, [1, d])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 8])],
+                         [nh.from_array(w1, "/enc/w1"), nh.from_array(w2, "/enc/w2")])
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m, rng.standard_normal((n, 1, d)).astype(np.float32)
+
+
+def test_weights_are_widened_when_activations_cannot_reach_the_floor(tmp_path):
+    # qnn_htp: per-tensor MatMul weights (the profile's rule), 16-bit weights where 16-bit activations run
+    m, x = outlier_weight_model()
+    feeds = [{"x": s} for s in x]
+    before = quantize(m, feeds, target="qnn_htp", min_sqnr=float("-inf"))
+    assert ort_sqnr(before, m, x, tmp_path) < DEFAULT_MIN_SQNR_DB
+    res = quantize(m, feeds, target="qnn_htp")
+    sn = res.report["safety_net"]
+    assert ort_sqnr(res, m, x, tmp_path) >= DEFAULT_MIN_SQNR_DB
+    weights = [c for c in sn["changed"] if c["action"].startswith("weight")]
+    assert [c["value"] for c in weights] == ["/enc/w1"] and weights[0]["action"] == "weight 16 bits"
+    assert "1 weight at 16 bits ('/enc/w1'" in sn["summary"]
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    stored = {i.name: i.data_type for i in q.graph.initializer}
+    made = {o: n for n in q.graph.node for o in n.output}
+    dq = made[next(n for n in q.graph.node if n.name == "/enc/mm1").input[1]]
+    assert dq.op_type == "DequantizeLinear" and stored[dq.input[0]] in (T.INT16, T.UINT16)   # on its 16-bit grid
+    enc = res.encodings["params"]["/enc/w1"]
+    assert enc.bits == 16

@@ -98,11 +98,13 @@ def _dequantize(q: np.ndarray, enc) -> np.ndarray:
     return ((q.astype(np.float64) - zp) * scale).astype(np.float32)
 
 
-def weight_choices(model, plan, profile, source) -> List[WeightChoice]:
-    """The main graph's weight DQs whose float original the source holds (unchanged), with their finer grid."""
+def weight_choices(model, params: dict, profile, source):
+    """The main graph's weight DQs whose float original the source holds (unchanged), with their finer grid;
+    and {why skipped: count}."""
     get = _source_weights(source)
+    skipped: dict = {}
     if get is None:
-        return []
+        return [], {"no float model to read the weights from": 1}
     g = model.graph
     wide_ok = model.opset >= 21 and sixteen_bit_weights(profile)
     out = []
@@ -111,21 +113,27 @@ def weight_choices(model, plan, profile, source) -> List[WeightChoice]:
         if qv is None or qv.tensor is None or not qv.name.endswith(_SUFFIX):
             continue
         key = qv.name[:-len(_SUFFIX)]
-        spec = plan.values.get(key)
-        enc = getattr(spec, "encoding", None)
+        enc = (params or {}).get(key)
         readers = [u.user for u in dq.outputs[0].uses() if not u.is_graph_output]
-        if enc is None or enc.bits < 8 or not readers or getattr(enc, "block_size", None):
+        why = None
+        if enc is None or not readers:
+            why = "no weight encoding"
+        elif enc.bits < 8 or getattr(enc, "block_size", None):
+            why = "per-block or below 8 bits"
+        w = None if why else get(key)
+        if why is None and (w is None or not np.issubdtype(w.dtype, np.floating)):
+            why = "not in the float model (a prepare pass made it)"
+        if why is None:
+            q = np.asarray(qv.const_value())
+            if q.shape != w.shape or not np.array_equal(_quantize_array(w, enc), q):
+                why = "changed since the float model (a prepare pass)"
+        if why:
+            skipped[why] = skipped.get(why, 0) + 1
             continue
-        w = get(key)
-        if w is None or not np.issubdtype(w.dtype, np.floating):
-            continue
-        q = np.asarray(qv.const_value())
-        if q.shape != w.shape or not np.array_equal(_quantize_array(w, enc), q):
-            continue         # not the weight these integers were rounded from
         kind, new_enc = _finer(enc, w.astype(np.float64), readers[0], profile, wide_ok)
         alt = w.astype(np.float32) if new_enc is None else _dequantize(_quantize_array(w, new_enc), new_enc)
         out.append(WeightChoice(key, dq, enc, kind, new_enc, alt, w))
-    return out
+    return out, skipped
 
 
 def _switch_proto(model, choices: List[WeightChoice]):
@@ -158,7 +166,10 @@ def _switch_proto(model, choices: List[WeightChoice]):
 def weight_phase(model, plan, kept, errors, target, profile, source, out, clock, on_trial=None,
                  params: Optional[dict] = None) -> Optional[dict]:
     """Search and apply finer weight grids (module docstring). Returns the new errors, or None."""
-    choices = weight_choices(model, plan, profile, source)
+    choices, skipped = weight_choices(model, params, profile, source)
+    if skipped:
+        note = "weights not searched: " + ", ".join(f"{n} {why}" for why, n in skipped.items())
+        out.note = f"{out.note}; {note}" if out.note else note
     if not choices:
         return None
     trials = None
@@ -202,9 +213,12 @@ def weight_phase(model, plan, kept, errors, target, profile, source, out, clock,
                   f"finer")
         out.changed.append({"value": c.key, "action": f"weight {c.kind}", "sqnr_before_db": rounded_db(before),
                             "sqnr_after_db": rounded_db(after), "reason": reason})
-    where = f" ('{label}')" if label else ""
-    out.kept = (out.kept + "; " if out.kept else "") + f"{len(chosen)} weights{where} " + \
-        " / ".join(kinds) + " (activations alone could not reach the floor)"
+    names = ", ".join(f"'{choices[i].key}'" for i in chosen[:3]) + (", ..." if len(chosen) > 3 else "")
+    where = f" in '{label}'" if label else ""
+    what = f"{len(chosen)} weight{'s' if len(chosen) != 1 else ''}{where} " + \
+        " / ".join({"16 bits": "at 16 bits", "per-channel": "per channel", "float": "float"}[k] for k in kinds) + \
+        f" ({names}; activations alone could not reach the floor)"
+    out.kept = f"{out.kept}; {what}" if out.kept else what
     out.after_db = after
     return new
 
@@ -231,7 +245,7 @@ class _Value:
 
 def _apply(model, plan, c: WeightChoice, params: Optional[dict]) -> None:
     g = model.graph
-    spec = plan.values.get(c.key)
+    specs = [sp for sp in plan.uses.values() if sp.kind == "weight" and sp.encoding is c.enc]
     if c.new_enc is None:
         fv = g.add_constant(np.asarray(c.float_w), c.key)
         for u in list(c.dq.outputs[0].uses()):
@@ -241,7 +255,7 @@ def _apply(model, plan, c: WeightChoice, params: Optional[dict]) -> None:
         if not c.dq.outputs[0].uses():
             g.remove_node(c.dq)
         g.drop_if_unused(old)
-        if spec is not None:
+        for spec in specs:
             spec.encoding = None
             spec.float_("weight kept float by the safety net")
         if params is not None:
@@ -257,7 +271,7 @@ def _apply(model, plan, c: WeightChoice, params: Optional[dict]) -> None:
     if c.new_enc.per_channel:
         c.dq.set_attr("axis", int(c.new_enc.axis))
     g.drop_if_unused(old)
-    if spec is not None:
+    for spec in specs:
         spec.encoding = c.new_enc
         spec.bits = c.new_enc.bits
         if c.new_enc.per_channel:
