@@ -126,7 +126,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
                 break
         if out.after_db < floor and source is not None and not clock.out():
             from qcompiler.passes.quantize.safety_net.weights import weight_phase
-            fixed = weight_phase(model, plan, kept, new_errors or errors, floor + TARGET_MARGIN_DB, profile,
+            fixed = weight_phase(model, plan, kept, new_errors or errors, floor, profile,
                                  source, out, clock, shown.update, params)
             new_errors = fixed if fixed is not None else new_errors
     if out.after_db < floor:
@@ -137,15 +137,24 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     return out, new_errors
 
 
+def _changed_phrase(changed: List[dict]) -> str:
+    """`2 quantizers at 16 bits and 1 float ('a', 'b', 'c')`, or `nothing`."""
+    if not changed:
+        return "nothing"
+    acts = [c["action"] for c in changed]
+    parts = [f"{acts.count('widened')} at 16 bits" if "widened" in acts else "",
+             f"{acts.count('float')} float" if "float" in acts else ""]
+    names = ", ".join(f"'{c['value']}'" for c in changed[:3]) + (", ..." if len(changed) > 3 else "")
+    return f"{len(changed)} quantizers ({' and '.join(p for p in parts if p)}: {names})"
+
+
 def summary_line(out: Outcome, floor: float) -> str:
     """One line: what the net kept float (or widened) and why."""
     if not out.triggered:
         return ""
-    what = out.kept or (f"{len(out.changed)} quantizers" if out.changed else "nothing")
+    what = out.kept or _changed_phrase(out.changed)
     verdict = "reaches" if out.after_db >= floor else "still below"
     why = f"output SQNR {out.before_db:.1f} dB -> {out.after_db:.1f} dB, {verdict} the floor {floor:g} dB"
-    if out.quantizer_search_db is not None and out.kept and out.regions_run:
-        why += f"; single quantizers alone reached {out.quantizer_search_db:.1f} dB"
     return f"kept {what}: {why}"
 
 
@@ -217,7 +226,6 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
         fixes, fixed, h_cur = search(trials, len(quants), target, wide_bits, no_wide)
         out.quantizer_search_db = db(h_cur)
         if REGIONS and db(h_cur) < target and not clock.out():
-            out.regions_run = True
             trials.max_trials = trials.count + MAX_REGION_TRIALS
             rs = RegionSearch(trials, quants, fixed, target, wide_bits, no_wide)
             found = rs.run(plan)
@@ -230,6 +238,7 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
                             if region.kind != "stretch" else
                             f"{region.label} ({len(members)} quantizers) "
                             f"{'at 16 bits' if action == 'wide' else 'float'}")
+                out.kept += f" (single quantizers alone reached {db(h_cur):.1f} dB: they only hurt together)"
     except QCompilerError as e:
         # NOTE: the net is a best effort on a model that already quantized: onnxruntime refusing the switchable
         # copy (or a trial run) leaves the model as it is, with the reason, and the quality gate still applies

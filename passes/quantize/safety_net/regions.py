@@ -97,8 +97,9 @@ class RegionSearch:
     """Regions measured on `trials`, on top of the quantizer search's fixes (`fixed`: index -> "float"|"wide")."""
 
     def __init__(self, trials: _Trials, quants: Sequence, fixed: Dict[int, str], target: float,
-                 wide_bits: Optional[int], no_wide=frozenset()):
+                 wide_bits: Optional[int], no_wide=frozenset(), noun: str = "quantizers"):
         self.trials, self.quants, self.fixed, self.target = trials, quants, dict(fixed), target
+        self.noun = noun
         self.wide_bits, self.no_wide = wide_bits, no_wide
         self.k = len(quants)
         self.tried: List[Tried] = []
@@ -115,7 +116,7 @@ class RegionSearch:
         return s
 
     def _label(self, lo: int, hi: int, rest: List[int]) -> str:
-        return f"quantizers {lo + 1}-{hi} of {len(rest)} in graph order ('{self.quants[rest[lo]].key}' .. " \
+        return f"{self.noun} {lo + 1}-{hi} of {len(rest)} in graph order ('{self.quants[rest[lo]].key}' .. " \
                f"'{self.quants[rest[hi - 1]].key}')"
 
     def run(self, plan) -> Optional[Tuple[Region, List[int], str, float]]:
@@ -191,7 +192,7 @@ class RegionSearch:
                 if not keep:
                     break
                 s = self.measure(**({"wide": keep} if action == "wide" else {"off": keep}))
-                self.tried.append(Tried(f"{region.label} without {len(members) - len(keep)} of its quantizers "
+                self.tried.append(Tried(f"{region.label} without {len(members) - len(keep)} of its {self.noun} "
                                         f"('{self.quants[members[i]].key}' ..)", region.kind, len(keep), s,
                                         "shrink"))
                 if s >= self.target:

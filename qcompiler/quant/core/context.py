@@ -105,7 +105,6 @@ class Outcome:
     note: str = ""
     tried: List[dict] = field(default_factory=list)    # region and weight trials: what, SQNR, kept or not
     quantizer_search_db: Optional[float] = None        # what the quantizer-by-quantizer search reached (estimate)
-    regions_run: bool = False
     kept: str = ""                                     # the region or weights kept (one phrase)
     summary: str = ""                                  # one line: what was kept and why
     seconds_budget: float = 0.0                        # the time budget (safety_net/budget.py)
