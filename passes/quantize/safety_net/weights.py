@@ -172,6 +172,8 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
     """Search and apply finer weight grids (module docstring) until the output is WEIGHT_MARGIN_DB above `floor`.
     Returns the new errors, or None."""
     target = floor + WEIGHT_MARGIN_DB
+    if MAX_WEIGHT_TRIALS <= 2:
+        return None            # no trial to spend on a search: no session either
     choices, skipped = weight_choices(model, params, profile, source)
     if skipped:
         note = "weights not searched: " + ", ".join(f"{n} {why}" for why, n in skipped.items())
