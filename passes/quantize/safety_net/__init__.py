@@ -41,6 +41,7 @@ from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.safety_net.budget import Clock, float_nodes
 from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, RegionSearch
 from qcompiler.passes.quantize.safety_net.search import MIN_GAIN_DB, search
+from qcompiler.passes.quantize.safety_net.weights import weight_phase
 from qcompiler.passes.quantize.safety_net.trials import (
     _SWITCH_ON,
     _SWITCH_WIDE,
@@ -125,7 +126,6 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
             if out.after_db >= floor or clock.out():
                 break
         if out.after_db < floor and source is not None and not clock.out():
-            from qcompiler.passes.quantize.safety_net.weights import weight_phase
             fixed = weight_phase(model, plan, kept, new_errors or errors, floor, profile,
                                  source, out, clock, shown.update, params)
             new_errors = fixed if fixed is not None else new_errors

@@ -31,11 +31,12 @@ from qcompiler.onnx_io import model_to_proto
 from qcompiler.onnx_io.files import load_model
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
+from qcompiler.passes.quantize.mixed_precision.search import legal_candidates
 from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, RegionSearch
 from qcompiler.passes.quantize.safety_net.search import search
 from qcompiler.passes.quantize.safety_net.trials import _SWITCH_ON, _Trials, db, worst_sqnr
 from qcompiler.quant.core.encoding import compute_encoding
-from qcompiler.quant.core.qdq import _qparams, _quantize_array, output_axis
+from qcompiler.quant.core.qdq import _qparams, _quantize_array, broadcast_qparams, output_axis
 from qcompiler.quant.interop.report import output_errors, rounded_db
 
 MAX_WEIGHT_TRIALS = 48
@@ -72,7 +73,7 @@ def _source_weights(source):
 
 
 def sixteen_bit_weights(profile) -> bool:
-    from qcompiler.passes.quantize.mixed_precision.search import legal_candidates
+    """Does the target run 16-bit weights (the mixed-precision search's list of what it can carry)?"""
     return any(c.weight_bits == 16 for c in legal_candidates(profile)[0])
 
 
@@ -97,7 +98,6 @@ def _finer(enc, w: np.ndarray, reader, profile, wide_ok: bool):
 
 
 def _dequantize(q: np.ndarray, enc) -> np.ndarray:
-    from qcompiler.quant.core.qdq import broadcast_qparams
     scale, zp = broadcast_qparams(enc, q.shape)
     return ((q.astype(np.float64) - zp) * scale).astype(np.float32)
 
