@@ -90,8 +90,10 @@ def test_spectrum_needs_the_region_search(tmp_path, monkeypatch):
     assert res.report["below_floor"] == []
     assert sn["quantizer_search_db"] < DEFAULT_MIN_SQNR_DB + safety_net.TARGET_MARGIN_DB
     kept = [t for t in sn["tried"] if t["kept"]]
-    assert len(kept) == 1 and kept[0]["region"] == SCOPE and kept[0]["sqnr_db"] >= DEFAULT_MIN_SQNR_DB
-    assert any(not t["kept"] for t in sn["tried"])          # it says what else it tried
+    assert len(kept) == 1 and kept[0]["region"] == SCOPE and kept[0]["kind"] == "scope"
+    assert kept[0]["sqnr_db"] >= DEFAULT_MIN_SQNR_DB
+    kinds = {t["kind"] for t in sn["tried"] if not t["kept"]}
+    assert {"quantizers", "scope"} <= kinds                 # it says what else it tried, phase by phase
     assert SCOPE in sn["summary"] and sn["summary"].startswith("kept module")
     # what it kept off the 8-bit grid is that module's quantizers (and the input only it reads)
     assert sn["changed"] and all(c["value"].startswith(SCOPE) or c["value"] == "x" for c in sn["changed"])
@@ -119,7 +121,10 @@ def test_one_bad_quantizer_needs_no_region_search(tmp_path):
     sn = res.report["safety_net"]
     assert sn["triggered"] and sn["sqnr_before_db"] < DEFAULT_MIN_SQNR_DB, sn
     assert ort_sqnr(res, m, x, tmp_path) >= DEFAULT_MIN_SQNR_DB
-    assert sn["tried"] == [] and len(sn["changed"]) <= 2, sn     # found by the quantizer search alone
+    # found by the quantizer search alone: no region trial
+    assert sn["tried"] and all(t["kind"] == "quantizers" for t in sn["tried"]), sn["tried"]
+    kept = [t for t in sn["tried"] if t["kept"]]
+    assert len(kept) == 1 and kept[0]["quantizers"] == len(sn["changed"]) <= 2, sn
 
 
 @pytest.mark.parametrize("name,scopes", [("/encoder/layer.0/attention/MatMul",

@@ -223,7 +223,10 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
         trials = _Trials(sess, kept, len(quants), bool(wide_bits), trials_left, clock, on_trial)
         if len(kept) > out.samples:
             trials.pick(out.samples)
-        fixes, fixed, h_cur = search(trials, len(quants), target, wide_bits, no_wide)
+        tried = []
+        fixes, fixed, h_cur = search(trials, len(quants), target, wide_bits, no_wide, [z.key for z in quants],
+                                     tried)
+        out.tried.extend(_tried_dict(t) for t in tried)
         out.quantizer_search_db = db(h_cur)
         if REGIONS and db(h_cur) < target and not clock.out():
             trials.max_trials = trials.count + MAX_REGION_TRIALS

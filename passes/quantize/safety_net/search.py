@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
+from qcompiler.passes.quantize.safety_net.regions import Tried
 from qcompiler.passes.quantize.safety_net.trials import _Trials, db
 
 MAX_FIXES = 16             # groups of quantizers turned float / widened at most
@@ -13,9 +14,10 @@ MIN_GAIN_DB = 0.5          # a fix is kept only when the output SQNR gains at le
 GROUP_DB_PER_HALVING = 3.0  # a group of n that only hurts together is fixed as one if it gains 3·log2(n) dB
 
 
-def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_wide=frozenset()):
+def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_wide=frozenset(),
+           names: Optional[Sequence[str]] = None, tried: Optional[list] = None, noun: str = "quantizers"):
     """Returns ([(indices, "float"|"wide", dB before, dB after)] in the order they were fixed, {index: choice},
-    the harm with them fixed).
+    the harm with them fixed). With `tried`, each trial is appended to it (a regions.Tried; `names` label them).
 
     Each round starts from every quantizer not fixed yet, turned off together (the others as they are): when
     that gains less than MIN_GAIN_DB the rest of the harm is not in activations and the search stops. Otherwise
@@ -31,11 +33,24 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_w
     fixed: Dict[int, str] = {}
     fixes = []
 
-    def measure(off=(), wide=()):
+    def label(idx) -> str:
+        idx = sorted(idx)
+        if names is None:
+            return f"{len(idx)} {noun}"
+        if len(idx) == 1:
+            return f"'{names[idx[0]]}'"
+        return f"{len(idx)} {noun} '{names[idx[0]]}' .. '{names[idx[-1]]}' (graph order)"
+
+    def measure(off=(), wide=(), back_on=None):
         off, wide = set(off), set(wide)
         on = [j for j in range(k) if j not in off and fixed.get(j) != "float"]
         w = [j for j in range(k) if (fixed.get(j) == "wide" or j in wide) and j not in off]
-        return trials.harm(on, w)
+        h = trials.harm(on, w)
+        if tried is not None and (off or wide or back_on is not None):
+            what = label(off or wide) if back_on is None else f"{label([back_on])} back on"
+            tried.append(Tried(what, noun, len(off or wide) if back_on is None else 1, db(h),
+                               "shrink" if back_on is not None else "wide" if wide else "float"))
+        return h
 
     h_cur = measure()
     while db(h_cur) < floor and trials.left() > 1 and len(fixes) < MAX_FIXES:
@@ -78,13 +93,15 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_w
                 if trials.left() < 2 or len(group) == 1:
                     break
                 del fixed[j]
-                h_try = measure()
+                h_try = measure(back_on=j)
                 if db(h_try) >= max(floor + WIDEN_MARGIN_DB, db(h_cur) + MIN_GAIN_DB):
                     group.remove(j)
                     h_new = h_try
                 else:
                     fixed[j] = choice
         fixes.append((group, choice, db(h_cur), db(h_new)))
+        if tried is not None:
+            tried.append(Tried(label(group), noun, len(group), db(h_new), choice, kept=True))
         h_cur = h_new
     return fixes, fixed, h_cur
 

@@ -186,16 +186,15 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
         trials = _Trials(sess, kept, len(choices), False, MAX_WEIGHT_TRIALS, clock, on_trial)
         if len(kept) > out.samples:
             trials.pick(out.samples)
-        fixes, fixed, h = search(trials, len(choices), target, None)
+        tried = []
+        fixes, fixed, h = search(trials, len(choices), target, None, names=[c.key for c in choices], tried=tried,
+                                 noun="weights")
         label = None
         if db(h) < target and not clock.out():
             trials.max_trials = trials.count + MAX_REGION_TRIALS
             rs = RegionSearch(trials, [_Named(c) for c in choices], fixed, target, None, noun="weights")
             found = rs.run(None)
-            out.tried.extend({"region": t.region, "kind": f"weights {t.kind}",
-                              "action": "finer grid" if t.action == "float" else t.action,
-                              "quantizers": t.quantizers, "sqnr_db": rounded_db(t.sqnr_db), "kept": t.kept}
-                             for t in rs.tried)
+            tried.extend(rs.tried)
             if found is not None:
                 region, members, _, reached = found
                 fixes.append((members, "float", db(h), reached))
@@ -205,6 +204,9 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
         out.note = (out.note + "; " if out.note else "") + f"weights not searched: {getattr(e, 'reason', str(e))[:200]}"
         return None
     out.trials += trials.count
+    out.tried.extend({"region": t.region, "kind": t.kind if t.kind.startswith("weights") else f"weights {t.kind}",
+                      "action": "finer grid" if t.action == "float" else t.action, "quantizers": t.quantizers,
+                      "sqnr_db": rounded_db(t.sqnr_db), "kept": t.kept} for t in tried)
     chosen = sorted({i for f in fixes for i in f[0]})
     if not chosen:
         return None
