@@ -198,3 +198,45 @@ def test_weights_are_widened_when_activations_cannot_reach_the_floor(tmp_path):
     assert dq.op_type == "DequantizeLinear" and stored[dq.input[0]] in (T.INT16, T.UINT16)   # on its 16-bit grid
     enc = res.encodings["params"]["/enc/w1"]
     assert enc.bits == 16
+
+
+def outlier_conv_model(c=16, n=16):
+    """Conv(w1, b1) -> Relu -> Conv(w2): w1's output channel 0 is 100x the others (a per-tensor grid wipes
+    the rest) and w2 ignores that channel."""
+    rng = np.random.default_rng(5)
+    w1 = (rng.standard_normal((c, 3, 3, 3)) * 0.3).astype(np.float32)
+    w1[0] *= 100
+    b1 = (rng.standard_normal(c) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((4, c, 1, 1)) * 0.3).astype(np.float32)
+    w2[:, 0] = 0
+    mk = h.make_node
+    nodes = [mk("Conv", ["x", "/net/w1", "/net/b1"], ["c1"], pads=[1, 1, 1, 1], name="/net/conv1"),
+             mk("Relu", ["c1"], ["r1"], name="/net/relu1"),
+             mk("Conv", ["r1", "/net/w2"], ["y"], name="/net/conv2")]
+    graph = h.make_graph(nodes, "conv", [h.make_tensor_value_info("x", T.FLOAT, [1, 3, 8, 8])],
+                         [h.make_tensor_value_info("y", T.FLOAT, [1, 4, 8, 8])],
+                         [nh.from_array(w1, "/net/w1"), nh.from_array(b1, "/net/b1"), nh.from_array(w2, "/net/w2")])
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    m.ir_version = 8
+    return m, rng.standard_normal((n, 1, 3, 8, 8)).astype(np.float32)
+
+
+def test_a_per_tensor_weight_goes_per_channel_with_its_bias(tmp_path):
+    # ort_cpu with --per-tensor: Conv may be per-channel there, so the net makes the outlier weight per-channel
+    # and puts its int32 bias on s_in x s_w per channel (what QLinearConv reads)
+    m, x = outlier_conv_model()
+    feeds = [{"x": s} for s in x]
+    before = quantize(m, feeds, per_channel=False, min_sqnr=float("-inf"))
+    assert ort_sqnr(before, m, x, tmp_path) < DEFAULT_MIN_SQNR_DB
+    res = quantize(m, feeds, per_channel=False)
+    sn = res.report["safety_net"]
+    assert ort_sqnr(res, m, x, tmp_path) >= DEFAULT_MIN_SQNR_DB, sn
+    assert [(c["value"], c["action"]) for c in sn["changed"] if c["action"].startswith("weight")] == \
+        [("/net/w1", "weight per-channel")]
+    q = onnx.load(str(tmp_path / "q.onnx"))
+    made = {o: n for n in q.graph.node for o in n.output}
+    inits = {i.name: nh.to_array(i) for i in q.graph.initializer}
+    conv = next(n for n in q.graph.node if n.name == "/net/conv1")
+    wdq, bdq, xdq = made[conv.input[1]], made[conv.input[2]], made[conv.input[0]]
+    s_w, s_b, s_in = inits[wdq.input[1]], inits[bdq.input[1]], inits[xdq.input[1]]
+    assert s_w.shape == (16,) and np.allclose(s_b, s_in * s_w, rtol=1e-6)

@@ -157,7 +157,7 @@ def _switch_proto(model, choices: List[WeightChoice]):
         out = n.output[0]
         n.output[0] = f"{p}{i}_dq"
         g.node.append(n)
-        alt = choices[i].alt.astype(np.asarray(choices[i].float_w).dtype)
+        alt = choices[i].alt.astype(np.asarray(choices[i].dq.inputs[1].const_value()).dtype)   # the DQ's type
         g.initializer.append(numpy_helper.from_array(alt, f"{p}{i}_alt"))
         g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}{i}_idx"))
         g.node.append(helper.make_node("Gather", [_SWITCH_ON, f"{p}{i}_idx"], [f"{p}{i}_on"], name=f"{p}{i}_g"))
@@ -272,6 +272,9 @@ def _apply(model, plan, c: WeightChoice, params: Optional[dict]) -> None:
         if params is not None:
             params.pop(c.key, None)
         return
+    for u in list(c.dq.outputs[0].uses()):
+        if not u.is_graph_output and u.index == 1:
+            _requantize_bias(g, u.user, c.new_enc)
     qarr = _quantize_array(c.float_w, c.new_enc)
     wq = g.add_constant(qarr, f"{c.key}{_SUFFIX}")
     scale, zp = _qparams(g, c.new_enc, c.key, np.asarray(c.dq.inputs[1].const_value()).dtype)
@@ -289,3 +292,37 @@ def _apply(model, plan, c: WeightChoice, params: Optional[dict]) -> None:
             spec.axis = c.new_enc.axis
     if params is not None:
         params[c.key] = c.new_enc
+
+
+def _requantize_bias(g, reader, enc) -> None:
+    """An int32 bias DQ of `reader` (Conv/Gemm) on the grid s_in x s_w of the new weight grid `enc`, as the fused
+    integer kernels read it (onnxruntime takes the int32 values and assumes that scale). Left as it is when the
+    structure differs or the values would not fit in int32 (then the reader runs float on that target)."""
+    bias = reader.inputs[2] if len(reader.inputs) > 2 else None
+    x = reader.inputs[0]
+    bdq, xdq = getattr(bias, "producer", None), getattr(x, "producer", None)
+    if bdq is None or xdq is None or bdq.op_type != "DequantizeLinear" or xdq.op_type != "DequantizeLinear" \
+            or len(bias.uses()) != 1:
+        return
+    b_int, b_s, s_in = (bdq.inputs[0].const_value(), bdq.inputs[1].const_value(),
+                        xdq.inputs[1].const_value() if len(xdq.inputs) > 1 else None)
+    if b_int is None or b_s is None or s_in is None or np.asarray(b_int).dtype != np.int32 or np.size(s_in) != 1:
+        return
+    b = np.asarray(b_int, np.float64) * np.asarray(b_s, np.float64)
+    scale = float(np.asarray(s_in).reshape(())) * np.asarray(enc.scale, np.float64).reshape(-1)
+    if scale.size not in (1, b.size) or not np.all(scale > 0):
+        return
+    q = np.round(b / scale)
+    if np.abs(q).max(initial=0) > 2 ** 31 - 1:
+        return
+    shape = () if scale.size == 1 else (scale.size,)
+    name = bdq.inputs[0].name
+    new = [g.add_constant(q.astype(np.int32).reshape(np.shape(b_int)), name),
+           g.add_constant(scale.astype(np.asarray(b_s).dtype).reshape(shape), f"{name}_scale"),
+           g.add_constant(np.zeros(shape, np.int32), f"{name}_zero_point")]
+    old = list(bdq.inputs)
+    for i, v in enumerate(new):
+        g.set_input(bdq, i, v)
+    if scale.size > 1:
+        bdq.set_attr("axis", 0)
+    g.drop_if_unused(old)
