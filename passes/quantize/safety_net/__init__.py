@@ -125,7 +125,10 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
             out.after_db = worst_sqnr(new_errors)
             if out.after_db >= floor or clock.out():
                 break
-        if out.after_db < floor and source is not None and not clock.out():
+        if out.after_db < floor and clock.out():
+            out.note = f"{out.note}; " if out.note else ""
+            out.note += f"weights not searched: the time budget ({clock.seconds:.0f} s) was spent"
+        elif out.after_db < floor and source is not None:
             fixed = weight_phase(model, plan, kept, new_errors or errors, floor, profile,
                                  source, out, clock, shown.update, params)
             new_errors = fixed if fixed is not None else new_errors
@@ -138,9 +141,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
 
 
 def _changed_phrase(changed: List[dict]) -> str:
-    """`2 quantizers at 16 bits and 1 float ('a', 'b', 'c')`, or `nothing`."""
-    if not changed:
-        return "nothing"
+    """`3 quantizers (2 at 16 bits and 1 float: 'a', 'b', 'c')`."""
     acts = [c["action"] for c in changed]
     parts = [f"{acts.count('widened')} at 16 bits" if "widened" in acts else "",
              f"{acts.count('float')} float" if "float" in acts else ""]
@@ -152,7 +153,9 @@ def summary_line(out: Outcome, floor: float) -> str:
     """One line: what the net kept float (or widened) and why."""
     if not out.triggered:
         return ""
-    what = out.kept or _changed_phrase(out.changed)
+    acts = [c for c in out.changed if c["action"] in ("widened", "float")]
+    phrases = [out.kept.get("region") or (_changed_phrase(acts) if acts else ""), out.kept.get("weights", "")]
+    what = "; ".join(p for p in phrases if p) or "nothing"
     verdict = "reaches" if out.after_db >= floor else "still below"
     why = f"output SQNR {out.before_db:.1f} dB -> {out.after_db:.1f} dB, {verdict} the floor {floor:g} dB"
     return f"kept {what}: {why}"
@@ -236,12 +239,13 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
             if found is not None:
                 region, members, action, reached = found
                 fixes.append((members, action, db(h_cur), reached, region.label))
-                out.kept = (f"{'module' if region.kind == 'scope' else region.kind} '{region.label}' "
+                out.kept["region"] = (f"{'module' if region.kind == 'scope' else region.kind} '{region.label}' "
                             f"({len(members)} quantizers) {'at 16 bits' if action == 'wide' else 'float'}"
                             if region.kind != "stretch" else
                             f"{region.label} ({len(members)} quantizers) "
                             f"{'at 16 bits' if action == 'wide' else 'float'}")
-                out.kept += f" (single quantizers alone reached {db(h_cur):.1f} dB: they only hurt together)"
+                out.kept["region"] += (f" (single quantizers alone reached {db(h_cur):.1f} dB: they only hurt "
+                                       f"together)")
     except QCompilerError as e:
         # NOTE: the net is a best effort on a model that already quantized: onnxruntime refusing the switchable
         # copy (or a trial run) leaves the model as it is, with the reason, and the quality gate still applies

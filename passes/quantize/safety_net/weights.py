@@ -229,7 +229,7 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
     what = f"{len(chosen)} weight{'s' if len(chosen) != 1 else ''}{where} " + \
         " / ".join({"16 bits": "at 16 bits", "per-channel": "per channel", "float": "float"}[k] for k in kinds) + \
         f" ({names}; activations alone could not reach the floor)"
-    out.kept = f"{out.kept}; {what}" if out.kept else what
+    out.kept["weights"] = what
     out.after_db = after
     return new
 
