@@ -150,7 +150,7 @@ def test_max_drop_forms(value, want):
 @pytest.mark.parametrize("kw, needle", [({"max_drop": "150%"}, "max_drop"), ({"max_drop": 0}, "max_drop"),
                                         ({"max_drop": "x%"}, "max_drop"), ({"max_drop": True}, "max_drop"),
                                         ({"max_drop": 0.01, "metric": 3}, "metric"),
-                                        ({"metric": len}, "max_drop"), ({"ray": "auto"}, "max_drop"),
+                                        ({"metric": len}, "max_drop"), ({"ray": "a b"}, "ray"),
                                         ({"max_drop": 0.01, "ray": "a b"}, "ray"),
                                         ({"max_drop": 0.01, "executor": object()}, "executor")])
 def test_bad_arguments_are_one_line(kw, needle):

@@ -16,12 +16,9 @@ from qcompiler.errors import ConfigError
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.progress import bar
 from qcompiler.quant.core.context import QuantPass
-from qcompiler.quant.runtime.executor import get_executor
+from qcompiler.quant.runtime.executor import SMALL_MODEL_BYTES, run_executor
 from qcompiler.quant.runtime.memory import weight_bytes
 
-# below this many weight bytes the evaluations run in this process: a worker's start-up (importing onnxruntime,
-# ~1-2 s) costs more than such a model's runs (digits_cnn: 48 evaluations in 4 s)
-SMALL_MODEL_BYTES = 4 << 20
 # a larger model's sensitivity table runs on this many of the kept calibration samples (the whole-model
 # measurements on all of them): the table only ranks the layers, and minilm's has 180 entries
 SENSITIVITY_SAMPLES = 16
@@ -42,8 +39,7 @@ class MixedPrecision(QuantPass):
         if not ctx.calibration.kept:
             raise ConfigError("mixed-precision needs calibration samples kept for the report (none were kept)")
         small = weight_bytes(ctx.model) < SMALL_MODEL_BYTES
-        executor = s.executor if s.executor is not None else \
-            get_executor(s.ray, workers=1 if s.ray is None and small else None)
+        executor = s.executor if s.executor is not None else run_executor(s.ray, weight_bytes(ctx.model))
         search = Search(ctx, s.max_drop, s.metric, executor,
                         sensitivity_samples=None if small else SENSITIVITY_SAMPLES)
         try:

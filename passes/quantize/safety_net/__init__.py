@@ -39,6 +39,7 @@ from qcompiler.onnx_io import model_to_proto
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.safety_net.budget import Clock, float_nodes
+from qcompiler.passes.quantize.safety_net.parallel import trial_pool
 from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, RegionSearch
 from qcompiler.passes.quantize.safety_net.search import MIN_GAIN_DB, search
 from qcompiler.passes.quantize.safety_net.weights import weight_phase
@@ -61,6 +62,7 @@ from qcompiler.progress import bar
 from qcompiler.quant.core.context import Outcome, QuantPass
 from qcompiler.quant.core.qdq import _qparams, pinned_pairs, remove_qdq
 from qcompiler.quant.interop.report import output_errors, rounded_db
+from qcompiler.quant.runtime.executor import run_executor
 from qcompiler.quant.runtime.memory import weight_bytes
 
 # NOTE: the default floor. Output SQNR (min over outputs) of the corpus models with the defaults (ort_cpu,
@@ -79,10 +81,12 @@ __all__ = ["MAX_WEIGHT_BYTES", "TRIAL_SAMPLES", "_SWITCH_ON", "_SWITCH_WIDE", "_
 
 def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: float, profile,
                    max_trials: Optional[int] = None, samples: Optional[int] = None, progress=None, source=None,
-                   params: Optional[dict] = None):
+                   params: Optional[dict] = None, executor=None, ray: Optional[str] = None):
     """When the output SQNR in `errors` is below `floor`: find and fix the quantizers that break it (in place on
     `model`, `plan` and `acts`). Returns (Outcome, errors of the fixed model or None when nothing changed).
-    `source`: the float model as the caller gave it (float weights for phase 3)."""
+    `source`: the float model as the caller gave it (float weights for phase 3). `executor` (an object with
+    map(fn, items)) runs the independent trials (parallel.py); without one, `run_executor(ray, ...)`'s rule
+    picks it, only once the net runs."""
     out = Outcome(before_db=worst_sqnr(errors))
     out.after_db = out.before_db
     if not (out.before_db < floor) or not kept:
@@ -97,6 +101,23 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     out.samples = min(len(kept), samples or TRIAL_SAMPLES)
     budget = max_trials or MAX_TRIALS
     clock = Clock(float_nodes(model))
+    own = executor is None
+    if own:
+        executor = run_executor(ray, weight_bytes(model))
+    try:
+        new_errors = _passes(model, plan, acts, kept, errors, floor, profile, source, params, out, clock, wide_bits, budget,
+                executor, progress)
+    finally:
+        if own:
+            executor.close()
+    out.seconds_budget = round(clock.seconds, 1)
+    out.summary = summary_line(out, floor)
+    return out, new_errors
+
+
+def _passes(model, plan, acts, kept, errors, floor, profile, source, params, out: Outcome, clock, wide_bits,
+            budget: int, executor, progress) -> Optional[dict]:
+    """The phases of run_safety_net (its docstring): the fixed model's errors, or None."""
     new_errors = None
     # NOTE: the trials' estimate (the worst samples, fake-quantized) and the real model (onnxruntime's fused
     # integer kernels, every kept sample) can differ by a few dB (trt, mean 20: 16.2 vs 13.2 dB): the search aims
@@ -112,7 +133,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
                 break
             no_wide = {i for i, z in enumerate(quants) if wide_bits and z.enc.bits >= wide_bits}
             fixes, note = _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out,
-                                    budget - out.trials, clock, shown.update)
+                                    budget - out.trials, clock, shown.update, executor)
             if note:
                 out.note = note
             if not fixes:
@@ -130,14 +151,12 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
             out.note += f"weights not searched: the time budget ({clock.seconds:.0f} s) was spent"
         elif out.after_db < floor and source is not None:
             fixed = weight_phase(model, plan, kept, new_errors or errors, floor, profile,
-                                 source, out, clock, shown.update, params)
+                                 source, out, clock, shown.update, params, executor)
             new_errors = fixed if fixed is not None else new_errors
     if out.after_db < floor:
         fixed = body_fallback(model, plan, acts, kept, new_errors or errors, out)
         new_errors = fixed if fixed is not None else new_errors
-    out.seconds_budget = round(clock.seconds, 1)
-    out.summary = summary_line(out, floor)
-    return out, new_errors
+    return new_errors
 
 
 def _changed_phrase(changed: List[dict]) -> str:
@@ -217,13 +236,16 @@ def _drop_quantizers(quants: List[_Quantizer]) -> None:
 
 
 def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome, trials_left: int, clock,
-              on_trial=None):
+              on_trial=None, executor=None):
     """One switchable session, the quantizer search and (below the floor) the region search: (fixes, note)."""
-    trials = None
+    trials = pool = None
     target = floor + TARGET_MARGIN_DB
     try:
-        sess = create_session(_switch_proto(model, quants, wide_bits), role="safety net")
-        trials = _Trials(sess, kept, len(quants), bool(wide_bits), trials_left, clock, on_trial)
+        proto = _switch_proto(model, quants, wide_bits)
+        pool = trial_pool(executor, proto)
+        sess = create_session(proto, role="safety net")
+        del proto
+        trials = _Trials(sess, kept, len(quants), bool(wide_bits), trials_left, clock, on_trial, pool)
         if len(kept) > out.samples:
             trials.pick(out.samples)
         tried = []
@@ -251,6 +273,9 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
         # copy (or a trial run) leaves the model as it is, with the reason, and the quality gate still applies
         out.trials += trials.count if trials is not None else 0
         return [], f"could not run: {getattr(e, 'reason', str(e))[:200]}"
+    finally:
+        if pool is not None:
+            pool.close()
     out.trials += trials.count
     note = f"stopped after {clock.seconds:g} s of trials (budget)" if trials.out_of_time else ""
     return fixes, note
@@ -318,7 +343,8 @@ class SafetyNet(QuantPass):
     def run(self, ctx) -> PassResult:
         outcome, fixed = run_safety_net(ctx.model, ctx.plan, ctx.activations, ctx.calibration.kept, ctx.errors,
                                         ctx.settings.min_sqnr, ctx.profile, progress=ctx.settings.progress,
-                                        source=ctx.source, params=ctx.params)
+                                        source=ctx.source, params=ctx.params, executor=ctx.settings.executor,
+                                        ray=ctx.settings.ray)
         ctx.safety_net = outcome
         if fixed is not None:
             ctx.errors = fixed

@@ -104,11 +104,14 @@ class RegionSearch:
         self.k = len(quants)
         self.tried: List[Tried] = []
 
-    def measure(self, off=(), wide=()) -> float:
+    def setting(self, off=(), wide=()):
+        """(on, wide) switch lists with `off` float and `wide` widened on top of the quantizer search's fixes."""
         off, wide = set(off), set(wide)
         on = [j for j in range(self.k) if j not in off and self.fixed.get(j) != "float"]
-        w = [j for j in range(self.k) if (self.fixed.get(j) == "wide" or j in wide) and j not in off]
-        return db(self.trials.harm(on, w))
+        return on, [j for j in range(self.k) if (self.fixed.get(j) == "wide" or j in wide) and j not in off]
+
+    def measure(self, off=(), wide=()) -> float:
+        return db(self.trials.harm(*self.setting(off, wide)))
 
     def _try(self, region: Region, members, action: str = "float") -> float:
         s = self.measure(wide=members) if action == "wide" else self.measure(off=members)
@@ -131,13 +134,7 @@ class RegionSearch:
                       for r in scope_regions(self.quants) + supergroup_regions(self.quants, plan)]
         candidates = sorted({r.members: r for r in candidates if 2 <= len(r.members) < len(rest)}.values(),
                             key=lambda r: (len(r.members), r.label))
-        best = None
-        for r in candidates:
-            if self.trials.left() <= 2:
-                break
-            if self._try(r, r.members) >= self.target:
-                best = r
-                break
+        best = self._first_reaching(candidates)
         if best is None:
             best = self._stretch(rest) or whole
         members = list(best.members)
@@ -149,6 +146,27 @@ class RegionSearch:
         reached = self.measure(**({"wide": members} if action == "wide" else {"off": members}))
         self.tried.append(Tried(best.label, best.kind, len(members), reached, action, kept=True))
         return best, members, action, reached
+
+    def _first_reaching(self, candidates: List[Region]) -> Optional[Region]:
+        """The first candidate (in order) that reaches the target, each turned float alone while more than two
+        trials are left. The candidates are independent: with a pool they run a batch at a time (as many as it
+        has workers); the trials after the first hit are refunded and left out of `tried`, so the choice, the
+        record and the trial count are the serial run's (the time budget is checked before each batch)."""
+        i = 0
+        while i < len(candidates):
+            n = min(self.trials.parallel(), self.trials.left() - 2)
+            if n <= 0:
+                return None
+            batch = candidates[i:i + n]
+            harms = self.trials.harm_many([self.setting(off=r.members) for r in batch])
+            for j, (r, h) in enumerate(zip(batch, harms)):
+                s = db(h)
+                self.tried.append(Tried(r.label, r.kind, len(r.members), s, "float"))
+                if s >= self.target:
+                    self.trials.refund(len(batch) - j - 1)
+                    return r
+            i += n
+        return None
 
     def _stretch(self, rest: List[int]) -> Optional[Region]:
         """The shortest stretch [lo, hi) of `rest` (graph order) found by bisection that reaches the target."""

@@ -41,16 +41,24 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_w
             return f"'{names[idx[0]]}'"
         return f"{len(idx)} {noun} '{names[idx[0]]}' .. '{names[idx[-1]]}' (graph order)"
 
-    def measure(off=(), wide=(), back_on=None):
+    def setting(off=(), wide=()):
         off, wide = set(off), set(wide)
         on = [j for j in range(k) if j not in off and fixed.get(j) != "float"]
-        w = [j for j in range(k) if (fixed.get(j) == "wide" or j in wide) and j not in off]
-        h = trials.harm(on, w)
+        return on, [j for j in range(k) if (fixed.get(j) == "wide" or j in wide) and j not in off]
+
+    def record(h, off=(), wide=(), back_on=None):
         if tried is not None and (off or wide or back_on is not None):
             what = label(off or wide) if back_on is None else f"{label([back_on])} back on"
             tried.append(Tried(what, noun, len(off or wide) if back_on is None else 1, db(h),
                                "shrink" if back_on is not None else "wide" if wide else "float"))
         return h
+
+    def measure(off=(), wide=(), back_on=None):
+        return record(trials.harm(*setting(off, wide)), off, wide, back_on)
+
+    def measure_off(groups):
+        """Each group turned off alone: independent trials, run at once where the trials have a pool."""
+        return [record(h, off=g) for h, g in zip(trials.harm_many([setting(off=g) for g in groups]), groups)]
 
     h_cur = measure()
     while db(h_cur) < floor and trials.left() > 1 and len(fixes) < MAX_FIXES:
@@ -66,7 +74,8 @@ def search(trials: _Trials, k: int, floor: float, wide_bits: Optional[int], no_w
         path = [(group, h_g)]
         while len(group) > 1 and trials.left() > 4:
             half = len(group) // 2
-            parts = [(measure(off=p), p) for p in (group[:half], group[half:])]
+            halves = (group[:half], group[half:])
+            parts = list(zip(measure_off(halves), halves))
             h_best, best = min(parts, key=lambda t: t[0])
             if (h_cur - h_best) >= 0.5 * (h_cur - h_g):
                 group, h_g = best, h_best          # one half carries it

@@ -139,8 +139,10 @@ class _Trials:
     """Runs one setting of the switches on the trial samples; harm = max over outputs of noise/signal, scaled so
     that all quantizers on gives the harm over every kept sample (`pick`)."""
 
-    def __init__(self, sess, kept, k: int, wide: bool, max_trials: int, clock=None, on_trial: Callable = None):
+    def __init__(self, sess, kept, k: int, wide: bool, max_trials: int, clock=None, on_trial: Callable = None,
+                 pool=None):
         self.sess, self.kept, self.k, self.wide, self.max_trials = sess, kept, k, wide, max_trials
+        self.pool = pool                # parallel.TrialPool for harm_many (None: every trial in this process)
         self.names = [o.name for o in sess.get_outputs()]
         self.count = 0
         self.scale: Dict[str, float] = {}
@@ -175,34 +177,52 @@ class _Trials:
             noise = sum(c[n].noise for c in chosen if n in c)
             self.scale[n] = (_ratio(t) / (noise / sig)) if noise > 0 and sig > 0 else 1.0
 
-    def _errors(self, kept, on, wide, per_sample: bool = False):
-        self.count += 1
-        t0 = time.perf_counter()
+    def _flags(self, on, wide):
         flags = np.zeros(self.k, bool)
         flags[list(on)] = True
-        feedx = {_SWITCH_ON: flags}
+        w = None
         if self.wide:
             w = np.zeros(self.k, bool)
             w[list(wide)] = True
-            feedx[_SWITCH_WIDE] = w
+        return flags, w
+
+    def _reduce(self, kept, runs) -> list:
+        """Per sample, {output: OutputError} of the outputs `runs` against the references in `kept`."""
         out = []
-        # NOTE: two single-threaded runs in flight, as report._output_errors (a busy 2-core box)
-        with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
-            runs = pool.map(lambda item: self.sess.run(self.names, {**item[0], **feedx},
-                                                       where="a safety-net trial"), kept)
-            for (feed, ref), outs in zip(kept, runs):
-                errs: Dict[str, OutputError] = {}
-                for n, a in zip(self.names, outs):
-                    r = ref.get(n)
-                    if r is not None and np.issubdtype(np.asarray(r).dtype, np.floating):
-                        errs.setdefault(n, OutputError()).update(r, a, feed)
-                out.append(errs)
-        if self.clock is not None and kept:
-            self.clock.observe((time.perf_counter() - t0) / len(kept))
+        for (feed, ref), outs in zip(kept, runs):
+            errs: Dict[str, OutputError] = {}
+            for n, a in zip(self.names, outs):
+                r = ref.get(n)
+                if r is not None and np.issubdtype(np.asarray(r).dtype, np.floating):
+                    errs.setdefault(n, OutputError()).update(r, a, feed)
+            out.append(errs)
+        return out
+
+    def _errors(self, kept, on, wide, per_sample: bool = False, runs=None):
+        """`runs`: the outputs of this setting computed elsewhere (harm_many), else run here."""
+        self.count += 1
+        t0 = time.perf_counter()
+        if runs is None:
+            flags, w = self._flags(on, wide)
+            feedx = {_SWITCH_ON: flags}
+            if w is not None:
+                feedx[_SWITCH_WIDE] = w
+            # NOTE: two single-threaded runs in flight, as report._output_errors (a busy 2-core box)
+            with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+                out = self._reduce(kept, pool.map(lambda item: self.sess.run(self.names, {**item[0], **feedx},
+                                                                             where="a safety-net trial"), kept))
+            if self.clock is not None and kept:
+                self.clock.observe((time.perf_counter() - t0) / len(kept))
+        else:
+            out = self._reduce(kept, runs)
         if self.on_trial is not None:
             self.on_trial()
         if per_sample:
             return out
+        return self._total(out)
+
+    @staticmethod
+    def _total(out) -> Dict[str, OutputError]:
         total: Dict[str, OutputError] = {}
         for errs in out:
             for n, e in errs.items():
@@ -211,8 +231,31 @@ class _Trials:
         return total
 
     def harm(self, on, wide=()) -> float:
-        errs = self._errors(self.kept, on, wide)
+        return self._harm(self._errors(self.kept, on, wide))
+
+    def _harm(self, errs) -> float:
         return max((_ratio(e) * self.scale.get(n, 1.0) for n, e in errs.items()), default=0.0)
+
+    def parallel(self) -> int:
+        """How many independent trials are worth asking for at once (1: no pool)."""
+        return self.pool.workers if self.pool is not None and not self.pool.failed else 1
+
+    def harm_many(self, settings) -> List[float]:
+        """harm(on, wide) of each (on, wide) in `settings`, independent trials run at once on the pool (each
+        counted as a trial); the same numbers as one harm() after another. One setting, or before the first
+        trial is timed (the budget's clock), runs here."""
+        settings = list(settings)
+        if len(settings) > 1 and self.parallel() > 1 and (self.clock is None or self.clock.timed):
+            runs = self.pool.run(self.kept, [self._flags(on, wide) for on, wide in settings])
+            if runs is not None:
+                return [self._harm(self._errors(self.kept, on, wide, runs=r)) for (on, wide), r in
+                        zip(settings, runs)]
+        return [self.harm(on, wide) for on, wide in settings]
+
+    def refund(self, n: int) -> None:
+        """Trials run ahead of need (a batch past the first hit) are not charged: the trial cap ends a search
+        where the serial run ends it."""
+        self.count -= n
 
 
 def _ratio(e) -> float:

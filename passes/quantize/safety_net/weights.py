@@ -32,6 +32,7 @@ from qcompiler.onnx_io.files import load_model
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.mixed_precision.search import legal_candidates
+from qcompiler.passes.quantize.safety_net.parallel import trial_pool
 from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, RegionSearch
 from qcompiler.passes.quantize.safety_net.search import search
 from qcompiler.passes.quantize.safety_net.trials import _SWITCH_ON, _Trials, db, worst_sqnr
@@ -168,7 +169,7 @@ def _switch_proto(model, choices: List[WeightChoice]):
 
 
 def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, on_trial=None,
-                 params: Optional[dict] = None) -> Optional[dict]:
+                 params: Optional[dict] = None, executor=None) -> Optional[dict]:
     """Search and apply finer weight grids (module docstring) until the output is WEIGHT_MARGIN_DB above `floor`.
     Returns the new errors, or None."""
     target = floor + WEIGHT_MARGIN_DB
@@ -180,10 +181,13 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
         out.note = f"{out.note}; {note}" if out.note else note
     if not choices:
         return None
-    trials = None
+    trials = pool = None
     try:
-        sess = create_session(_switch_proto(model, choices), role="safety net (weights)")
-        trials = _Trials(sess, kept, len(choices), False, MAX_WEIGHT_TRIALS, clock, on_trial)
+        proto = _switch_proto(model, choices)
+        pool = trial_pool(executor, proto)
+        sess = create_session(proto, role="safety net (weights)")
+        del proto
+        trials = _Trials(sess, kept, len(choices), False, MAX_WEIGHT_TRIALS, clock, on_trial, pool)
         if len(kept) > out.samples:
             trials.pick(out.samples)
         tried = []
@@ -203,6 +207,9 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
         out.trials += trials.count if trials is not None else 0
         out.note = (out.note + "; " if out.note else "") + f"weights not searched: {getattr(e, 'reason', str(e))[:200]}"
         return None
+    finally:
+        if pool is not None:
+            pool.close()
     out.trials += trials.count
     out.tried.extend({"region": t.region, "kind": t.kind if t.kind.startswith("weights") else f"weights {t.kind}",
                       "action": "finer grid" if t.action == "float" else t.action, "quantizers": t.quantizers,

@@ -483,15 +483,18 @@ SWITCHES: Tuple[Switch, ...] = (
             "the mixed-precision search's `metric(outputs, reference) -> score` (default: relative output error)",
             api_only="a Python callable",
             configures=("mixed-precision",)),
-    _switch("ray", None, _ray, "run the mixed-precision evaluations on Ray (\"auto\" or an address)",
-            Flag(("--ray",), "run the --max-drop evaluations on a Ray cluster (pip install 'qcompiler[ray]'); "
-                 "default: local processes", metavar="auto|ADDRESS"),
-            configures=("mixed-precision",)),
+    _switch("ray", None, _ray, "run the mixed-precision evaluations and the safety net's independent trials on "
+            "Ray (\"auto\" or an address)",
+            Flag(("--ray",), "run the --max-drop evaluations and the safety net's independent trials on a Ray "
+                 "cluster (pip install 'qcompiler[ray]'); default: local processes (docs/parallel.md)",
+                 metavar="auto|ADDRESS"),
+            configures=("mixed-precision", "safety-net")),
     _switch("executor", None, _executor,
-            "run the mixed-precision evaluations on this object's `map(fn, items)` instead "
-            "(qcompiler.quant.runtime.executor; default: local processes, or Ray with `ray`)",
+            "run the mixed-precision evaluations and the safety net's independent trials on this object's "
+            "`map(fn, items)` instead (qcompiler.quant.runtime.executor; default: local processes, or Ray with "
+            "`ray`)",
             api_only="a Python object",
-            configures=("mixed-precision",)),
+            configures=("mixed-precision", "safety-net")),
     _switch("opset", None, _optional(_int(13, 1 << 16)), "pin the output opset",
             Flag(("--opset",), "pin the output opset (default: 13, or 21 when int4/int16 grids, per-block "
                  "weights or the target's 16-bit widening need it)", type=int),
@@ -527,8 +530,7 @@ BY_NAME = {s.name: s for s in SWITCHES}
 # keywords of quantize() that are not switches: what is quantized, with what, and the instruments around it
 NOT_SWITCHES = ("model_or_path", "calib", "instrumentations")
 # a switch that only means something together with another: (switch, the one it needs, what for)
-NEEDS = (("metric", "max_drop", "the mixed-precision search"), ("ray", "max_drop", "the mixed-precision search"),
-         ("executor", "max_drop", "the mixed-precision search"))
+NEEDS = (("metric", "max_drop", "the mixed-precision search"),)
 
 
 def check_switches(values: dict) -> dict:

@@ -6,6 +6,9 @@ The mixed-precision search (passes/quantize/mixed_precision/search/) runs its pe
   multiprocessing, see its NOTE), workers = cores. Items are read lazily and submitted a window at a time (2
   per worker), so a large model's serialized candidates are never all in memory at once (minilm: 90 MB each).
 - `SerialExecutor`: in this process (one core, or a single item: no process start-up to pay).
+
+`run_executor` is the rule a pass uses when the caller gave no executor (mixed precision, the safety net's
+independent trials: passes/quantize/safety_net/parallel.py).
 - `RayExecutor` (`--ray auto|ADDRESS`, `quantize(..., ray="auto")`): the same map on a Ray cluster
   (`ray.init(address=...)`; "auto" joins the cluster this machine belongs to, or starts a local one). Ray is
   an optional extra: `pip install 'qcompiler[ray]'`.
@@ -248,4 +251,20 @@ def get_executor(ray: Optional[str] = None, workers: Optional[int] = None) -> Ex
     return LocalExecutor(w) if w > 1 else SerialExecutor()
 
 
-__all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "get_executor", "check_ray", "cores"]
+# below this many weight bytes a run's evaluations stay in this process: a worker's start-up (importing
+# onnxruntime and building its session, ~1-2 s) costs more than such a model's runs (digits_cnn: 48
+# mixed-precision evaluations in 4 s)
+SMALL_MODEL_BYTES = 4 << 20
+
+
+def run_executor(ray: Optional[str], model_weight_bytes: int) -> Executor:
+    """The executor of a pass whose caller gave none (the rule, one place): Ray with `ray`; else local processes
+    when this machine has two cores or more and the model holds SMALL_MODEL_BYTES of weights or more; else this
+    process."""
+    if ray is not None:
+        return RayExecutor(ray)
+    return get_executor(workers=1 if model_weight_bytes < SMALL_MODEL_BYTES else None)
+
+
+__all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "get_executor", "run_executor",
+           "check_ray", "cores", "SMALL_MODEL_BYTES"]
