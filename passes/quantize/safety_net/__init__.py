@@ -21,7 +21,8 @@ each run only while the output is still below the floor:
 The fixes are applied to the real QDQ model and the output SQNR measured again on it (the real fused kernels);
 when still below the floor a second pass (MAX_PASSES) starts from it. The time budget grows with the model
 (`budget.py`); every region and weight trial is in the report (`safety_net.tried`) and the summary says in one
-line what was kept and why (`safety_net.summary`).
+line what was kept and why (`safety_net.summary`). Independent trials (the two halves of a group, one round's
+candidate regions) run at once on the run's executor (`parallel.py`; `--ray`), with the serial run's result.
 
 NOTE: quantizers inside If/Loop/Scan bodies are not switchable one by one (a Where per quantizer would have to
 bubble its switch into every body). Models whose weights exceed `MAX_WEIGHT_BYTES` are skipped (the switchable
@@ -47,6 +48,7 @@ from qcompiler.passes.quantize.safety_net.trials import (
     _SWITCH_ON,
     _SWITCH_WIDE,
     MAX_WEIGHT_BYTES,
+    RUNS_IN_FLIGHT,
     TRIAL_SAMPLES,
     _Quantizer,
     _switch_proto,
@@ -103,7 +105,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     clock = Clock(float_nodes(model))
     own = executor is None
     if own:
-        executor = run_executor(ray, weight_bytes(model))
+        executor = run_executor(ray, weight_bytes(model), in_process=RUNS_IN_FLIGHT)
     try:
         new_errors = _passes(model, plan, acts, kept, errors, floor, profile, source, params, out, clock, wide_bits, budget,
                 executor, progress)

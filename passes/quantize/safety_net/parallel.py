@@ -2,7 +2,9 @@
 
 Most trials depend on the one before (a bisection, members turned back on one by one); a few phases have
 candidates that do not: the two halves of a group, the candidate regions of one round. `_Trials.harm_many` runs
-those through a `TrialPool`: local worker processes, or Ray with `--ray`. Each worker builds its own session of
+those through a `TrialPool` on the run's executor: Ray with `--ray`, the caller's `executor=`, else local
+worker processes where they pay (executor.run_executor's rule: more cores than the two samples an in-process
+trial runs at once, and a model of SMALL_MODEL_BYTES or more; otherwise every trial runs here). Each worker builds its own session of
 the switchable model once (a file written here, read back by path) and runs one switch setting per item on the
 trial samples (an .npz written here, read with allow_pickle=False); it returns the raw outputs and this process
 reduces them exactly as an in-process trial does, so the numbers, hence every choice, are the serial run's.

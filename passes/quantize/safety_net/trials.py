@@ -22,6 +22,7 @@ from qcompiler.quant.core.qdq import cast_ends, storage_dtype
 from qcompiler.quant.interop.report import OutputError
 
 MAX_WEIGHT_BYTES = 1 << 30   # larger models are not searched (the switchable copy is one protobuf)
+RUNS_IN_FLIGHT = 2         # a trial in this process runs this many samples at once (one thread each)
 TRIAL_SAMPLES = 8          # calibration samples per trial: the kept samples with the largest error
 _SWITCH_ON, _SWITCH_WIDE = "qcompiler_safety_net_on", "qcompiler_safety_net_wide"
 
@@ -208,7 +209,7 @@ class _Trials:
             if w is not None:
                 feedx[_SWITCH_WIDE] = w
             # NOTE: two single-threaded runs in flight, as report._output_errors (a busy 2-core box)
-            with ThreadPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1))) as pool:
+            with ThreadPoolExecutor(max_workers=max(1, min(RUNS_IN_FLIGHT, os.cpu_count() or 1))) as pool:
                 out = self._reduce(kept, pool.map(lambda item: self.sess.run(self.names, {**item[0], **feedx},
                                                                              where="a safety-net trial"), kept))
             if self.clock is not None and kept:

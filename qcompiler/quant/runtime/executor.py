@@ -257,13 +257,18 @@ def get_executor(ray: Optional[str] = None, workers: Optional[int] = None) -> Ex
 SMALL_MODEL_BYTES = 4 << 20
 
 
-def run_executor(ray: Optional[str], model_weight_bytes: int) -> Executor:
+def run_executor(ray: Optional[str], model_weight_bytes: int, in_process: int = 1) -> Executor:
     """The executor of a pass whose caller gave none (the rule, one place): Ray with `ray`; else local processes
-    when this machine has two cores or more and the model holds SMALL_MODEL_BYTES of weights or more; else this
-    process."""
+    when this machine has more cores than one evaluation in this process keeps busy (`in_process`: the
+    mixed-precision search runs one sample at a time, a safety-net trial two) and the model holds
+    SMALL_MODEL_BYTES of weights or more; else this process.
+
+    NOTE: on 2 cores a safety-net trial already keeps both busy: worker processes only add their start-up
+    (minilm_l6 on qnn_htp, 2 workers: 0.93 s a trial against 0.57 s in this process; docs/parallel.md)."""
     if ray is not None:
         return RayExecutor(ray)
-    return get_executor(workers=1 if model_weight_bytes < SMALL_MODEL_BYTES else None)
+    small = model_weight_bytes < SMALL_MODEL_BYTES or cores() <= in_process
+    return get_executor(workers=1 if small else None)
 
 
 __all__ = ["Executor", "SerialExecutor", "LocalExecutor", "RayExecutor", "get_executor", "run_executor",
