@@ -56,12 +56,18 @@ def _same_as_serial(spectrum, executor, tmp_path):
     assert want["summary"].startswith("kept module") and SCOPE in want["summary"]   # the net ran, regions too
     assert got == want
     assert counted.items >= 8, counted.items        # halves and candidate regions went through the executor
+    sn = res.report["safety_net"]
+    assert 8 <= sn["parallel_trials"] <= counted.items and sn["executor"].endswith(f"({executor.workers} workers)")
+    assert serial.report["safety_net"]["executor"] == "serial" and serial.report["safety_net"]["parallel_trials"] == 0
     assert ort_sqnr(res, m, x, tmp_path / "a") == ort_sqnr(serial, m, x, tmp_path / "b") >= DEFAULT_MIN_SQNR_DB
 
 
-def test_local_processes_give_the_serial_result(spectrum, tmp_path):
+@pytest.mark.parametrize("workers", [2, 4])
+def test_local_processes_give_the_serial_result(spectrum, tmp_path, workers):
+    # 2 workers: batches of halves and regions, single trials here; 4 (more than the 2 samples a trial runs
+    # here at once): every timed trial on the workers, its samples split over them
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
-    _same_as_serial(spectrum, LocalExecutor(2), tmp_path)
+    _same_as_serial(spectrum, LocalExecutor(workers), tmp_path)
 
 
 @pytest.mark.slow       # starting a local Ray instance: 36 s on a loaded 2-core machine
@@ -89,8 +95,8 @@ def test_a_failing_executor_leaves_the_trials_in_this_process(spectrum):
             raise RuntimeError("no workers today")
 
     _, want = _run(spectrum, SerialExecutor())
-    _, got = _run(spectrum, Broken())
-    assert got == want and Broken.calls >= 1
+    res, got = _run(spectrum, Broken())
+    assert got == want and Broken.calls >= 1 and res.report["safety_net"]["parallel_trials"] == 0
 
 
 def test_the_rule_small_models_and_busy_cores_stay_in_this_process():
@@ -118,6 +124,6 @@ def test_a_worker_runs_the_switchable_model_like_this_process(tmp_path):
     try:
         outs = pool.run([({"x": x}, {"y": x})], [(np.array([True]), None), (np.array([False]), None)])
         assert np.array_equal(outs[0][0][0], np.round(x)) and np.array_equal(outs[1][0][0], x)
-        assert run_trial((pool.model_path, pool._samples[1], [True], None))[0][0].tolist() == [0, 2, -2]
+        assert run_trial((pool.model_path, pool._samples[1], [True], None, [0]))[0][0].tolist() == [0, 2, -2]
     finally:
         pool.close()

@@ -40,7 +40,7 @@ from qcompiler.onnx_io import model_to_proto
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.safety_net.budget import Clock, float_nodes
-from qcompiler.passes.quantize.safety_net.parallel import trial_pool
+from qcompiler.passes.quantize.safety_net.parallel import describe, trial_pool
 from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, RegionSearch
 from qcompiler.passes.quantize.safety_net.search import MIN_GAIN_DB, search
 from qcompiler.passes.quantize.safety_net.weights import weight_phase
@@ -106,6 +106,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     own = executor is None
     if own:
         executor = run_executor(ray, weight_bytes(model), in_process=RUNS_IN_FLIGHT)
+    out.executor = describe(executor)
     try:
         new_errors = _passes(model, plan, acts, kept, errors, floor, profile, source, params, out, clock, wide_bits, budget,
                 executor, progress)
@@ -277,6 +278,7 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
         return [], f"could not run: {getattr(e, 'reason', str(e))[:200]}"
     finally:
         if pool is not None:
+            out.parallel_trials += pool.trials
             pool.close()
     out.trials += trials.count
     note = f"stopped after {clock.seconds:g} s of trials (budget)" if trials.out_of_time else ""

@@ -27,9 +27,10 @@ _CACHE: dict = {}     # in a worker: model path -> (session, output names, sampl
 
 
 def run_trial(item) -> List[list]:
-    """item = (switchable model path, samples .npz path, on flags, wide flags or None): per trial sample, the
-    outputs in the session's output order. Module level: the executors import it by name."""
-    model_path, samples_path, on, wide = item
+    """item = (switchable model path, samples .npz path, on flags, wide flags or None, sample indices): per
+    sample asked for, the outputs in the session's output order. Module level: the executors import it by
+    name."""
+    model_path, samples_path, on, wide, which = item
     hit = _CACHE.get(model_path)
     if hit is None or hit[2] != samples_path:
         _CACHE.clear()
@@ -46,7 +47,14 @@ def run_trial(item) -> List[list]:
     feedx = {_SWITCH_ON: np.asarray(on, bool)}
     if wide is not None:
         feedx[_SWITCH_WIDE] = np.asarray(wide, bool)
-    return [sess.run(outs, {**f, **feedx}, where="a safety-net trial") for f in feeds]
+    return [sess.run(outs, {**feeds[i], **feedx}, where="a safety-net trial") for i in which]
+
+
+def describe(executor) -> str:
+    """"serial", "processes (2 workers)", "ray (8 workers)": what the report says ran the trials."""
+    workers = int(getattr(executor, "workers", 1) or 1)
+    name = getattr(executor, "name", type(executor).__name__)
+    return "serial" if workers < 2 else f"{name} ({workers} workers)"
 
 
 def trial_pool(executor, proto) -> Optional["TrialPool"]:
@@ -69,6 +77,7 @@ class TrialPool:
             f.write(proto.SerializeToString())
         self._samples = None        # (id of the kept list, path)
         self.failed = False
+        self.trials = 0             # settings run through the executor
 
     def _samples_path(self, kept) -> Optional[str]:
         if self._samples is not None and self._samples[0] is kept:
@@ -91,15 +100,23 @@ class TrialPool:
         return path
 
     def run(self, kept, settings: Sequence[tuple]) -> Optional[List[List[list]]]:
-        """settings: [(on flags, wide flags or None)]."""
+        """settings: [(on flags, wide flags or None)]. The settings x samples runs are cut into one item per
+        worker at most (a setting's samples split when there are more workers than settings), and put back in
+        sample order."""
         if self.failed or not kept:
             return None
         path = self._samples_path(kept)
         if path is None:
             self.failed = True
             return None
+        chunk = max(1, min(len(kept), -(-len(kept) * len(settings) // self.workers)))
+        cuts = [list(range(i, min(i + chunk, len(kept)))) for i in range(0, len(kept), chunk)]
         try:
-            return self.executor.map(run_trial, [(self.model_path, path, on, wide) for on, wide in settings])
+            outs = iter(self.executor.map(run_trial, [(self.model_path, path, on, wide, which)
+                                                      for on, wide in settings for which in cuts]))
+            runs = [[r for _ in cuts for r in next(outs)] for _ in settings]
+            self.trials += len(settings)
+            return runs
         except Exception:   # noqa: BLE001 - a worker that cannot run the trials: this process runs them
             self.failed = True
             return None

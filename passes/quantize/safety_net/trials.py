@@ -232,6 +232,11 @@ class _Trials:
         return total
 
     def harm(self, on, wide=()) -> float:
+        if self.pool is not None:
+            return self.harm_many([(on, wide)])[0]
+        return self._harm(self._errors(self.kept, on, wide))
+
+    def _harm_here(self, on, wide=()) -> float:
         return self._harm(self._errors(self.kept, on, wide))
 
     def _harm(self, errs) -> float:
@@ -243,15 +248,17 @@ class _Trials:
 
     def harm_many(self, settings) -> List[float]:
         """harm(on, wide) of each (on, wide) in `settings`, independent trials run at once on the pool (each
-        counted as a trial); the same numbers as one harm() after another. One setting, or before the first
-        trial is timed (the budget's clock), runs here."""
+        counted as a trial); the same numbers as one harm() after another. Here instead: before the first
+        trial is timed (the budget's clock), and a single setting unless the pool has more workers than the
+        RUNS_IN_FLIGHT samples a trial runs here at once (then its samples are split over the workers)."""
         settings = list(settings)
-        if len(settings) > 1 and self.parallel() > 1 and (self.clock is None or self.clock.timed):
+        n = self.parallel()
+        if n > 1 and (len(settings) > 1 or n > RUNS_IN_FLIGHT) and (self.clock is None or self.clock.timed):
             runs = self.pool.run(self.kept, [self._flags(on, wide) for on, wide in settings])
             if runs is not None:
                 return [self._harm(self._errors(self.kept, on, wide, runs=r)) for (on, wide), r in
                         zip(settings, runs)]
-        return [self.harm(on, wide) for on, wide in settings]
+        return [self._harm_here(on, wide) for on, wide in settings]
 
     def refund(self, n: int) -> None:
         """Trials run ahead of need (a batch past the first hit) are not charged: the trial cap ends a search

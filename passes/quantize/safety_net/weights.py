@@ -209,6 +209,7 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
         return None
     finally:
         if pool is not None:
+            out.parallel_trials += pool.trials
             pool.close()
     out.trials += trials.count
     out.tried.extend({"region": t.region, "kind": t.kind if t.kind.startswith("weights") else f"weights {t.kind}",

@@ -108,3 +108,5 @@ class Outcome:
     kept: Dict[str, str] = field(default_factory=dict)  # phase ("region", "weights") -> what it kept
     summary: str = ""                                  # one line: what was kept and why
     seconds_budget: float = 0.0                        # the time budget (safety_net/budget.py)
+    executor: str = "serial"                           # what ran the independent trials (safety_net/parallel.py)
+    parallel_trials: int = 0                           # trials it ran (with those past a batch's first hit)

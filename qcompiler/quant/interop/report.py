@@ -408,6 +408,7 @@ def report_fields(report: dict, outcome, floor: float, seconds: float) -> None:
         if outcome.note:
             sn["note"] = outcome.note
         sn.update({"summary": outcome.summary, "budget_seconds": outcome.seconds_budget,
+                   "executor": outcome.executor, "parallel_trials": outcome.parallel_trials,
                    "quantizer_search_db": None if outcome.quantizer_search_db is None
                    else rounded_db(outcome.quantizer_search_db), "tried": outcome.tried})
         report.setdefault("notes", []).append(
