@@ -23,12 +23,13 @@ from olive.resource_path import LocalFile, LocalFolder
 
 from qcompiler.errors import ArgumentError, QCompilerError
 from qcompiler.olive.metric import olive_metric
+from qcompiler.olive.package import PASS_NAME
 from qcompiler.olive.params import default_config, switch_values
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.api import quantize
 from qcompiler.quant.core.switches import check_switches
 from qcompiler.quant.interop.report import format_summary
-from qcompiler.shorten import short_text
+from qcompiler.shorten import one_line, short_text
 
 # a child of Olive's logger: the summary and warnings go where Olive's own log lines go
 logger = logging.getLogger("olive.passes.qcompiler")
@@ -46,6 +47,14 @@ class QcompilerQuantization(Pass):
         return default_config()
 
     def _run_for_config(self, model: ONNXModelHandler, config, output_model_path: str) -> ONNXModelHandler:
+        try:
+            return self._quantize(model, config, output_model_path)
+        except QCompilerError as e:
+            # NOTE: Olive stops a workflow on a ValueError (a user's mistake) and logs any other exception as a
+            # failed pass that produced nothing; every QCompilerError is about the user's input, one line
+            raise ValueError(f"{PASS_NAME}: {one_line(e)}") from e
+
+    def _quantize(self, model: ONNXModelHandler, config, output_model_path: str) -> ONNXModelHandler:
         given = switch_values(config)
         check_switches(given)   # one line naming the option, before any data is read
         given["metric"] = self._metric(config.metric)
@@ -59,8 +68,9 @@ class QcompilerQuantization(Pass):
         if low and not config.allow_low_sqnr:
             raise BelowFloorError(f"{len(low)} output(s) below the SQNR floor of {low[0]['floor_db']:g} dB "
                                   f"(lower min_sqnr or set allow_low_sqnr to keep the model)")
-        out = resolve_onnx_path(output_model_path, Path(model.model_path).name)
-        return _save(res, out, config)
+        out = _save(res, resolve_onnx_path(output_model_path, Path(model.model_path).name), config)
+        out.model_attributes = {**(model.model_attributes or {}), "qcompiler": _summary(res.report)}
+        return out
 
     @staticmethod
     def _calibration(model: ONNXModelHandler, config, weight_only: bool):
@@ -85,6 +95,15 @@ class QcompilerQuantization(Pass):
         if metric is None or callable(metric):
             return metric
         return olive_metric(metric)
+
+
+def _summary(report: dict) -> dict:
+    """What the output model's attributes carry of the report (Olive keeps them in its footprints): each output's
+    SQNR on the calibration samples, how many values stayed float, the mixed-precision search's outcome."""
+    mp = report.get("mixed_precision") or {}
+    return {"output_sqnr_db": report.get("output_sqnr_db", {}), "left_float": len(report.get("left_float", ())),
+            "below_floor": report.get("below_floor") or [],
+            **({"mixed_precision": {k: mp.get(k) for k in ("budget", "metric", "drop")}} if mp else {})}
 
 
 def _save(res, out: str, config) -> ONNXModelHandler:
