@@ -21,6 +21,7 @@ from olive.passes import Pass
 from olive.passes.onnx.common import get_external_data_config, model_proto_to_olive_model
 from olive.resource_path import LocalFile, LocalFolder
 
+from qcompiler.cli_quantize import warning_line
 from qcompiler.errors import ArgumentError, QCompilerError
 from qcompiler.olive.metric import olive_metric
 from qcompiler.olive.package import PASS_NAME
@@ -61,6 +62,8 @@ class QcompilerQuantization(Pass):
         res = quantize(model.model_path, self._calibration(model, config, given["weight_only"]), **given)
         for line in format_summary(res.report).splitlines():
             logger.info("%s", line)
+        for w in res.report.get("warnings", []):
+            logger.warning("%s", warning_line(w))
         low = res.report.get("below_floor") or []
         for b in low:
             logger.warning("output '%s' SQNR %s dB is below the floor %g dB", short_text(b["output"], 80),
@@ -77,14 +80,14 @@ class QcompilerQuantization(Pass):
         """What `quantize()` reads: Olive's calibration dataloader (an object with get_next()), the `calib` path,
         or None (weight-only)."""
         if config.data_config is not None and config.calib is not None:
-            raise ArgumentError("QcompilerQuantization: give data_config or calib, not both")
+            raise ArgumentError("calibration data: give data_config or calib, not both")
         if config.data_config is not None:
             data = validate_config(config.data_config, DataConfig)
             return data.to_data_container().create_calibration_dataloader(model_path=model.model_path,
                                                                          io_config=model.io_config)
         if config.calib is None and not weight_only:
-            raise ArgumentError("QcompilerQuantization needs calibration data: data_config (an Olive data config) "
-                                "or calib (an .npz/.npy path or a folder); only weight_only goes without")
+            raise ArgumentError("no calibration data: give data_config (an Olive data config) or calib (an .npz/.npy "
+                                "path or a folder); only weight_only goes without")
         return config.calib
 
     def _metric(self, metric):
@@ -108,10 +111,9 @@ def _summary(report: dict) -> dict:
 
 def _save(res, out: str, config) -> ONNXModelHandler:
     """The QDQ model written to `out` as an ONNX model handler (a folder when it has external data)."""
-    options = {k: getattr(config, k) for k in get_external_data_config()}
-    defaults = {k: p.default_value for k, p in get_external_data_config().items()}
-    if {k: v for k, v in options.items() if k != "save_as_external_data"} != \
-            {k: v for k, v in defaults.items() if k != "save_as_external_data"}:
+    params = get_external_data_config()
+    options = {k: getattr(config, k) for k in params}
+    if any(options[k] != p.default_value for k, p in params.items() if k != "save_as_external_data"):
         # NOTE: names, thresholds or layouts of Olive's own: its writer (the whole model serialized once)
         return model_proto_to_olive_model(model_to_proto(res.model), out, options)
     res.save(out, external_data=True if options["save_as_external_data"] else None)

@@ -204,8 +204,10 @@ def test_bad_option_and_low_sqnr_fail_the_pass_with_one_line(tmp_path):
     with pytest.raises(ValueError, match=rf"^{PASS_NAME}: weight_bits: .*got 7$") as e:
         olive_run(workflow(tmp_path / "bad", model, npz, weight_bits=7), package_config=package_config())
     assert isinstance(e.value.__cause__, ArgumentError)
-    with pytest.raises(ValueError, match="data_config .* or calib"):
+    with pytest.raises(ValueError, match="no calibration data: give data_config .* or calib"):
         olive_run(workflow(tmp_path / "nodata", model), package_config=package_config())
+    with pytest.raises(ValueError, match="give data_config or calib, not both"):
+        olive_run(workflow(tmp_path / "both", model, npz, calib=npz), package_config=package_config())
     with pytest.raises(ValueError, match="below the SQNR floor"):
         olive_run(workflow(tmp_path / "low", model, npz, min_sqnr=200.0), package_config=package_config())
     path, attrs = quantized(tmp_path / "allow", model, npz, min_sqnr=200.0, allow_low_sqnr=True)
