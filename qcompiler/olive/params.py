@@ -1,5 +1,5 @@
-"""The options of the Olive pass: one per switch of `quantize()` (the switch table is their one source), plus what
-only Olive has (its data config, its external-data options, its metric config).
+"""The options of the Olive pass: one per switch of `quantize()` (the switch table is their one source; `config`
+is `quant_config` here), plus what only Olive has (its data config, its external-data options, its metric config).
 
 Each switch keeps its name, default and documentation; its value is checked by the same `check_switches` as the
 API's and the CLI's, so a bad value reads the same one line from each door.
@@ -15,8 +15,21 @@ from olive.passes.pass_config import PassConfigParam, get_user_script_data_confi
 
 from qcompiler.quant.core.switches import SWITCHES
 
+# the target profile a workflow's execution provider means when the pass's `target` is not given (a provider not
+# listed: quantize()'s default, ort_cpu)
+PROFILE_OF_PROVIDER = {
+    "CPUExecutionProvider": "ort_cpu",
+    "TensorrtExecutionProvider": "trt",
+    "NvTensorRTRTXExecutionProvider": "trt",
+    "QNNExecutionProvider": "qnn_htp",
+}
+
 # switches whose value is a live Python object, which a workflow JSON cannot hold: `metric` has an Olive form below
 PYTHON_ONLY = ("metric", "executor")
+
+# switches under another name: a workflow's pass entry is {"type": ..., "config": {...}} with the options also
+# allowed beside "type", so an option named `config` would be read as the entry's whole config
+RENAMED = {"config": "quant_config"}
 
 OLIVE_ONLY = {
     "data_config": PassConfigParam(
@@ -42,7 +55,7 @@ OLIVE_ONLY = {
 
 def default_config() -> dict:
     """name -> PassConfigParam: the switches (in table order), then Olive's own options."""
-    out = {s.name: PassConfigParam(type_=Any, default_value=s.default, description=s.doc)
+    out = {RENAMED.get(s.name, s.name): PassConfigParam(type_=Any, default_value=s.default, description=s.doc)
            for s in SWITCHES if s.name not in PYTHON_ONLY}
     # NOTE: user_script before `metric`: Olive's check of an object option reads the user_script validated before it
     out.update(get_user_script_data_config())
@@ -51,6 +64,10 @@ def default_config() -> dict:
     return out
 
 
-def switch_values(config) -> dict:
-    """The switches' values in a pass config (an Olive config object), as `quantize()` takes them."""
-    return {s.name: getattr(config, s.name) for s in SWITCHES if s.name not in PYTHON_ONLY}
+def switch_values(config, provider=None) -> dict:
+    """The switches' values in a pass config (an Olive config object), as `quantize()` takes them; `target`
+    from the accelerator's execution provider when the config does not name one."""
+    out = {s.name: getattr(config, RENAMED.get(s.name, s.name)) for s in SWITCHES if s.name not in PYTHON_ONLY}
+    if out["target"] is None and out["config"] is None:   # a config file may name its target
+        out["target"] = PROFILE_OF_PROVIDER.get(str(provider) if provider else "")
+    return out

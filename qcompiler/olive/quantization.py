@@ -27,7 +27,7 @@ from qcompiler.olive.metric import olive_metric
 from qcompiler.olive.package import PASS_NAME
 from qcompiler.olive.params import default_config, switch_values
 from qcompiler.onnx_io import model_to_proto
-from qcompiler.quant.api import quantize
+from qcompiler.quant.api import quantize, resolve_early
 from qcompiler.quant.core.switches import check_switches
 from qcompiler.quant.interop.report import format_summary
 from qcompiler.shorten import one_line, short_text
@@ -47,6 +47,11 @@ class QcompilerQuantization(Pass):
     def _default_config(cls, accelerator_spec) -> dict:
         return default_config()
 
+    @staticmethod
+    def is_accelerator_agnostic(accelerator_spec) -> bool:
+        """No: without a `target` option the execution provider chooses the profile (params.PROFILE_OF_PROVIDER)."""
+        return False
+
     def _run_for_config(self, model: ONNXModelHandler, config, output_model_path: str) -> ONNXModelHandler:
         try:
             return self._quantize(model, config, output_model_path)
@@ -56,10 +61,11 @@ class QcompilerQuantization(Pass):
             raise ValueError(f"{PASS_NAME}: {one_line(e)}") from e
 
     def _quantize(self, model: ONNXModelHandler, config, output_model_path: str) -> ONNXModelHandler:
-        given = switch_values(config)
-        check_switches(given)   # one line naming the option, before any data is read
+        given = switch_values(config, self.accelerator_spec.execution_provider)
+        # one line naming the option before any data is read; a config may ask for weight-only (no data needed)
+        weight_only = resolve_early(check_switches(given), given)["weight_only"]
         given["metric"] = self._metric(config.metric)
-        res = quantize(model.model_path, self._calibration(model, config, given["weight_only"]), **given)
+        res = quantize(model.model_path, self._calibration(model, config, weight_only), **given)
         for line in format_summary(res.report).splitlines():
             logger.info("%s", line)
         for w in res.report.get("warnings", []):

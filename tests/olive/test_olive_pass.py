@@ -120,9 +120,29 @@ def test_calib_path_is_the_same_as_olives_data_config(tmp_path):
     assert sqnr_db(run(onnx.load(model), feeds)[0], run(onnx.load(a), feeds)[0]) > 25
 
 
+def test_the_execution_provider_chooses_the_profile_unless_target_is_given(tmp_path):
+    model, npz, x = mlp(tmp_path)
+    qnn = {"local": {"type": "LocalSystem", "accelerators": [{"device": "npu",
+                                                              "execution_providers": ["QNNExecutionProvider"]}]}}
+    wf = workflow(tmp_path / "qnn", model, npz)
+    wf.update(systems=qnn, host="local", target="local")
+    best = olive_run(wf, package_config=package_config()).get_best_candidate()
+    want = quantize(model, npz, target="qnn_htp")
+    feeds = {"x": x[:8, 0]}
+    np.testing.assert_array_equal(run(onnx.load(best.model_path), feeds)[0], run(want.model, feeds)[0])
+    cpu, _ = quantized(tmp_path / "cpu", model, npz=npz)
+    assert open(cpu, "rb").read() != open(best.model_path, "rb").read()    # the profiles differ on this model
+    wf = workflow(tmp_path / "given", model, npz, target="ort_cpu")
+    wf.update(systems=qnn, host="local", target="local")
+    given = olive_run(wf, package_config=package_config()).get_best_candidate()
+    assert open(cpu, "rb").read() == open(given.model_path, "rb").read()
+
+
 def test_weight_only_without_data(tmp_path):
     model, _, x = mlp(tmp_path)
-    path, _ = quantized(tmp_path, model, weight_only=True, weight_bits=4, target="ort_cpu")
+    path, _ = quantized(tmp_path, model, weight_only=True, weight_bits=4)
+    preset, _ = quantized(tmp_path / "preset", model, quant_config="w4a16")    # a config that asks for weight-only
+    assert open(preset, "rb").read() == open(path, "rb").read()
     q = onnx.load(path)
     assert [n.op_type for n in q.graph.node].count("MatMulNBits") == 2
     api = quantize(model, None, weight_only=True, weight_bits=4)
