@@ -214,10 +214,14 @@ def _safety_net_line(report: dict, to_stderr: bool = False) -> None:
     sn = report.get("safety_net") or {}
     if sn.get("triggered"):
         acts = [c["action"] for c in sn.get("changed", ())]
+        weights = sum(a.startswith("weight") for a in acts)
         click.echo(f"  safety net: output SQNR {sn.get('sqnr_before_db')} dB -> {sn.get('sqnr_after_db')} dB, "
-                   f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float "
+                   f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float"
+                   + (f", {weights} weights on a finer grid " if weights else " ") +
                    f"({sn.get('trials')} trials, {sn.get('seconds')} s; see report 'safety_net')"
                    + (f"; {sn['note']}" if sn.get("note") else ""), err=to_stderr)
+        if sn.get("summary"):
+            click.echo(f"  safety net {sn['summary']}", err=to_stderr)
 
 
 def _quality_gate(report: dict, allow: bool) -> None:
