@@ -18,7 +18,10 @@ import math
 
 import click
 
+from qcompiler.cli_debug import DEFAULT_SAMPLES as DEBUG_SAMPLES
 from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.debugger import debug
+from qcompiler.errors import ArgumentError
 from qcompiler.onnx_io import save_model, write_atomic
 from qcompiler.onnx_io.files import check_output_paths
 from qcompiler.passes.quantize.mixed_precision.plot import write_pareto_png
@@ -62,12 +65,14 @@ def switch_options(f):
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
 @click.option("--report", "report_path", type=click.Path(), help="write the JSON report here ('-': to stdout)")
 @click.option("--allow-low-sqnr", is_flag=True, help="exit 0 even when an output's SQNR stays below the floor")
+@click.option("--debug", "with_debug", is_flag=True, help="compare every quantized value with float (qcompiler debug): "
+              "its table after the summary, the whole of it in the report under 'debug'")
 # --- terminal ---
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout (nothing else)")
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
 def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, allow_low_sqnr,
-                 as_json, quiet, **flags):
+                 with_debug, as_json, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
 
     The work is a pipeline of passes (`qcompiler list-passes`): the flags of `qcompiler run` (--time-passes,
@@ -106,6 +111,13 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     res.report["size"] = file_sizes(model_path, res.model, output)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
+    dbg = None
+    if with_debug:
+        if calib is None:
+            raise ArgumentError("--debug compares on calibration samples: give --calib")
+        dbg = debug(model_path, res.model, calib, limit=min(DEBUG_SAMPLES, given.get("limit") or DEBUG_SAMPLES),
+                    progress=given.get("progress"))
+        res.report["debug"] = dbg.to_dict()
     _write_report(res.report, report_path, inputs)
     mp_note = _mixed_precision_plot(res.report, pareto, inputs)
     instruments.report()
@@ -121,6 +133,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
             click.echo(format_table(res.report["mixed_precision"]), err=to_stderr)
             if mp_note:
                 click.echo(f"  {mp_note}", err=to_stderr)
+        if dbg is not None:
+            click.echo(dbg.table(), err=to_stderr)
         click.echo(f"wrote {output}", err=to_stderr)
     _quality_gate(res.report, allow_low_sqnr)
 

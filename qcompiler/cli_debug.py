@@ -1,0 +1,54 @@
+"""`qcompiler debug FLOAT.onnx QUANT.onnx --calib DATA`: where the QDQ model loses accuracy (qcompiler/debugger/).
+
+stdout carries the table, or exactly one JSON object (`--json`); bars and notes go to stderr. With
+`--target-sqnr DB --write-config FIX.yaml` it also searches the fewest nodes to keep float for that worst-output
+SQNR and writes the config `quantize --config` takes.
+"""
+from __future__ import annotations
+
+import json
+
+import click
+
+from qcompiler.debugger import config_text, debug
+from qcompiler.errors import ArgumentError
+from qcompiler.onnx_io import write_atomic
+from qcompiler.onnx_io.files import check_output_paths
+
+DEFAULT_SAMPLES = 32
+
+
+@click.command("debug")
+@click.argument("float_path", metavar="FLOAT")
+@click.argument("quant_path", metavar="QUANT")
+@click.option("--calib", required=True, help="calibration data (as for quantize)")
+@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_SAMPLES, show_default=True,
+              help="compare on the first N samples")
+@click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="rows of the value table")
+@click.option("--depth", type=click.IntRange(min=1), default=None,
+              help="module scope depth in node names (default: chosen from the names)")
+@click.option("--no-modules", is_flag=True, help="skip the per-module runs")
+@click.option("--target-sqnr", type=float, default=None, metavar="DB",
+              help="search the fewest nodes to keep float so that the worst output reaches DB")
+@click.option("--write-config", type=click.Path(), default=None, metavar="FIX.yaml",
+              help="with --target-sqnr: write that choice as a config for quantize --config")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
+@click.option("--progress/--no-progress", default=None, help="bars on stderr (default: when it is a terminal)")
+def debug_cmd(float_path, quant_path, calib, limit, top, depth, no_modules, target_sqnr, write_config, as_json,
+              progress):
+    """Compare every quantized value of QUANT with FLOAT on the calibration samples, worst first."""
+    if write_config and target_sqnr is None:
+        raise ArgumentError("--write-config needs --target-sqnr DB (the output SQNR the config is for)")
+    inputs = (float_path, quant_path, calib)
+    if write_config:
+        check_output_paths([("--write-config", write_config)], inputs, models=(float_path, quant_path))
+    res = debug(float_path, quant_path, calib, limit=limit, depth=depth, modules=not no_modules,
+                progress=progress, target_sqnr=target_sqnr)
+    if write_config:
+        write_atomic(write_config, config_text(res.fallback, float_path, quant_path), protect=inputs)
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=1))
+    else:
+        click.echo(res.table(top))
+    if write_config:
+        click.echo(f"wrote {write_config}", err=True)

@@ -1,0 +1,235 @@
+"""`qcompiler.debug()`: where a QDQ model loses accuracy against its float model, value by value.
+
+One streaming pass over the samples runs three onnxruntime sessions: the float model with every quantized
+value as an extra output, the QDQ model with every quantizer's output as an extra output, and the QDQ model as
+it is (its graph outputs, with onnxruntime's integer fusions, as `quantize` reports them). Per value, only sums
+are kept (Σref², Σ(ref−q)², max|ref−q|): the value's SQNR in the QDQ model, and its SQNR with that quantizer
+alone (the float value through its own Q/DQ grid in numpy, exactly what the pair computes when everything
+before it is float). Weights are compared once, without samples. Per module (modules.py), the model with only
+that module's quantizers is run again (one session each) and its worst output SQNR is its `alone_sqnr_db`.
+
+The float model first goes through the graph preparation `quantize` runs (BatchNorm folding, canonical names,
+HardSwish fusion), so the QDQ model's names mean the same values; `name` is the value's name there, which is
+the float model's except for values those passes made.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, List, Optional
+
+import numpy as np
+import onnx
+
+from qcompiler.debugger.fallback import search
+from qcompiler.debugger.modules import module_scopes
+from qcompiler.debugger.quantizers import GraphIndex, Quantizer, dequantize_weight, fake_quantize, find_quantizers
+from qcompiler.debugger.result import DebugResult, ModuleReport, ValueReport, ranked
+from qcompiler.debugger.variants import SWITCH_INPUT, switchable, without
+from qcompiler.errors import ArgumentError
+from qcompiler.ir.model import Model
+from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto
+from qcompiler.ort_session import create_session, model_label
+from qcompiler.passmanager import PassManager, get_pass
+from qcompiler.progress import bar
+from qcompiler.quant.calibration.data import input_specs, load_samples
+from qcompiler.quant.core.pipeline import PREPARE_PASSES
+from qcompiler.quant.interop.report import OutputError
+
+PREPARE_EXTRA = ("fuse-hardswish",)
+ALONE_SAMPLES = 8    # samples per one-quantizer trial (the kept samples with the order they came in)   # after convert-opset in quantize; only where the opset allows it
+
+
+def _prepare_names() -> list:
+    """The graph passes of quantize's preparation (those that need no quantization context)."""
+    names = [n for n in PREPARE_PASSES + PREPARE_EXTRA
+             if "quant-context" not in getattr(get_pass(n), "requires", ())]
+    return names
+
+
+def _load(model, what: str) -> Model:
+    if isinstance(model, Model):
+        return model_from_proto(model_to_proto(model))      # a copy: the caller's model is never changed
+    if isinstance(model, onnx.ModelProto):
+        return model_from_proto(model)
+    if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+        return load_model(model)
+    raise ArgumentError(f"{what}: expected a path, a qcompiler Model or an onnx ModelProto, "
+                        f"got {type(model).__name__}")
+
+
+class Runner:
+    """The kept samples and their float outputs; measures the QDQ model, a variant of it (variants.without) or a
+    setting of the switchable copy (variants.switchable) on them."""
+
+    def __init__(self, qproto, idx: GraphIndex, kept: list, float_weights: Dict[str, np.ndarray], quants: list):
+        self.qproto, self.idx, self.kept, self.float_weights = qproto, idx, kept, float_weights
+        self.quants = quants
+        self.trials = 0
+        self._switch = None
+
+    def _errors(self, sess, kept, extra: Optional[dict] = None) -> Dict[str, OutputError]:
+        names = [o.name for o in sess.get_outputs()]
+        errs = {n: OutputError() for n in names}
+        for feed, ref in kept:
+            got = sess.run(names, dict(feed, **extra) if extra else feed)
+            for n, g in zip(names, got):
+                if n in ref:
+                    errs[n].update(ref[n], g, feed)
+        self.trials += 1
+        return errs
+
+    def outputs(self, off: List[Quantizer], role: str = "variant") -> Dict[str, OutputError]:
+        """Per graph output, the error of the QDQ model with the quantizers `off` taken out (a real variant: the
+        kernels onnxruntime fuses for it)."""
+        sess = create_session(without(self.qproto, self.idx, off, self.float_weights), role=role)
+        return self._errors(sess, self.kept)
+
+    def worst_db(self, off: List[Quantizer]) -> float:
+        return _worst(self.outputs(off))
+
+    def switched_db(self, on: List[Quantizer], samples: Optional[int] = None) -> float:
+        """Worst output SQNR with only the quantizers `on` switched on (one shared session)."""
+        if self._switch is None:
+            self._switch = create_session(switchable(self.qproto, self.idx, self.quants, self.float_weights),
+                                          role="quantized (switchable)")
+        ids = {id(z) for z in on}
+        mask = np.array([id(z) in ids for z in self.quants], bool)
+        kept = self.kept[:samples] if samples else self.kept
+        return _worst(self._errors(self._switch, kept, {SWITCH_INPUT: mask}))
+
+
+def _worst(errs: Dict[str, OutputError]) -> float:
+    vals = [e.sqnr_db() for e in errs.values() if e.count]
+    return min(vals) if vals else float("inf")
+
+
+def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth: Optional[int] = None,
+          modules: bool = True, progress: Optional[bool] = None, target_sqnr: Optional[float] = None,
+          _keep_runner: bool = False):
+    """Compare `quant_model` (a QDQ model: path, Model or ModelProto) with `float_model` on the samples of `calib`
+    (anything `quantize` takes; the first `limit`). Returns a DebugResult (see result.py for its fields).
+    `depth`: the module scope depth (default: chosen from the names); `modules=False` skips the per-module runs;
+    `target_sqnr`: also search the fewest nodes to keep float for that worst-output SQNR (fallback.py)."""
+    t0 = time.perf_counter()
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ArgumentError(f"limit: expected a positive integer, got {limit!r}")
+    fmodel = _load(float_model, "float_model")
+    notes = []
+    try:
+        PassManager(_prepare_names()).run(fmodel)
+    except Exception as e:  # noqa: BLE001 - preparation is for name alignment only: compare unprepared then
+        notes.append(f"the float model's preparation failed ({type(e).__name__}); compared as given")
+        fmodel = _load(float_model, "float_model")
+    qmodel = _load(quant_model, "quant_model")
+    qproto = model_to_proto(qmodel)
+    fproto = model_to_proto(fmodel)
+    fidx, idx = GraphIndex(fproto.graph), GraphIndex(qproto.graph)
+    float_names = set(fidx.producer) | fidx.inputs
+    quants = find_quantizers(idx, float_names, set(fidx.inits))
+    if not quants:
+        notes.append("no Q/DQ quantizer in the main graph of the quantized model")
+    acts = [z for z in quants if z.kind == "activation" and z.matched]
+    float_outputs = [o.name for o in fproto.graph.output]
+    fextra = list(dict.fromkeys(z.name for z in acts if z.name not in float_outputs))
+    qextra = list(dict.fromkeys(z.out for z in acts if z.out not in idx.outputs))
+    with model_label(getattr(float_model, "source_path", float_model) if not isinstance(float_model, str)
+                     else float_model):
+        fsess = create_session(fmodel, role="float", extra_outputs=fextra)
+    qsess = create_session(qproto, role="quantized")
+    isess = create_session(qmodel, role="quantized (instrumented)", extra_outputs=qextra)
+    fnames = [o.name for o in fsess.get_outputs()]
+    inames = [o.name for o in isess.get_outputs()]
+    qnames = [o.name for o in qsess.get_outputs()]
+    full = {id(z): OutputError() for z in acts}
+    alone = {id(z): OutputError() for z in acts}
+    outs = {n: OutputError() for n in float_outputs}
+    kept = []
+    samples = load_samples(calib, input_specs(fmodel.graph), limit)
+    n_total = samples.length
+    with bar("debug: comparing values", n_total, progress, unit="sample") as b:
+        for feed in samples:
+            fo = dict(zip(fnames, fsess.run(fnames, feed, where="the float model")))
+            io = dict(zip(inames, isess.run(inames, feed)))
+            qo = dict(zip(qnames, qsess.run(qnames, feed)))
+            for n in float_outputs:
+                if n in qo and np.shape(qo[n]) == np.shape(fo[n]):
+                    outs[n].update(fo[n], qo[n], feed)
+            for z in acts:
+                ref, got = fo.get(z.name), io.get(z.out)
+                if ref is None or got is None or np.shape(ref) != np.shape(got):
+                    continue
+                full[id(z)].update(ref, got, feed)
+                alone[id(z)].update(ref, fake_quantize(z, ref), feed)
+            kept.append((feed, {n: fo[n] for n in float_outputs}))
+            del fo, io, qo
+            b.update(1)
+    fsess = isess = qsess = None
+    float_weights: Dict[str, np.ndarray] = {}
+    weight_errors: Dict[int, OutputError] = {}
+    for z in quants:
+        if z.kind != "weight" or not z.matched:
+            continue
+        w = fidx.const(z.name)
+        d = dequantize_weight(idx, z)
+        if w is None or d is None or np.shape(w) != np.shape(d):
+            z.matched = False
+            continue
+        float_weights[z.name] = w
+        e = weight_errors[id(z)] = OutputError()
+        e.update(w, d)
+    runner = Runner(qproto, idx, kept, float_weights, quants)
+    reported = [z for z in quants if z.matched and (z.kind == "weight" or full[id(z)].count)]
+    values = []
+    with bar("debug: quantizers alone", len(reported), progress, unit="quantizer") as b:
+        for z in reported:
+            alone_db = runner.switched_db([z], ALONE_SAMPLES) if kept else float("nan")
+            e = full[id(z)] if z.kind == "activation" else weight_errors[id(z)]
+            local = alone[id(z)].sqnr_db() if z.kind == "activation" else e.sqnr_db()
+            values.append(ValueReport(z.name, z.kind, e.sqnr_db(), alone_db, e.max_abs, z.order, z.node,
+                                      z.op_type, z.bits, local))
+            b.update(1)
+    unmatched = [z.name for z in quants if not z.matched]
+    mods = []
+    if modules and quants and kept:
+        mods = _modules(quants, values, runner, depth, progress)
+    res = DebugResult(ranked(values), mods, {n: e.sqnr_db() for n, e in outs.items() if e.count}, len(kept),
+                      0.0, unmatched, notes)
+    if target_sqnr is not None:
+        res.fallback = search(res, quants, runner, target_sqnr, progress)
+    res.seconds = time.perf_counter() - t0
+    if _keep_runner:
+        res._runner, res._quantizers = runner, quants
+    return res
+
+
+def _modules(quants: List[Quantizer], values: list, runner: Runner, depth, progress) -> list:
+    nodes = [z.node for z in quants if z.node]
+    scope = module_scopes(nodes, depth)
+    by_scope: Dict[str, list] = {}
+    for z in quants:
+        if z.node in scope:
+            by_scope.setdefault(scope[z.node], []).append(z)
+    signal: Dict[str, float] = {}
+    noise: Dict[str, float] = {}
+    name_scope = {}
+    for z in quants:
+        if z.node in scope:
+            name_scope[(z.kind, z.name)] = scope[z.node]
+    out = []
+    with bar("debug: modules alone", len(by_scope), progress, unit="module") as b:
+        for s, members in by_scope.items():
+            keep = {id(z) for z in members}
+            db = runner.switched_db([z for z in quants if id(z) in keep])
+            out.append([s, db, len(members)])
+            b.update(1)
+    # NOTE: a module's sqnr_db is the mean noise-to-signal ratio of its activations in dB, not Σnoise/Σsignal,
+    # which the one value of largest magnitude would decide
+    for v in values:
+        s = name_scope.get((v.kind, v.name))
+        if s is None or v.kind != "activation" or not np.isfinite(v.sqnr_db):
+            continue
+        signal[s] = signal.get(s, 0.0) + 1.0
+        noise[s] = noise.get(s, 0.0) + 10 ** (-v.sqnr_db / 10)
+    return [ModuleReport(s, (-10 * float(np.log10(noise[s] / signal[s])) if noise.get(s) else float("inf")),
+                         db, n) for s, db, n in out]
+

@@ -1,0 +1,221 @@
+"""The quantizers of a QDQ model, read from its ONNX graph and matched to the float model's values.
+
+A quantizer is what a plan turns into the graph (qcompiler/quant/core/qdq.py), or what another tool wrote:
+- an activation Q→DQ pair (its Q reads a computed value or a graph input; the Cast route of float16 values
+  is seen through);
+- a weight: a DequantizeLinear of a stored integer initializer, or a weight stored on its grid in float
+  (`<name>_dequantized_prefolded`, qdq._write_on_grid).
+Each is matched to a value of the float model by name: the value the pair reads, else the value its readers read
+(a graph output keeps its name on the DQ), else without a `_fused` suffix (supergroups.py names a fused op's
+output so). Only the main graph is read: a pair inside an If/Loop/Scan body is not listed (the bodies' values
+cannot be graph outputs of a session).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import numpy as np
+from onnx import TensorProto, numpy_helper
+
+# integer range of each zero-point element type (the grid's bit width and signedness)
+INT_RANGES = {TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255), TensorProto.INT16: (-32768, 32767),
+              TensorProto.UINT16: (0, 65535), TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15),
+              TensorProto.INT32: (-2 ** 31, 2 ** 31 - 1)}
+BITS = {TensorProto.INT8: 8, TensorProto.UINT8: 8, TensorProto.INT16: 16, TensorProto.UINT16: 16,
+        TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT32: 32}
+PREFOLDED = re.compile(r"^(.*)_dequantized(?:_\d+)?_prefolded$")
+FUSED_SUFFIX = "_fused"
+
+
+@dataclass
+class Quantizer:
+    """One quantizer of the QDQ model: where it sits (node indices of the main graph) and its grid."""
+
+    kind: str                   # "activation" or "weight"
+    name: str                   # the float model's value (or weight) name; the QDQ model's when unmatched
+    matched: bool               # a float counterpart was found
+    node: str                   # activation: the node producing the value; weight: the node reading it
+    op_type: str
+    order: int                  # position in the main graph's node list (topological in a valid model)
+    x: str                      # activation: the value Q reads; weight: the stored initializer
+    out: str                    # the value its readers read (the DQ's output)
+    q_index: Optional[int] = None
+    dq_index: Optional[int] = None
+    scale: Optional[np.ndarray] = None
+    zero_point: Optional[np.ndarray] = None
+    zp_type: int = TensorProto.UINT8
+    axis: int = 1
+    block_size: int = 0
+    prefolded: bool = False
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def bits(self) -> Optional[int]:
+        return None if self.prefolded else BITS.get(self.zp_type)
+
+
+class GraphIndex:
+    """Producers, readers and constants of one GraphProto, by value name."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.nodes = list(graph.node)
+        self.producer: Dict[str, int] = {}
+        self.readers: Dict[str, list] = {}
+        for i, n in enumerate(self.nodes):
+            for o in n.output:
+                if o:
+                    self.producer[o] = i
+            for s, x in enumerate(n.input):
+                if x:
+                    self.readers.setdefault(x, []).append((i, s))
+        self.inits = {t.name: t for t in graph.initializer}
+        self.outputs = {o.name for o in graph.output}
+        self.inputs = {i.name for i in graph.input} - set(self.inits)
+
+    def const(self, name: str) -> Optional[np.ndarray]:
+        t = self.inits.get(name)
+        if t is not None:
+            return numpy_helper.to_array(t)
+        i = self.producer.get(name)
+        if i is not None and self.nodes[i].op_type == "Constant":
+            for a in self.nodes[i].attribute:
+                if a.name == "value":
+                    return numpy_helper.to_array(a.t)
+        return None
+
+    def const_type(self, name: str) -> Optional[int]:
+        t = self.inits.get(name)
+        if t is not None:
+            return t.data_type
+        i = self.producer.get(name)
+        if i is not None and self.nodes[i].op_type == "Constant":
+            for a in self.nodes[i].attribute:
+                if a.name == "value":
+                    return a.t.data_type
+        return None
+
+    def is_const(self, name: str) -> bool:
+        return name in self.inits or (name in self.producer and self.nodes[self.producer[name]].op_type == "Constant")
+
+
+def _attr(node, name: str, default):
+    for a in node.attribute:
+        if a.name == name:
+            return a.i
+    return default
+
+
+def _grid(idx: GraphIndex, node, z: Quantizer) -> None:
+    z.scale = idx.const(node.input[1]) if len(node.input) > 1 else None
+    zp = node.input[2] if len(node.input) > 2 and node.input[2] else ""
+    z.zero_point = idx.const(zp) if zp else None
+    z.zp_type = (idx.const_type(zp) if zp else None) or TensorProto.UINT8
+    z.axis = _attr(node, "axis", 1)
+    z.block_size = _attr(node, "block_size", 0)
+
+
+def _match(names, float_names: set) -> Optional[str]:
+    for n in names:
+        if n in float_names:
+            return n
+    for n in names:
+        if n.endswith(FUSED_SUFFIX) and n[:-len(FUSED_SUFFIX)] in float_names:
+            return n[:-len(FUSED_SUFFIX)]
+    return None
+
+
+def find_quantizers(idx: GraphIndex, float_names: set, float_weights: set) -> List[Quantizer]:
+    """Every activation pair and weight quantizer of the main graph, in graph order. `float_names`: the float
+    model's value names (computed values and inputs); `float_weights`: its initializer names."""
+    found: List[Quantizer] = []
+    for i, n in enumerate(idx.nodes):
+        if n.op_type == "QuantizeLinear" and n.input and not idx.is_const(n.input[0]):
+            readers = idx.readers.get(n.output[0], [])
+            if len(readers) != 1 or n.output[0] in idx.outputs:
+                continue
+            dq = idx.nodes[readers[0][0]]
+            if dq.op_type != "DequantizeLinear":
+                continue
+            x, out = n.input[0], dq.output[0]
+            names = [x, out]
+            p = idx.producer.get(x)
+            if p is not None and idx.nodes[p].op_type == "Cast":     # Cast -> Q -> DQ -> Cast (qdq.float_route)
+                names.append(idx.nodes[p].input[0])
+            rd = idx.readers.get(out, [])
+            if len(rd) == 1 and idx.nodes[rd[0][0]].op_type == "Cast":
+                names.append(idx.nodes[rd[0][0]].output[0])
+            hit = _match(names, float_names)
+            src = idx.nodes[p] if p is not None else None
+            if src is not None and src.op_type == "Cast" and idx.producer.get(src.input[0]) is not None:
+                src = idx.nodes[idx.producer[src.input[0]]]
+            z = Quantizer("activation", hit or x, hit is not None, src.name if src is not None else "",
+                          src.op_type if src is not None else "input", i, x, out, q_index=i, dq_index=readers[0][0])
+            _grid(idx, n, z)
+            found.append(z)
+        elif n.op_type == "DequantizeLinear" and n.input and idx.is_const(n.input[0]):
+            rd = idx.readers.get(n.output[0], [])
+            user = idx.nodes[rd[0][0]] if rd else None
+            if user is not None and user.op_type == "Cast" and idx.readers.get(user.output[0]):
+                user = idx.nodes[idx.readers[user.output[0]][0][0]]
+            base = n.input[0][:-len("_quantized")] if n.input[0].endswith("_quantized") else n.input[0]
+            hit = _match([base, n.output[0]], float_weights)
+            z = Quantizer("weight", hit or base, hit is not None, user.name if user is not None else "",
+                          user.op_type if user is not None else "", i, n.input[0], n.output[0], dq_index=i)
+            _grid(idx, n, z)
+            found.append(z)
+    for name in idx.inits:
+        m = PREFOLDED.match(name)
+        if not m:
+            continue
+        rd = idx.readers.get(name, [])
+        user = idx.nodes[rd[0][0]] if rd else None
+        hit = _match([m.group(1)], float_weights)
+        found.append(Quantizer("weight", hit or m.group(1), hit is not None, user.name if user is not None else "",
+                               user.op_type if user is not None else "", rd[0][0] if rd else len(idx.nodes),
+                               name, name, prefolded=True))
+    found.sort(key=lambda z: z.order)
+    return found
+
+
+def _broadcast(p: np.ndarray, axis: int, ndim: int, block: int = 0, shape=None) -> np.ndarray:
+    p = np.asarray(p)
+    if p.size == 1 and not block:
+        return p.reshape(())
+    axis = axis % ndim
+    if block and shape is not None:
+        p = np.repeat(p, block, axis=axis)
+        p = np.take(p, np.arange(shape[axis]), axis=axis)
+        return p
+    s = [1] * ndim
+    s[axis] = p.size
+    return p.reshape(s)
+
+
+def fake_quantize(z: Quantizer, x: np.ndarray) -> np.ndarray:
+    """x through this quantizer's Q and DQ, as onnxruntime computes them: x / scale in float32, rounded half
+    to even, plus the zero point, saturated to the grid, then (q − zero point) · scale."""
+    x = np.asarray(x, np.float32)
+    s = _broadcast(np.asarray(z.scale, np.float32), z.axis, x.ndim, z.block_size, x.shape)
+    zp = _broadcast(np.asarray(z.zero_point if z.zero_point is not None else 0, np.float32), z.axis, x.ndim,
+                    z.block_size, x.shape)
+    lo, hi = INT_RANGES.get(z.zp_type, (0, 255))
+    with np.errstate(all="ignore"):
+        q = np.clip(np.rint(x / s) + zp, lo, hi)
+        return ((q - zp) * s).astype(np.float32)
+
+
+def dequantize_weight(idx: GraphIndex, z: Quantizer) -> Optional[np.ndarray]:
+    """The float values a weight quantizer gives its readers."""
+    q = idx.const(z.x)
+    if q is None:
+        return None
+    if z.prefolded:
+        return np.asarray(q, np.float32)
+    q = np.asarray(q).astype(np.float64)
+    s = _broadcast(np.asarray(z.scale, np.float64), z.axis, q.ndim, z.block_size, q.shape)
+    zp = _broadcast(np.asarray(z.zero_point if z.zero_point is not None else 0).astype(np.float64), z.axis,
+                    q.ndim, z.block_size, q.shape)
+    return ((q - zp) * s).astype(np.float32)

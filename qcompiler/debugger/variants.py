@@ -1,0 +1,127 @@
+"""A copy of the QDQ model with some quantizers taken out: the measurement behind "that module alone" and the
+fallback search (measured, never added up from per-quantizer numbers).
+
+An activation pair taken out: its readers read the value the Q read (a graph output keeps its name through an
+Identity). A weight taken out: its readers read the float model's weight; a weight with no float counterpart
+(folded or rescaled on the way, so not the float model's) stays on its grid.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from qcompiler.debugger.quantizers import GraphIndex, Quantizer
+
+
+def _rename_inputs(graph, rename: Dict[str, str]) -> None:
+    """Rename read values in `graph` and in every body below it (a body reads outer values by name)."""
+    for n in graph.node:
+        for s, x in enumerate(n.input):
+            if x in rename:
+                n.input[s] = rename[x]
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _rename_inputs(a.g, rename)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for g in a.graphs:
+                    _rename_inputs(g, rename)
+
+
+def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Dict[str, np.ndarray]):
+    """A ModelProto: `qproto` with the quantizers `off` taken out (module docstring). `float_weights`: the float
+    model's weights by name (only those of weight quantizers are read)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(qproto)
+    g = m.graph
+    drop, replace, rename = set(), {}, {}
+    new_inits = []
+    refill = {}
+    for z in off:
+        if z.kind == "activation":
+            drop.update((z.q_index, z.dq_index))
+            if z.out in idx.outputs:
+                replace[z.dq_index] = helper.make_node("Identity", [z.x], [z.out], name=f"{z.out}_float")
+            else:
+                rename[z.out] = z.x
+            continue
+        w = float_weights.get(z.name) if z.matched else None
+        if w is None:
+            continue
+        if z.prefolded:
+            refill[z.x] = w
+            continue
+        fname = f"{z.out}_float_weight"
+        new_inits.append(numpy_helper.from_array(np.asarray(w), fname))
+        drop.add(z.dq_index)
+        replace[z.dq_index] = helper.make_node("Identity", [fname], [z.out], name=f"{z.out}_float")
+    nodes = list(g.node)
+    del g.node[:]
+    for i, n in enumerate(nodes):
+        if i in replace:
+            g.node.append(replace[i])
+        elif i not in drop:
+            g.node.append(n)
+    _rename_inputs(g, rename)
+    if refill:
+        for t in g.initializer:
+            if t.name in refill:
+                arr = np.asarray(refill[t.name]).astype(numpy_helper.to_array(t).dtype)
+                t.CopyFrom(numpy_helper.from_array(arr, t.name))
+    g.initializer.extend(new_inits)
+    del g.value_info[:]     # renamed values: onnxruntime infers the rest
+    return m
+
+
+SWITCH_INPUT = "qcompiler_debug_on"
+
+
+def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: Dict[str, np.ndarray]):
+    """`qproto` with a switch on each quantizer: `Where(on[i], quantized, float)` where its readers read, `on` a
+    bool graph input of len(quants) (SWITCH_INPUT). One session then measures any set of quantizers turned on
+    (the safety net's construction). A weight with no float counterpart stays quantized either way."""
+    m = onnx.ModelProto()
+    m.CopyFrom(qproto)
+    g = m.graph
+    k = len(quants)
+    g.input.append(helper.make_tensor_value_info(SWITCH_INPUT, onnx.TensorProto.BOOL, [k]))
+    after: Dict[int, list] = {}
+    first: list = []
+    rename: Dict[str, str] = {}
+    inits = []
+    p = "qcompiler_dbg"
+    nodes = list(g.node)
+    for i, z in enumerate(quants):
+        inits.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}{i}_idx"))
+        gather = helper.make_node("Gather", [SWITCH_INPUT, f"{p}{i}_idx"], [f"{p}{i}_on"], name=f"{p}{i}_g")
+        if z.kind == "activation":
+            dq = nodes[z.dq_index]
+            dq.output[0] = f"{p}{i}_dq"
+            after[z.dq_index] = [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", z.x], [z.out],
+                                                          name=f"{p}{i}_where")]
+            continue
+        w = float_weights.get(z.name) if z.matched else None
+        if w is None:
+            continue
+        inits.append(numpy_helper.from_array(np.asarray(w, np.float32).astype(
+            numpy_helper.to_array(idx.inits[z.x]).dtype if z.prefolded else np.float32), f"{p}{i}_f"))
+        if z.prefolded:
+            rename[z.x] = f"{p}{i}_w"
+            first += [gather, helper.make_node("Where", [f"{p}{i}_on", z.x, f"{p}{i}_f"], [f"{p}{i}_w"],
+                                               name=f"{p}{i}_where")]
+        else:
+            dq = nodes[z.dq_index]
+            dq.output[0] = f"{p}{i}_dq"
+            after[z.dq_index] = [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", f"{p}{i}_f"],
+                                                          [z.out], name=f"{p}{i}_where")]
+    _rename_inputs(g, rename)
+    del g.node[:]
+    g.node.extend(first)
+    for i, n in enumerate(nodes):
+        g.node.append(n)
+        g.node.extend(after.get(i, ()))
+    g.initializer.extend(inits)
+    del g.value_info[:]
+    return m
