@@ -1,0 +1,111 @@
+"""`qcompiler debug` on a model with one deliberately bad layer: an activation channel 100x the others (a bias
+outlier) that a per-tensor 8-bit grid cannot carry together with the rest, and a next layer that does not read
+that channel. The debugger must rank that layer first, and its fallback config, fed back to `quantize`, must
+reach the SQNR it was asked for, measured in onnxruntime."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from click.testing import CliRunner
+from onnx import TensorProto, helper, numpy_helper
+
+import qcompiler
+from qcompiler.cli import main
+from qcompiler.sqnr import sqnr_db
+
+TARGET = 30.0
+
+
+def _outlier_model(path):
+    rng = np.random.default_rng(0)
+    w1 = rng.normal(0, 0.3, (8, 4, 3, 3)).astype(np.float32)
+    w2 = rng.normal(0, 0.4, (8, 8, 1, 1)).astype(np.float32)
+    b2 = np.zeros(8, np.float32)
+    b2[0] = 300.0                                   # the outlier channel
+    w3 = rng.normal(0, 0.4, (4, 8, 1, 1)).astype(np.float32)
+    w3[:, 0] = 0.0                                  # ... which the next layer does not read
+    w4 = rng.normal(0, 0.4, (4, 4, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w1, "w1"), (w2, "w2"), (b2, "b2"), (w3, "w3"), (w4, "w4"))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2_outlier"),
+             helper.make_node("Conv", ["c2", "w3"], ["c3"], name="conv3"),
+             helper.make_node("Relu", ["c3"], ["r3"], name="relu3"),
+             helper.make_node("Conv", ["r3", "w4"], ["y"], name="conv4", pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "outlier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    x = rng.normal(0, 1, (16, 1, 4, 8, 8)).astype(np.float32)
+    return x
+
+
+def _output_sqnr(float_path, quant_path, x) -> float:
+    f = ort.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
+    q = ort.InferenceSession(str(quant_path), providers=["CPUExecutionProvider"])
+    ref = np.concatenate([f.run(None, {"x": s})[0] for s in x])
+    got = np.concatenate([q.run(None, {"x": s})[0] for s in x])
+    return sqnr_db(ref, got)
+
+
+QUANTIZE = ["--optimize", "accuracy", "--min-sqnr", "0", "--allow-low-sqnr", "-q"]
+
+
+@pytest.fixture(scope="module")
+def outlier(tmp_path_factory):
+    d = tmp_path_factory.mktemp("outlier")
+    x = _outlier_model(d / "m.onnx")
+    np.savez(d / "calib.npz", x=x)
+    r = CliRunner().invoke(main, ["quantize", str(d / "m.onnx"), "--calib", str(d / "calib.npz"), "-o",
+                                  str(d / "q.onnx")] + QUANTIZE)
+    assert r.exit_code == 0, r.output
+    return d, x
+
+
+def test_debug_ranks_the_outlier_layer_first_and_its_fix_reaches_the_target(outlier, tmp_path):
+    d, x = outlier
+    before = _output_sqnr(d / "m.onnx", d / "q.onnx", x)
+    assert before < TARGET - 5, before          # the bad layer really is bad
+    fix = tmp_path / "fix.yaml"
+    r = CliRunner().invoke(main, ["debug", str(d / "m.onnx"), str(d / "q.onnx"), "--calib", str(d / "calib.npz"),
+                                  "--json", "--target-sqnr", str(TARGET), "--write-config", str(fix)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    top = out["values"][0]
+    assert top["node"] == "conv2_outlier" and top["kind"] == "activation", out["values"][:3]
+    assert set(top) >= {"name", "sqnr_db", "alone_sqnr_db", "max_abs_error", "order", "node", "op_type"}
+    assert top["alone_sqnr_db"] < TARGET
+    assert abs(out["outputs"]["y"] - before) < 0.5   # the same model, the same samples
+    fb = out["fallback"]
+    assert fb["reached"] and "conv2_outlier" in fb["nodes"] and len(fb["nodes"]) <= 2, fb
+    # the config, as written, fed back to quantize: the requested SQNR in onnxruntime
+    r = CliRunner().invoke(main, ["quantize", str(d / "m.onnx"), "--calib", str(d / "calib.npz"), "-o",
+                                  str(tmp_path / "fixed.onnx"), "--config", str(fix)] + QUANTIZE)
+    assert r.exit_code == 0, r.output
+    assert _output_sqnr(d / "m.onnx", tmp_path / "fixed.onnx", x) >= TARGET
+
+
+def test_api_result_and_table(outlier):
+    d, _ = outlier
+    res = qcompiler.debug(str(d / "m.onnx"), str(d / "q.onnx"), str(d / "calib.npz"), limit=4)
+    assert isinstance(res, qcompiler.DebugResult) and res.samples == 4
+    assert "conv2_outlier" in repr(res) or res.values[0].node == "conv2_outlier"
+    dct = res.to_dict()
+    assert [v["order"] for v in dct["values"]] and dct["modules"] and set(dct["outputs"]) == {"y"}
+    # every quantized activation of the main graph is listed (relu1 ends the Conv+Relu group, conv2, relu3, y)
+    names = {v["name"] for v in dct["values"] if v["kind"] == "activation"}
+    assert {"r1", "c2", "r3", "y"} <= names, names
+    assert "conv2_outlier" in res.table(5)
+
+
+def test_bad_input_is_one_line(outlier, tmp_path):
+    d, _ = outlier
+    r = CliRunner().invoke(main, ["debug", str(d / "m.onnx"), str(tmp_path / "missing.onnx"), "--calib",
+                                  str(d / "calib.npz")])
+    assert r.exit_code == 2 and "Traceback" not in r.output
+    r = CliRunner().invoke(main, ["debug", str(d / "m.onnx"), str(d / "q.onnx"), "--calib", str(d / "calib.npz"),
+                                  "--write-config", str(tmp_path / "f.yaml")])
+    assert r.exit_code == 2 and "--target-sqnr" in r.output
