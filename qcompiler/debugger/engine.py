@@ -36,6 +36,7 @@ from qcompiler.quant.core.pipeline import PREPARE_PASSES
 from qcompiler.quant.interop.report import OutputError
 
 PREPARE_EXTRA = ("fuse-hardswish",)
+FLOOR_NOTE_DB = 60.0  # every quantizer off and the outputs still below this: something unlisted quantizes
 ALONE_SAMPLES = 8    # samples per one-quantizer trial (the kept samples with the order they came in)   # after convert-opset in quantize; only where the opset allows it
 
 
@@ -124,8 +125,7 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
     qproto = model_to_proto(qmodel)
     fproto = model_to_proto(fmodel)
     fidx, idx = GraphIndex(fproto.graph), GraphIndex(qproto.graph)
-    float_names = set(fidx.producer) | fidx.inputs
-    quants = find_quantizers(idx, float_names, set(fidx.inits))
+    quants = find_quantizers(idx, fidx)
     if not quants:
         notes.append("no Q/DQ quantizer in the main graph of the quantized model")
     acts = [z for z in quants if z.kind == "activation" and z.matched]
@@ -178,17 +178,30 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
         e = weight_errors[id(z)] = OutputError()
         e.update(w, d)
     runner = Runner(qproto, idx, kept, float_weights, quants)
-    reported = [z for z in quants if z.matched and (z.kind == "weight" or full[id(z)].count)]
+    # an activation with no float counterpart still has its cost to the outputs (named as in the QDQ model)
+    reported = [z for z in quants if (z.kind == "weight" and z.matched) or z.kind == "activation"
+                and (full[id(z)].count if z.matched else True)]
     values = []
+    nan = float("nan")
+    if kept and quants:
+        floor = runner.switched_db([], ALONE_SAMPLES)
+        if floor < FLOOR_NOTE_DB:
+            notes.append(f"with every listed quantizer off the worst output is still at {floor:.1f} dB: the rest "
+                         f"comes from quantization this debugger does not list (If/Loop/Scan bodies, weights "
+                         f"with no float counterpart)")
     with bar("debug: quantizers alone", len(reported), progress, unit="quantizer") as b:
         for z in reported:
-            alone_db = runner.switched_db([z], ALONE_SAMPLES) if kept else float("nan")
-            e = full[id(z)] if z.kind == "activation" else weight_errors[id(z)]
-            local = alone[id(z)].sqnr_db() if z.kind == "activation" else e.sqnr_db()
-            values.append(ValueReport(z.name, z.kind, e.sqnr_db(), alone_db, e.max_abs, z.order, z.node,
-                                      z.op_type, z.bits, local))
+            alone_db = runner.switched_db([z], ALONE_SAMPLES) if kept else nan
+            if not z.matched:
+                values.append(ValueReport(z.name, z.kind, nan, alone_db, nan, z.order, z.node, z.op_type, z.bits,
+                                          nan, matched=False))
+            else:
+                e = full[id(z)] if z.kind == "activation" else weight_errors[id(z)]
+                local = alone[id(z)].sqnr_db() if z.kind == "activation" else e.sqnr_db()
+                values.append(ValueReport(z.name, z.kind, e.sqnr_db(), alone_db, e.max_abs, z.order, z.node,
+                                          z.op_type, z.bits, local))
             b.update(1)
-    unmatched = [z.name for z in quants if not z.matched]
+    unmatched = [z.name for z in quants if not z.matched and z.kind == "weight"]
     mods = []
     if modules and quants and kept:
         mods = _modules(quants, values, runner, depth, progress)

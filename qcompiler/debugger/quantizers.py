@@ -3,8 +3,10 @@
 A quantizer is what a plan turns into the graph (qcompiler/quant/core/qdq.py), or what another tool wrote:
 - an activation Q→DQ pair (its Q reads a computed value or a graph input; the Cast route of float16 values
   is seen through);
-- a weight: a DequantizeLinear of a stored integer initializer, or a weight stored on its grid in float
-  (`<name>_dequantized_prefolded`, qdq._write_on_grid).
+- a weight: a DequantizeLinear of a stored integer initializer, a weight stored on its grid in float
+  (`<name>_dequantized_prefolded`, qdq._write_on_grid), or a weight-only operator (com.microsoft MatMulNBits,
+  GatherBlockQuantized: narrow_float_weights, write_weights) whose float counterpart is a MatMul or Gather with
+  a constant weight, found through its output's name (`<float output>_q`).
 Each is matched to a value of the float model by name: the value the pair reads, else the value its readers read
 (a graph output keeps its name on the DQ), else without a `_fused` suffix (supergroups.py names a fused op's
 output so). Only the main graph is read: a pair inside an If/Loop/Scan body is not listed (the bodies' values
@@ -18,6 +20,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 from onnx import TensorProto, numpy_helper
+
+from qcompiler.quant.core.nbits import dequantize_reference
 
 # integer range of each zero-point element type (the grid's bit width and signedness)
 INT_RANGES = {TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255), TensorProto.INT16: (-32768, 32767),
@@ -49,10 +53,13 @@ class Quantizer:
     axis: int = 1
     block_size: int = 0
     prefolded: bool = False
+    op: str = ""                # a weight-only operator's op type (MatMulNBits, GatherBlockQuantized), else ""
     extra: dict = field(default_factory=dict)
 
     @property
     def bits(self) -> Optional[int]:
+        if self.op:
+            return self.extra.get("bits")
         return None if self.prefolded else BITS.get(self.zp_type)
 
 
@@ -127,11 +134,37 @@ def _match(names, float_names: set) -> Optional[str]:
     return None
 
 
-def find_quantizers(idx: GraphIndex, float_names: set, float_weights: set) -> List[Quantizer]:
-    """Every activation pair and weight quantizer of the main graph, in graph order. `float_names`: the float
-    model's value names (computed values and inputs); `float_weights`: its initializer names."""
+WEIGHT_ONLY_OPS = {"MatMulNBits": ("MatMul", 1), "GatherBlockQuantized": ("Gather", 0)}   # float op, weight slot
+
+
+def _weight_only(idx: GraphIndex, fidx: GraphIndex, i: int, n) -> Optional[Quantizer]:
+    out = n.output[0]
+    fout = out[:-2] if out.endswith("_q") else out
+    fp = fidx.producer.get(fout)
+    fop, slot = WEIGHT_ONLY_OPS[n.op_type]
+    f = fidx.nodes[fp] if fp is not None else None
+    if f is None or f.op_type != fop or len(f.input) <= slot or f.input[slot] not in fidx.inits:
+        return None
+    attrs = {a.name: a.i for a in n.attribute}
+    nbits = n.op_type == "MatMulNBits"       # inputs A, B, ...; GatherBlockQuantized: data, indices, ...
+    z = Quantizer("weight", f.input[slot], True, f.name, fop, i, n.input[1] if nbits else n.input[0], out,
+                  dq_index=i, op=n.op_type, extra=dict(attrs, reads=n.input[0] if nbits else n.input[1]))
+    z.extra["scales"], z.extra["zero_points"] = n.input[2], (n.input[3] if len(n.input) > 3 else "")
+    return z
+
+
+def find_quantizers(idx: GraphIndex, fidx: GraphIndex) -> List[Quantizer]:
+    """Every activation pair and weight quantizer of the main graph, in graph order, matched against the float
+    model's graph `fidx` (its computed values, inputs and initializers)."""
+    float_names = set(fidx.producer) | fidx.inputs
+    float_weights = set(fidx.inits)
     found: List[Quantizer] = []
     for i, n in enumerate(idx.nodes):
+        if n.op_type in WEIGHT_ONLY_OPS and n.domain == "com.microsoft":
+            z = _weight_only(idx, fidx, i, n)
+            if z is not None:
+                found.append(z)
+            continue
         if n.op_type == "QuantizeLinear" and n.input and not idx.is_const(n.input[0]):
             readers = idx.readers.get(n.output[0], [])
             if len(readers) != 1 or n.output[0] in idx.outputs:
@@ -208,10 +241,22 @@ def fake_quantize(z: Quantizer, x: np.ndarray) -> np.ndarray:
 
 
 def dequantize_weight(idx: GraphIndex, z: Quantizer) -> Optional[np.ndarray]:
-    """The float values a weight quantizer gives its readers."""
+    """The float values a weight quantizer gives its readers (a MatMulNBits weight as the float MatMul's B)."""
     q = idx.const(z.x)
     if q is None:
         return None
+    if z.op:
+        scales = idx.const(z.extra["scales"])
+        zps = idx.const(z.extra["zero_points"]) if z.extra["zero_points"] else None
+        bits, block = z.extra.get("bits", 4), z.extra.get("block_size", 32)
+        if scales is None:
+            return None
+        if z.op == "MatMulNBits":
+            return dequantize_reference(q, scales, zps, z.extra["K"], bits, block).T
+        rows, nb = np.asarray(scales).shape[0], np.asarray(scales).reshape(np.asarray(scales).shape[0], -1).shape[1]
+        if np.asarray(q).size != rows * nb * block * bits // 8:
+            return None
+        return dequantize_reference(np.asarray(q).reshape(rows, nb, -1), scales, zps, nb * block, bits, block)
     if z.prefolded:
         return np.asarray(q, np.float32)
     q = np.asarray(q).astype(np.float64)

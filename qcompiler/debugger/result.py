@@ -44,11 +44,13 @@ class ValueReport:
     op_type: str
     bits: Optional[int] = None
     local_sqnr_db: float = float("nan")
+    matched: bool = True     # False: no float counterpart; `name` is the QDQ model's, only `alone_sqnr_db` known
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "sqnr_db": finite(_db(self.sqnr_db)),
+        return {"name": self.name, "kind": self.kind, "matched": self.matched, "sqnr_db": finite(_db(self.sqnr_db)),
                 "alone_sqnr_db": finite(_db(self.alone_sqnr_db)), "local_sqnr_db": finite(_db(self.local_sqnr_db)),
-                "max_abs_error": finite(float(f"{self.max_abs_error:.4g}")), "order": self.order,
+                "max_abs_error": finite(float(f"{self.max_abs_error:.4g}")),
+                 "order": self.order,
                 "node": self.node, "op_type": self.op_type, "bits": self.bits}
 
 
@@ -101,7 +103,7 @@ class DebugResult:
                          f"{v.max_abs_error:>9.3g} "
                          f"{v.bits if v.bits else '-':>4}  {v.op_type[:14]:<14} {v.name}"
                          + (f" ({v.node})" if v.node and v.node != v.name else "")
-                         + (" [weight]" if v.kind == "weight" else ""))
+                         + (" [weight]" if v.kind == "weight" else "") + ("" if v.matched else " [no float twin]"))
         if len(self.values) > limit:
             lines.append(f"    ... {len(self.values) - limit} more (--limit N, --json)")
         if self.modules:

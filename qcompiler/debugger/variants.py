@@ -30,6 +30,14 @@ def _rename_inputs(graph, rename: Dict[str, str]) -> None:
                     _rename_inputs(g, rename)
 
 
+def _float_op(z: Quantizer, weight: str, out: str):
+    """The float operator a weight-only operator stands for, reading the float weight `weight`."""
+    if z.op == "MatMulNBits":
+        return helper.make_node("MatMul", [z.extra["reads"], weight], [out], name=f"{out}_float_op")
+    return helper.make_node("Gather", [weight, z.extra["reads"]], [out], name=f"{out}_float_op",
+                            axis=z.extra.get("gather_axis", 0))
+
+
 def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Dict[str, np.ndarray]):
     """A ModelProto: `qproto` with the quantizers `off` taken out (module docstring). `float_weights`: the float
     model's weights by name (only those of weight quantizers are read)."""
@@ -56,7 +64,8 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
         fname = f"{z.out}_float_weight"
         new_inits.append(numpy_helper.from_array(np.asarray(w), fname))
         drop.add(z.dq_index)
-        replace[z.dq_index] = helper.make_node("Identity", [fname], [z.out], name=f"{z.out}_float")
+        replace[z.dq_index] = _float_op(z, fname, z.out) if z.op else \
+            helper.make_node("Identity", [fname], [z.out], name=f"{z.out}_float")
     nodes = list(g.node)
     del g.node[:]
     for i, n in enumerate(nodes):
@@ -114,8 +123,12 @@ def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: 
         else:
             dq = nodes[z.dq_index]
             dq.output[0] = f"{p}{i}_dq"
-            after[z.dq_index] = [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", f"{p}{i}_f"],
-                                                          [z.out], name=f"{p}{i}_where")]
+            fl = f"{p}{i}_f"
+            extra = []
+            if z.op:
+                extra, fl = [_float_op(z, fl, f"{p}{i}_fo")], f"{p}{i}_fo"
+            after[z.dq_index] = extra + [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", fl],
+                                                                  [z.out], name=f"{p}{i}_where")]
     _rename_inputs(g, rename)
     del g.node[:]
     g.node.extend(first)
