@@ -235,11 +235,11 @@ def _modules(quants: List[Quantizer], values: list, runner: Runner, depth, progr
             db = runner.switched_db([z for z in quants if id(z) in keep])
             out.append([s, db, len(members)])
             b.update(1)
-    # NOTE: a module's sqnr_db is the mean noise-to-signal ratio of its activations in dB, not Σnoise/Σsignal,
+    # NOTE: a module's sqnr_db is the mean noise-to-signal ratio of its values (weights too) in dB, not Σnoise/Σsignal,
     # which the one value of largest magnitude would decide
     for v in values:
         s = name_scope.get((v.kind, v.name))
-        if s is None or v.kind != "activation" or not np.isfinite(v.sqnr_db):
+        if s is None or not np.isfinite(v.sqnr_db):
             continue
         signal[s] = signal.get(s, 0.0) + 1.0
         noise[s] = noise.get(s, 0.0) + 10 ** (-v.sqnr_db / 10)

@@ -109,3 +109,50 @@ def test_bad_input_is_one_line(outlier, tmp_path):
     r = CliRunner().invoke(main, ["debug", str(d / "m.onnx"), str(d / "q.onnx"), "--calib", str(d / "calib.npz"),
                                   "--write-config", str(tmp_path / "f.yaml")])
     assert r.exit_code == 2 and "--target-sqnr" in r.output
+
+
+def test_quantize_debug_puts_the_table_and_the_report_entry(outlier, tmp_path):
+    d, _ = outlier
+    rep = tmp_path / "r.json"
+    r = CliRunner().invoke(main, ["quantize", str(d / "m.onnx"), "--calib", str(d / "calib.npz"), "-o",
+                                  str(tmp_path / "q.onnx"), "--debug", "--report", str(rep), "--optimize", "accuracy",
+                                  "--min-sqnr", "0", "--allow-low-sqnr"])
+    assert r.exit_code == 0, r.output
+    dbg = json.loads(rep.read_text())["debug"]
+    assert dbg["values"][0]["node"] == "conv2_outlier" and dbg["outputs"]["y"] < TARGET
+    assert "alone dB" in r.output and "conv2_outlier" in r.output
+
+
+def _matmul_model(path):
+    rng = np.random.default_rng(2)
+    w1 = rng.normal(0, 0.2, (64, 64)).astype(np.float32)
+    w2 = rng.normal(0, 0.2, (64, 32)).astype(np.float32)
+    w1[:, 5] = 0.0                      # hidden unit 5 is always 0 after the Relu ...
+    w2[5, :] *= 300.0                   # ... and its row of w2, 300x the others, takes its blocks' grids
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
+             helper.make_node("Relu", ["h"], ["r"], name="relu"),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2_outlier")]
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+                          [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
+    return rng.normal(0, 1, (8, 1, 64)).astype(np.float32)
+
+
+def test_weight_only_operators_are_switchable_weights(tmp_path):
+    x = _matmul_model(tmp_path / "m.onnx")
+    np.savez(tmp_path / "c.npz", x=x)
+    r = CliRunner().invoke(main, ["quantize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "w.onnx"),
+                                  "--weight-only", "--weight-bits", "4", "--block-size", "32", "-q",
+                                  "--allow-low-sqnr"])
+    assert r.exit_code == 0, r.output
+    assert sum(n.op_type == "MatMulNBits" for n in onnx.load(str(tmp_path / "w.onnx")).graph.node) == 2
+    res = qcompiler.debug(str(tmp_path / "m.onnx"), str(tmp_path / "w.onnx"), str(tmp_path / "c.npz"))
+    # the last MatMul makes the output: --head-bits keeps it at 8
+    assert {(v.name, v.node, v.bits) for v in res.values} == {("w1", "mm1", 4), ("w2", "mm2_outlier", 8)}
+    assert res.values[0].node == "mm2_outlier"
+    assert not res.notes, res.notes     # every quantizer switchable: with all off, the outputs are float
+    # a weight's figure is its dequantized table against the float one, computed from the packed blocks
+    assert all(abs(v.sqnr_db - v.local_sqnr_db) < 1e-9 and 5 < v.sqnr_db < 60 for v in res.values)
+    # the outlier row dominates w2, so w2 reads well on its own (local) and still ruins the output (alone)
+    assert res.values[0].local_sqnr_db > 30 > res.values[0].alone_sqnr_db + 10
