@@ -32,18 +32,21 @@ DEFAULT_SAMPLES = 32
               help="search the fewest nodes to keep float so that the worst output reaches DB")
 @click.option("--write-config", type=click.Path(), default=None, metavar="FIX.yaml",
               help="with --target-sqnr: write that choice as a config for quantize --config")
+@click.option("--target", default=None, metavar="NAME|FILE",
+              help="the backend profile QUANT was made for: on one with 16-bit activations the fallback widens "
+                   "before keeping float")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
 @click.option("--progress/--no-progress", default=None, help="bars on stderr (default: when it is a terminal)")
-def debug_cmd(float_path, quant_path, calib, limit, top, depth, no_modules, target_sqnr, write_config, as_json,
-              progress):
+def debug_cmd(float_path, quant_path, calib, limit, top, depth, no_modules, target_sqnr, write_config, target,
+              as_json, progress):
     """Compare every quantized value of QUANT with FLOAT on the calibration samples, worst first."""
     if write_config and target_sqnr is None:
         raise ArgumentError("--write-config needs --target-sqnr DB (the output SQNR the config is for)")
-    inputs = (float_path, quant_path, calib)
+    inputs = tuple(x for x in (float_path, quant_path, calib, target) if x is not None)
     if write_config:
         check_output_paths([("--write-config", write_config)], inputs, models=(float_path, quant_path))
     res = debug(float_path, quant_path, calib, limit=limit, depth=depth, modules=not no_modules,
-                progress=progress, target_sqnr=target_sqnr)
+                progress=progress, target_sqnr=target_sqnr, target=target)
     if write_config:
         write_atomic(write_config, config_text(res.fallback, float_path, quant_path), protect=inputs)
     if as_json:

@@ -24,7 +24,7 @@ from qcompiler.debugger.fallback import search
 from qcompiler.debugger.modules import module_scopes
 from qcompiler.debugger.quantizers import GraphIndex, Quantizer, dequantize_weight, fake_quantize, find_quantizers
 from qcompiler.debugger.result import DebugResult, ModuleReport, ValueReport, ranked
-from qcompiler.debugger.variants import SWITCH_INPUT, switchable, without
+from qcompiler.debugger.variants import SWITCH_INPUT, WIDE_INPUT, switchable, without
 from qcompiler.errors import ArgumentError
 from qcompiler.ir.model import Model
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto
@@ -34,6 +34,7 @@ from qcompiler.progress import bar
 from qcompiler.quant.calibration.data import input_specs, load_samples
 from qcompiler.quant.core.pipeline import PREPARE_PASSES
 from qcompiler.quant.interop.report import OutputError
+from qcompiler.quant.targets.profiles import get_profile
 
 PREPARE_EXTRA = ("fuse-hardswish",)
 FLOOR_NOTE_DB = 60.0  # every quantizer off and the outputs still below this: something unlisted quantizes
@@ -62,9 +63,10 @@ class Runner:
     """The kept samples and their float outputs; measures the QDQ model, a variant of it (variants.without) or a
     setting of the switchable copy (variants.switchable) on them."""
 
-    def __init__(self, qproto, idx: GraphIndex, kept: list, float_weights: Dict[str, np.ndarray], quants: list):
+    def __init__(self, qproto, idx: GraphIndex, kept: list, float_weights: Dict[str, np.ndarray], quants: list,
+                 widen: bool = False):
         self.qproto, self.idx, self.kept, self.float_weights = qproto, idx, kept, float_weights
-        self.quants = quants
+        self.quants, self.widen = quants, widen
         self.trials = 0
         self._switch = None
 
@@ -79,24 +81,27 @@ class Runner:
         self.trials += 1
         return errs
 
-    def outputs(self, off: List[Quantizer], role: str = "variant") -> Dict[str, OutputError]:
-        """Per graph output, the error of the QDQ model with the quantizers `off` taken out (a real variant: the
-        kernels onnxruntime fuses for it)."""
-        sess = create_session(without(self.qproto, self.idx, off, self.float_weights), role=role)
+    def outputs(self, off: List[Quantizer], wide: List[Quantizer] = (), role: str = "variant"):
+        """Per graph output, the error of the QDQ model with the quantizers `off` taken out and the activations
+        `wide` on 16-bit grids (a real variant: the kernels onnxruntime fuses for it)."""
+        sess = create_session(without(self.qproto, self.idx, off, self.float_weights, wide), role=role)
         return self._errors(sess, self.kept)
 
-    def worst_db(self, off: List[Quantizer]) -> float:
-        return _worst(self.outputs(off))
+    def worst_db(self, off: List[Quantizer], wide: List[Quantizer] = ()) -> float:
+        return _worst(self.outputs(off, wide))
 
-    def switched_db(self, on: List[Quantizer], samples: Optional[int] = None) -> float:
-        """Worst output SQNR with only the quantizers `on` switched on (one shared session)."""
+    def switched_db(self, on: List[Quantizer], samples: Optional[int] = None, wide: List[Quantizer] = ()) -> float:
+        """Worst output SQNR with only the quantizers `on` switched on, and `wide` on 16-bit grids (one shared
+        session)."""
         if self._switch is None:
-            self._switch = create_session(switchable(self.qproto, self.idx, self.quants, self.float_weights),
-                                          role="quantized (switchable)")
-        ids = {id(z) for z in on}
-        mask = np.array([id(z) in ids for z in self.quants], bool)
+            self._switch = create_session(switchable(self.qproto, self.idx, self.quants, self.float_weights,
+                                                     self.widen), role="quantized (switchable)")
+        ids, wids = {id(z) for z in on}, {id(z) for z in wide}
+        feed = {SWITCH_INPUT: np.array([id(z) in ids for z in self.quants], bool)}
+        if self.widen:
+            feed[WIDE_INPUT] = np.array([id(z) in wids for z in self.quants], bool)
         kept = self.kept[:samples] if samples else self.kept
-        return _worst(self._errors(self._switch, kept, {SWITCH_INPUT: mask}))
+        return _worst(self._errors(self._switch, kept, feed))
 
 
 def _worst(errs: Dict[str, OutputError]) -> float:
@@ -106,11 +111,14 @@ def _worst(errs: Dict[str, OutputError]) -> float:
 
 def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth: Optional[int] = None,
           modules: bool = True, progress: Optional[bool] = None, target_sqnr: Optional[float] = None,
-          _keep_runner: bool = False):
+          target=None):
     """Compare `quant_model` (a QDQ model: path, Model or ModelProto) with `float_model` on the samples of `calib`
     (anything `quantize` takes; the first `limit`). Returns a DebugResult (see result.py for its fields).
     `depth`: the module scope depth (default: chosen from the names); `modules=False` skips the per-module runs;
-    `target_sqnr`: also search the fewest nodes to keep float for that worst-output SQNR (fallback.py)."""
+    `target_sqnr`: also search the fewest nodes to keep float for that worst-output SQNR (fallback.py); `target`:
+    the backend profile the model was made for (a name or file, as for quantize): when it runs 16-bit
+    activations (`wide_activation_bits`), the fallback widens a node's activations to 16 bits where that reaches
+    the target, and keeps it float otherwise."""
     t0 = time.perf_counter()
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ArgumentError(f"limit: expected a positive integer, got {limit!r}")
@@ -177,7 +185,8 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
         float_weights[z.name] = w
         e = weight_errors[id(z)] = OutputError()
         e.update(w, d)
-    runner = Runner(qproto, idx, kept, float_weights, quants)
+    widen = target is not None and get_profile(target).wide_activation_bits == 16
+    runner = Runner(qproto, idx, kept, float_weights, quants, widen)
     # an activation with no float counterpart still has its cost to the outputs (named as in the QDQ model)
     reported = [z for z in quants if (z.kind == "weight" and z.matched) or z.kind == "activation"
                 and (full[id(z)].count if z.matched else True)]
@@ -210,8 +219,6 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
     if target_sqnr is not None:
         res.fallback = search(res, quants, runner, target_sqnr, progress)
     res.seconds = time.perf_counter() - t0
-    if _keep_runner:
-        res._runner, res._quantizers = runner, quants
     return res
 
 

@@ -40,8 +40,8 @@ def search(res, quants, runner, target: float, progress=None) -> dict:
             by_node.setdefault(z.node, []).append(z)
     nodes = _ranked_nodes(res, quants)
     before = min(res.outputs.values()) if res.outputs else float("inf")
-    out = {"target_sqnr_db": float(target), "nodes": [], "sqnr_before_db": before, "sqnr_after_db": before,
-           "reached": before >= target, "trials": 0}
+    out = {"target_sqnr_db": float(target), "nodes": [], "widened": [], "sqnr_before_db": before,
+           "sqnr_after_db": before, "reached": before >= target, "trials": 0}
     if before >= target or not nodes:
         return out
     cache: Dict[frozenset, float] = {}
@@ -55,6 +55,13 @@ def search(res, quants, runner, target: float, progress=None) -> dict:
                 cache[key] = runner.switched_db([z for z in quants if id(z) not in off])
                 b.update(1)
             return cache[key]
+
+        def measure_wide(chosen, widened) -> float:
+            wide = [z for n in widened for z in by_node[n] if z.kind == "activation"]
+            off = {id(z) for n in chosen for z in by_node[n]} - {id(z) for n in widened for z in by_node[n]
+                                                                  if z.kind == "weight"}
+            b.update(1)
+            return runner.switched_db([z for z in quants if id(z) not in off], wide=wide)
 
         lo, k = 0, 1
         while True:
@@ -86,8 +93,29 @@ def search(res, quants, runner, target: float, progress=None) -> dict:
             if after >= target or not rest:
                 break
             chosen.append(rest[0])
-    out.update(nodes=chosen, sqnr_after_db=after, reached=after >= target, trials=runner.trials - start)
+        widened: List[str] = []
+        if runner.widen and after >= target:
+            widened, after = _widen(chosen, by_node, quants, runner, target, after, measure_wide)
+    out.update(nodes=[n for n in chosen if n not in widened], widened=widened, sqnr_after_db=after,
+               reached=after >= target, trials=runner.trials - start)
     return out
+
+
+def _widen(chosen, by_node, quants, runner, target, after, measure):
+    """Of the nodes to keep float, those whose activations on 16-bit grids (their weights quantized) still reach
+    the target, one at a time on the switches, then checked together on the real model; (widened, SQNR)."""
+    widened: List[str] = []
+    for n in chosen:
+        if not any(z.kind == "activation" for z in by_node[n]):
+            continue
+        if measure(chosen, widened + [n]) >= target:
+            widened.append(n)
+    if not widened:
+        return [], after
+    acts = [z for n in widened for z in by_node[n] if z.kind == "activation"]
+    off = [z for n in chosen if n not in widened for z in by_node[n]]
+    wide_db = runner.worst_db(off, acts)
+    return (widened, wide_db) if wide_db >= target else ([], after)
 
 
 def _one_line(text: str) -> str:
@@ -96,13 +124,18 @@ def _one_line(text: str) -> str:
 
 def config_text(fallback: dict, float_path: str = "", quant_path: str = "") -> str:
     """The YAML config that keeps the fallback's nodes float (qcompiler/quant/settings/config.py's format)."""
-    head = (f"# written by qcompiler debug: keeping these {len(fallback['nodes'])} node(s) float measured "
+    head = (f"# written by qcompiler debug: keeping {len(fallback['nodes'])} node(s) float and widening "
+            f"{len(fallback.get('widened', []))} to 16-bit activations measured "
             f"{fallback['sqnr_after_db']:.2f} dB worst output SQNR (target {fallback['target_sqnr_db']:g} dB, "
             f"{fallback['sqnr_before_db']:.2f} dB with every quantizer)\n")
     for what, path in (("float model", float_path), ("quantized model", quant_path)):
         if path:
             head += f"# {what}: {_one_line(path)}\n"
     head += "# use: qcompiler quantize MODEL --calib DATA --config THIS_FILE (with your other flags)\n"
-    body = {"rules": [{"match": {"name": list(fallback["nodes"])}, "keep_float": True}]} if fallback["nodes"] \
-        else {"rules": []}
+    rules = []
+    if fallback.get("widened"):
+        rules.append({"match": {"name": list(fallback["widened"])}, "activations": {"bits": 16}})
+    if fallback["nodes"]:
+        rules.append({"match": {"name": list(fallback["nodes"])}, "keep_float": True})
+    body = {"rules": rules}
     return head + yaml.safe_dump(body, sort_keys=False, allow_unicode=True, width=1000)

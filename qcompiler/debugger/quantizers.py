@@ -264,3 +264,22 @@ def dequantize_weight(idx: GraphIndex, z: Quantizer) -> Optional[np.ndarray]:
     zp = _broadcast(np.asarray(z.zero_point if z.zero_point is not None else 0).astype(np.float64), z.axis,
                     q.ndim, z.block_size, q.shape)
     return ((q - zp) * s).astype(np.float32)
+
+
+WIDE_TYPES = {True: (TensorProto.INT16, np.int16), False: (TensorProto.UINT16, np.uint16)}
+
+
+def wide_grid(z: Quantizer):
+    """(scale, zero point) of the 16-bit grid over the same range as an activation's 8-bit one: a symmetric
+    grid stays symmetric (int16, zero point 0), an asymmetric one spans the same [min, max] in uint16."""
+    s = np.asarray(z.scale, np.float64)
+    zp = np.asarray(z.zero_point if z.zero_point is not None else 0, np.float64)
+    lo, hi = INT_RANGES.get(z.zp_type, (0, 255))
+    signed = lo < 0
+    if signed and not np.any(zp):
+        scale = s * hi / 32767.0
+        return scale.astype(np.float32), np.zeros(np.shape(zp), np.int16)
+    vmin, vmax = (lo - zp) * s, (hi - zp) * s
+    scale = np.maximum((vmax - vmin) / 65535.0, np.finfo(np.float32).tiny)
+    z16 = np.clip(np.rint(-vmin / scale), 0, 65535)
+    return scale.astype(np.float32), z16.astype(np.uint16)

@@ -123,7 +123,8 @@ class DebugResult:
             lines.append(f"note: {n}")
         if self.fallback:
             fb = self.fallback
-            lines.append(f"fallback: keep {len(fb['nodes'])} node(s) float -> output SQNR {_db(fb['sqnr_after_db'])} "
+            wide = f" and widen {len(fb['widened'])} to 16 bits" if fb.get("widened") else ""
+            lines.append(f"fallback: keep {len(fb['nodes'])} node(s) float{wide} -> output SQNR {_db(fb['sqnr_after_db'])} "
                          f"dB (target {fb['target_sqnr_db']:g} dB, {'reached' if fb['reached'] else 'NOT reached'}, "
                          f"{fb['trials']} trials)")
         return "\n".join(lines)

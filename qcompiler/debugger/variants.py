@@ -13,7 +13,9 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcompiler.debugger.quantizers import GraphIndex, Quantizer
+from qcompiler.debugger.quantizers import GraphIndex, Quantizer, wide_grid
+
+MS_DOMAIN = "com.microsoft"   # its QuantizeLinear/DequantizeLinear take 16-bit grids at any opset
 
 
 def _rename_inputs(graph, rename: Dict[str, str]) -> None:
@@ -38,12 +40,33 @@ def _float_op(z: Quantizer, weight: str, out: str):
                             axis=z.extra.get("gather_axis", 0))
 
 
-def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Dict[str, np.ndarray]):
-    """A ModelProto: `qproto` with the quantizers `off` taken out (module docstring). `float_weights`: the float
-    model's weights by name (only those of weight quantizers are read)."""
+def _ms_opset(m) -> None:
+    if not any(o.domain == MS_DOMAIN for o in m.opset_import):
+        m.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+
+
+def _wide_pair(g, z: Quantizer, src: str, out: str, tag: str) -> list:
+    """A 16-bit Q->DQ of `src` into `out` over z's range (quantizers.wide_grid); adds its grid to `g`."""
+    scale, zp = wide_grid(z)
+    g.initializer.extend([numpy_helper.from_array(scale, f"{tag}_s16"), numpy_helper.from_array(zp, f"{tag}_z16")])
+    kw = {"axis": z.axis} if np.size(scale) > 1 else {}
+    return [helper.make_node("QuantizeLinear", [src, f"{tag}_s16", f"{tag}_z16"], [f"{tag}_q16"], name=f"{tag}_q16",
+                             domain=MS_DOMAIN, **kw),
+            helper.make_node("DequantizeLinear", [f"{tag}_q16", f"{tag}_s16", f"{tag}_z16"], [out],
+                             name=f"{tag}_dq16", domain=MS_DOMAIN, **kw)]
+
+
+def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Dict[str, np.ndarray],
+            wide: Iterable[Quantizer] = ()):
+    """A ModelProto: `qproto` with the quantizers `off` taken out (module docstring) and the activation pairs
+    `wide` on 16-bit grids over the same ranges. `float_weights`: the float model's weights by name (only those of
+    weight quantizers are read)."""
     m = onnx.ModelProto()
     m.CopyFrom(qproto)
     g = m.graph
+    wide = [z for z in wide if z.kind == "activation"]
+    if wide:
+        _ms_opset(m)
     drop, replace, rename = set(), {}, {}
     new_inits = []
     refill = {}
@@ -66,11 +89,17 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
         drop.add(z.dq_index)
         replace[z.dq_index] = _float_op(z, fname, z.out) if z.op else \
             helper.make_node("Identity", [fname], [z.out], name=f"{z.out}_float")
+    wide_at = {}
+    for z in wide:
+        drop.update((z.q_index, z.dq_index))
+        wide_at[z.dq_index] = _wide_pair(g, z, z.x, z.out, f"{z.out}_wide")
     nodes = list(g.node)
     del g.node[:]
     for i, n in enumerate(nodes):
         if i in replace:
             g.node.append(replace[i])
+        elif i in wide_at:
+            g.node.extend(wide_at[i])
         elif i not in drop:
             g.node.append(n)
     _rename_inputs(g, rename)
@@ -85,17 +114,23 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
 
 
 SWITCH_INPUT = "qcompiler_debug_on"
+WIDE_INPUT = "qcompiler_debug_wide"
 
 
-def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: Dict[str, np.ndarray]):
+def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: Dict[str, np.ndarray],
+               widen: bool = False):
     """`qproto` with a switch on each quantizer: `Where(on[i], quantized, float)` where its readers read, `on` a
     bool graph input of len(quants) (SWITCH_INPUT). One session then measures any set of quantizers turned on
-    (the safety net's construction). A weight with no float counterpart stays quantized either way."""
+    (the safety net's construction). A weight with no float counterpart stays quantized either way. `widen`: a
+    second switch `wide[i]` (WIDE_INPUT) puts an activation on its 16-bit grid instead."""
     m = onnx.ModelProto()
     m.CopyFrom(qproto)
     g = m.graph
     k = len(quants)
     g.input.append(helper.make_tensor_value_info(SWITCH_INPUT, onnx.TensorProto.BOOL, [k]))
+    if widen:
+        g.input.append(helper.make_tensor_value_info(WIDE_INPUT, onnx.TensorProto.BOOL, [k]))
+        _ms_opset(m)
     after: Dict[int, list] = {}
     first: list = []
     rename: Dict[str, str] = {}
@@ -108,8 +143,14 @@ def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: 
         if z.kind == "activation":
             dq = nodes[z.dq_index]
             dq.output[0] = f"{p}{i}_dq"
-            after[z.dq_index] = [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", z.x], [z.out],
-                                                          name=f"{p}{i}_where")]
+            tail = [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", z.x],
+                                             [f"{p}{i}_sel" if widen else z.out], name=f"{p}{i}_where")]
+            if widen:
+                tail += _wide_pair(g, z, z.x, f"{p}{i}_dq16", f"{p}{i}") + [
+                    helper.make_node("Gather", [WIDE_INPUT, f"{p}{i}_idx"], [f"{p}{i}_w"], name=f"{p}{i}_gw"),
+                    helper.make_node("Where", [f"{p}{i}_w", f"{p}{i}_dq16", f"{p}{i}_sel"], [z.out],
+                                     name=f"{p}{i}_wwhere")]
+            after[z.dq_index] = tail
             continue
         w = float_weights.get(z.name) if z.matched else None
         if w is None:

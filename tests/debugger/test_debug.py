@@ -156,3 +156,24 @@ def test_weight_only_operators_are_switchable_weights(tmp_path):
     assert all(abs(v.sqnr_db - v.local_sqnr_db) < 1e-9 and 5 < v.sqnr_db < 60 for v in res.values)
     # the outlier row dominates w2, so w2 reads well on its own (local) and still ruins the output (alone)
     assert res.values[0].local_sqnr_db > 30 > res.values[0].alone_sqnr_db + 10
+
+
+def test_on_a_16_bit_target_the_fallback_widens_instead(outlier, tmp_path):
+    d, x = outlier
+    htp = QUANTIZE + ["--target", "qnn_htp"]
+    r = CliRunner().invoke(main, ["quantize", str(d / "m.onnx"), "--calib", str(d / "calib.npz"), "-o",
+                                  str(tmp_path / "q.onnx")] + htp)
+    assert r.exit_code == 0, r.output
+    fix = tmp_path / "fix.yaml"
+    r = CliRunner().invoke(main, ["debug", str(d / "m.onnx"), str(tmp_path / "q.onnx"), "--calib",
+                                  str(d / "calib.npz"), "--target", "qnn_htp", "--target-sqnr", str(TARGET),
+                                  "--write-config", str(fix), "--json", "--no-modules"])
+    assert r.exit_code == 0, r.output
+    fb = json.loads(r.stdout)["fallback"]
+    assert fb["widened"] == ["conv2_outlier"] and fb["nodes"] == [] and fb["reached"], fb
+    r = CliRunner().invoke(main, ["quantize", str(d / "m.onnx"), "--calib", str(d / "calib.npz"), "-o",
+                                  str(tmp_path / "fixed.onnx"), "--config", str(fix)] + htp)
+    assert r.exit_code == 0, r.output
+    fixed = onnx.load(str(tmp_path / "fixed.onnx"))
+    assert any(t.data_type in (TensorProto.UINT16, TensorProto.INT16) for t in fixed.graph.initializer)
+    assert _output_sqnr(d / "m.onnx", tmp_path / "fixed.onnx", x) >= TARGET
