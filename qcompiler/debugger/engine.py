@@ -36,9 +36,10 @@ from qcompiler.quant.core.pipeline import PREPARE_PASSES
 from qcompiler.quant.interop.report import OutputError
 from qcompiler.quant.targets.profiles import get_profile
 
-PREPARE_EXTRA = ("fuse-hardswish",)
+PREPARE_EXTRA = ("fuse-hardswish",)   # after convert-opset in quantize; only where the opset allows it
 FLOOR_NOTE_DB = 60.0  # every quantizer off and the outputs still below this: something unlisted quantizes
-ALONE_SAMPLES = 8    # samples per one-quantizer trial (the kept samples with the order they came in)   # after convert-opset in quantize; only where the opset allows it
+BATCH = 8            # samples stacked into one run where the model takes it (Runner._batches)
+ALONE_SAMPLES = 8    # samples per one-quantizer trial (the first kept ones)
 
 
 def _prepare_names() -> list:
@@ -69,17 +70,43 @@ class Runner:
         self.quants, self.widen = quants, widen
         self.trials = 0
         self._switch = None
+        self.batching: Optional[bool] = None    # None: not checked yet (_batches)
 
     def _errors(self, sess, kept, extra: Optional[dict] = None) -> Dict[str, OutputError]:
         names = [o.name for o in sess.get_outputs()]
         errs = {n: OutputError() for n in names}
-        for feed, ref in kept:
+        for feed, ref in self._batches(sess, kept, names, extra):
             got = sess.run(names, dict(feed, **extra) if extra else feed)
             for n, g in zip(names, got):
                 if n in ref:
                     errs[n].update(ref[n], g, feed)
         self.trials += 1
         return errs
+
+    def _batches(self, sess, kept, names, extra) -> list:
+        """`kept` as batches of BATCH samples stacked on axis 0 when the model takes them (every input and output
+        of batch 1, the same shapes, and a stacked run that gives what single runs give: checked once, on the
+        first session, else one sample a run). A run of 8 minilm samples costs about 3 single runs."""
+        if self.batching is False or len(kept) < 2:
+            return kept
+        groups = [kept[i:i + BATCH] for i in range(0, len(kept), BATCH)]
+        stacked = [_stack(g) for g in groups]
+        if any(b is None for b in stacked):
+            self.batching = False
+            return kept
+        if self.batching is None:
+            feed, _ = stacked[0]
+            try:
+                got = sess.run(names, dict(feed, **extra) if extra else feed)
+                single = [sess.run(names, dict(f, **extra) if extra else f) for f, _ in groups[0]]
+                self.batching = all(np.shape(g)[0] == len(groups[0]) and np.allclose(
+                    g, np.concatenate([s[j] for s in single]), rtol=1e-3, atol=1e-4 * (np.abs(g).max() + 1e-30))
+                    for j, g in enumerate(got))
+            except Exception:  # noqa: BLE001 - a model that refuses a batch of 8: one sample a run
+                self.batching = False
+            if not self.batching:
+                return kept
+        return stacked
 
     def outputs(self, off: List[Quantizer], wide: List[Quantizer] = (), role: str = "variant"):
         """Per graph output, the error of the QDQ model with the quantizers `off` taken out and the activations
@@ -102,6 +129,18 @@ class Runner:
             feed[WIDE_INPUT] = np.array([id(z) in wids for z in self.quants], bool)
         kept = self.kept[:samples] if samples else self.kept
         return _worst(self._errors(self._switch, kept, feed))
+
+
+def _stack(group: list):
+    """(feed, reference) of samples stacked on axis 0, or None when they are not all batch-1 of one shape."""
+    feeds, refs = [f for f, _ in group], [r for _, r in group]
+    for items in (feeds, refs):
+        for k in items[0]:
+            shapes = {np.shape(it.get(k)) for it in items}
+            if len(shapes) != 1 or not next(iter(shapes)) or next(iter(shapes))[0] != 1:
+                return None
+    return ({k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]},
+            {k: np.concatenate([r[k] for r in refs]) for k in refs[0]})
 
 
 def _worst(errs: Dict[str, OutputError]) -> float:

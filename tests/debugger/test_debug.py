@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import qcompiler
 from qcompiler.cli import main
+from qcompiler.debugger import engine
 from qcompiler.sqnr import sqnr_db
 
 TARGET = 30.0
@@ -132,14 +133,14 @@ def _matmul_model(path):
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"),
              helper.make_node("Relu", ["h"], ["r"], name="relu"),
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2_outlier")]
-    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])],
+    g = helper.make_graph(nodes, "mm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 32])],
                           [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(path))
     return rng.normal(0, 1, (8, 1, 64)).astype(np.float32)
 
 
-def test_weight_only_operators_are_switchable_weights(tmp_path):
+def test_weight_only_operators_are_switchable_weights(tmp_path, monkeypatch):
     x = _matmul_model(tmp_path / "m.onnx")
     np.savez(tmp_path / "c.npz", x=x)
     r = CliRunner().invoke(main, ["quantize", str(tmp_path / "m.onnx"), "-o", str(tmp_path / "w.onnx"),
@@ -152,6 +153,10 @@ def test_weight_only_operators_are_switchable_weights(tmp_path):
     assert {(v.name, v.node, v.bits) for v in res.values} == {("w1", "mm1", 4), ("w2", "mm2_outlier", 8)}
     assert res.values[0].node == "mm2_outlier"
     assert not res.notes, res.notes     # every quantizer switchable: with all off, the outputs are float
+    # samples stacked 8 to a run (a dynamic batch dim) give what one sample a run gives
+    monkeypatch.setattr(engine, "BATCH", 1)
+    single = qcompiler.debug(str(tmp_path / "m.onnx"), str(tmp_path / "w.onnx"), str(tmp_path / "c.npz"))
+    assert [round(v.alone_sqnr_db, 3) for v in single.values] == [round(v.alone_sqnr_db, 3) for v in res.values]
     # a weight's figure is its dequantized table against the float one, computed from the packed blocks
     assert all(abs(v.sqnr_db - v.local_sqnr_db) < 1e-9 and 5 < v.sqnr_db < 60 for v in res.values)
     # the outlier row dominates w2, so w2 reads well on its own (local) and still ruins the output (alone)
