@@ -22,7 +22,14 @@ import onnx
 
 from qcompiler.debugger.fallback import search
 from qcompiler.debugger.modules import module_scopes
-from qcompiler.debugger.quantizers import GraphIndex, Quantizer, dequantize_weight, fake_quantize, find_quantizers
+from qcompiler.debugger.quantizers import (
+    GraphIndex,
+    Quantizer,
+    body_quantizers,
+    dequantize_weight,
+    fake_quantize,
+    find_quantizers,
+)
 from qcompiler.debugger.result import DebugResult, ModuleReport, ValueReport, ranked
 from qcompiler.debugger.variants import SWITCH_INPUT, WIDE_INPUT, switchable, without
 from qcompiler.errors import ArgumentError
@@ -175,6 +182,10 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
     quants = find_quantizers(idx, fidx)
     if not quants:
         notes.append("no Q/DQ quantizer in the main graph of the quantized model")
+    in_bodies = body_quantizers(qproto.graph)
+    if in_bodies:
+        notes.append(f"{in_bodies} Q/DQ nodes inside If/Loop/Scan bodies are not listed (their effect is in the "
+                     f"outputs' SQNR)")
     acts = [z for z in quants if z.kind == "activation" and z.matched]
     float_outputs = [o.name for o in fproto.graph.output]
     fextra = list(dict.fromkeys(z.name for z in acts if z.name not in float_outputs))

@@ -283,3 +283,15 @@ def wide_grid(z: Quantizer):
     scale = np.maximum((vmax - vmin) / 65535.0, np.finfo(np.float32).tiny)
     z16 = np.clip(np.rint(-vmin / scale), 0, 65535)
     return scale.astype(np.float32), z16.astype(np.uint16)
+
+
+def body_quantizers(graph) -> int:
+    """QuantizeLinear/DequantizeLinear nodes inside the If/Loop/Scan bodies below `graph` (not listed: a body's
+    values cannot be outputs of a session)."""
+    count = 0
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.type == a.GRAPH else list(a.graphs) if a.type == a.GRAPHS else []):
+                count += sum(m.op_type in ("QuantizeLinear", "DequantizeLinear") for m in g.node)
+                count += body_quantizers(g)
+    return count

@@ -182,3 +182,28 @@ def test_on_a_16_bit_target_the_fallback_widens_instead(outlier, tmp_path):
     fixed = onnx.load(str(tmp_path / "fixed.onnx"))
     assert any(t.data_type in (TensorProto.UINT16, TensorProto.INT16) for t in fixed.graph.initializer)
     assert _output_sqnr(d / "m.onnx", tmp_path / "fixed.onnx", x) >= TARGET
+
+
+def test_quantizers_inside_bodies_are_counted_in_a_note(tmp_path):
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w")
+    then_g = helper.make_graph([helper.make_node("MatMul", ["h", "w"], ["t"], name="then_mm"),
+                                helper.make_node("Relu", ["t"], ["tr"], name="then_relu")], "then", [],
+                               [helper.make_tensor_value_info("tr", TensorProto.FLOAT, None)])
+    else_g = helper.make_graph([helper.make_node("Neg", ["h"], ["e"], name="else_neg")], "else", [],
+                               [helper.make_tensor_value_info("e", TensorProto.FLOAT, None)])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+             helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "floor"], ["c"], name="gt"),
+             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g)]
+    g = helper.make_graph(nodes, "body", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+                          [w, numpy_helper.from_array(np.array(-100.0, np.float32), "floor")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(tmp_path / "m.onnx"))
+    np.savez(tmp_path / "c.npz", x=rng.normal(0, 1, (8, 1, 16)).astype(np.float32))
+    r = CliRunner().invoke(main, ["quantize", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o",
+                                  str(tmp_path / "q.onnx"), "--optimize", "accuracy", "-q", "--allow-low-sqnr"])
+    assert r.exit_code == 0, r.output
+    res = qcompiler.debug(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), str(tmp_path / "c.npz"))
+    assert any("inside If/Loop/Scan bodies are not listed" in n for n in res.notes), res.notes
+    assert 20 < res.outputs["y"] < 80 and {"w", "x", "s"} <= {v.name for v in res.values}
