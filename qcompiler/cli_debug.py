@@ -15,15 +15,14 @@ from qcompiler.errors import ArgumentError
 from qcompiler.onnx_io import write_atomic
 from qcompiler.onnx_io.files import check_output_paths
 
-DEFAULT_SAMPLES = 32
-
 
 @click.command("debug")
 @click.argument("float_path", metavar="FLOAT")
 @click.argument("quant_path", metavar="QUANT")
 @click.option("--calib", required=True, help="calibration data (as for quantize)")
-@click.option("--limit", type=click.IntRange(min=1), default=DEFAULT_SAMPLES, show_default=True,
-              help="compare on the first N samples")
+@click.option("--limit", type=click.IntRange(min=1), default=None,
+              help="compare on the first N samples (default: all, as quantize measures its output SQNR: a fallback "
+                   "found on fewer may miss the target on the rest)")
 @click.option("--top", type=click.IntRange(min=1), default=20, show_default=True, help="rows of the value table")
 @click.option("--depth", type=click.IntRange(min=1), default=None,
               help="module scope depth in node names (default: chosen from the names)")

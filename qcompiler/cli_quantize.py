@@ -18,7 +18,6 @@ import math
 
 import click
 
-from qcompiler.cli_debug import DEFAULT_SAMPLES as DEBUG_SAMPLES
 from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
 from qcompiler.debugger import debug
 from qcompiler.errors import ArgumentError
@@ -115,8 +114,7 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     if with_debug:
         if calib is None:
             raise ArgumentError("--debug compares on calibration samples: give --calib")
-        dbg = debug(model_path, res.model, calib, limit=min(DEBUG_SAMPLES, given.get("limit") or DEBUG_SAMPLES),
-                    progress=given.get("progress"))
+        dbg = debug(model_path, res.model, calib, limit=given.get("limit"), progress=given.get("progress"))
         res.report["debug"] = dbg.to_dict()
     _write_report(res.report, report_path, inputs)
     mp_note = _mixed_precision_plot(res.report, pareto, inputs)

@@ -91,7 +91,7 @@ class DebugResult:
              "outputs": {k: finite(_db(v)) for k, v in self.outputs.items()}, "samples": self.samples,
              "seconds": round(self.seconds, 2), "unmatched": list(self.unmatched), "notes": list(self.notes)}
         if self.fallback is not None:
-            d["fallback"] = {k: finite(v) for k, v in self.fallback.items()}
+            d["fallback"] = {k: finite(v) for k, v in self.fallback.items() if k != "unquantized_outputs"}
         return d
 
     def table(self, limit: int = 20) -> str:
