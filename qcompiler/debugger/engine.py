@@ -182,14 +182,18 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
     quants = find_quantizers(idx, fidx)
     if not quants:
         notes.append("no Q/DQ quantizer in the main graph of the quantized model")
-    in_bodies = body_quantizers(qproto.graph)
+    in_bodies = body_quantizers(qproto.graph, set(fidx.inits))
     if in_bodies:
-        notes.append(f"{in_bodies} Q/DQ nodes inside If/Loop/Scan bodies are not listed (their effect is in the "
-                     f"outputs' SQNR)")
+        notes.append(f"{sum(z.kind == 'activation' for z in in_bodies)} activation quantizers inside If/Loop/Scan "
+                     f"bodies are listed with their cost to the outputs only (a body's values cannot be compared "
+                     f"one by one)")
+        quants = sorted(quants + in_bodies, key=lambda z: z.order)
     acts = [z for z in quants if z.kind == "activation" and z.matched]
     float_outputs = [o.name for o in fproto.graph.output]
     fextra = list(dict.fromkeys(z.name for z in acts if z.name not in float_outputs))
-    qextra = list(dict.fromkeys(z.out for z in acts if z.out not in idx.outputs))
+    # a value read only by bodies (their own DQs): its quantized value is its Q/DQ grid over the QDQ model's value
+    qextra = list(dict.fromkeys(z.x if "sites" in z.extra else z.out for z in acts
+                                if (z.x if "sites" in z.extra else z.out) not in idx.outputs))
     with model_label(getattr(float_model, "source_path", float_model) if not isinstance(float_model, str)
                      else float_model):
         fsess = create_session(fmodel, role="float", extra_outputs=fextra)
@@ -213,7 +217,10 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
                 if n in qo and np.shape(qo[n]) == np.shape(fo[n]):
                     outs[n].update(fo[n], qo[n], feed)
             for z in acts:
-                ref, got = fo.get(z.name), io.get(z.out)
+                ref = fo.get(z.name)
+                got = io.get(z.x) if "sites" in z.extra else io.get(z.out)
+                if got is not None and "sites" in z.extra:
+                    got = fake_quantize(z, got)
                 if ref is None or got is None or np.shape(ref) != np.shape(got):
                     continue
                 full[id(z)].update(ref, got, feed)

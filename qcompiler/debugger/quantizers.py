@@ -30,6 +30,14 @@ INT_RANGES = {TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255), Tensor
 BITS = {TensorProto.INT8: 8, TensorProto.UINT8: 8, TensorProto.INT16: 16, TensorProto.UINT16: 16,
         TensorProto.INT4: 4, TensorProto.UINT4: 4, TensorProto.INT32: 32}
 PREFOLDED = re.compile(r"^(.*)_dequantized(?:_\d+)?_prefolded$")
+STORED = re.compile(r"^(.*)_quantized(?:_\d+)?$")       # a weight's stored integers (qdq.apply_plan)
+
+
+def _weight_base(name: str) -> str:
+    m = STORED.match(name)
+    return m.group(1) if m else name
+
+
 FUSED_SUFFIX = "_fused"
 
 
@@ -54,6 +62,7 @@ class Quantizer:
     block_size: int = 0
     prefolded: bool = False
     op: str = ""                # a weight-only operator's op type (MatMulNBits, GatherBlockQuantized), else ""
+    path: tuple = ()            # inside a body: ((node index, attribute, graph index), ...) from the main graph
     extra: dict = field(default_factory=dict)
 
     @property
@@ -158,6 +167,7 @@ def find_quantizers(idx: GraphIndex, fidx: GraphIndex) -> List[Quantizer]:
     model's graph `fidx` (its computed values, inputs and initializers)."""
     float_names = set(fidx.producer) | fidx.inputs
     float_weights = set(fidx.inits)
+    captured = _captured_dequantizers(idx.graph)
     found: List[Quantizer] = []
     for i, n in enumerate(idx.nodes):
         if n.op_type in WEIGHT_ONLY_OPS and n.domain == "com.microsoft":
@@ -167,6 +177,18 @@ def find_quantizers(idx: GraphIndex, fidx: GraphIndex) -> List[Quantizer]:
             continue
         if n.op_type == "QuantizeLinear" and n.input and not idx.is_const(n.input[0]):
             readers = idx.readers.get(n.output[0], [])
+            if not readers and n.output[0] in captured:
+                # read only by bodies, each through its own DQ (qdq.local_dequantizers)
+                x = n.input[0]
+                p = idx.producer.get(x)
+                src = idx.nodes[p] if p is not None else None
+                hit = _match([x], float_names)
+                z = Quantizer("activation", hit or x, hit is not None, src.name if src is not None else "",
+                              src.op_type if src is not None else "input", i, x, "", q_index=i)
+                z.extra["sites"] = captured[n.output[0]]
+                _grid(idx, n, z)
+                found.append(z)
+                continue
             if len(readers) != 1 or n.output[0] in idx.outputs:
                 continue
             dq = idx.nodes[readers[0][0]]
@@ -193,7 +215,7 @@ def find_quantizers(idx: GraphIndex, fidx: GraphIndex) -> List[Quantizer]:
             user = idx.nodes[rd[0][0]] if rd else None
             if user is not None and user.op_type == "Cast" and idx.readers.get(user.output[0]):
                 user = idx.nodes[idx.readers[user.output[0]][0][0]]
-            base = n.input[0][:-len("_quantized")] if n.input[0].endswith("_quantized") else n.input[0]
+            base = _weight_base(n.input[0])
             hit = _match([base, n.output[0]], float_weights)
             z = Quantizer("weight", hit or base, hit is not None, user.name if user is not None else "",
                           user.op_type if user is not None else "", i, n.input[0], n.output[0], dq_index=i)
@@ -242,7 +264,7 @@ def fake_quantize(z: Quantizer, x: np.ndarray) -> np.ndarray:
 
 def dequantize_weight(idx: GraphIndex, z: Quantizer) -> Optional[np.ndarray]:
     """The float values a weight quantizer gives its readers (a MatMulNBits weight as the float MatMul's B)."""
-    q = idx.const(z.x)
+    q = numpy_helper.to_array(z.extra["const"]) if "const" in z.extra else idx.const(z.x)
     if q is None:
         return None
     if z.op:
@@ -285,13 +307,93 @@ def wide_grid(z: Quantizer):
     return scale.astype(np.float32), z16.astype(np.uint16)
 
 
-def body_quantizers(graph) -> int:
-    """QuantizeLinear/DequantizeLinear nodes inside the If/Loop/Scan bodies below `graph` (not listed: a body's
-    values cannot be outputs of a session)."""
-    count = 0
-    for n in graph.node:
+def _bodies(graph, path=()):
+    """(path, GraphProto) of every If/Loop/Scan body below `graph`, depth first."""
+    for i, n in enumerate(graph.node):
         for a in n.attribute:
-            for g in ([a.g] if a.type == a.GRAPH else list(a.graphs) if a.type == a.GRAPHS else []):
-                count += sum(m.op_type in ("QuantizeLinear", "DequantizeLinear") for m in g.node)
-                count += body_quantizers(g)
-    return count
+            gs = [a.g] if a.type == a.GRAPH else list(a.graphs) if a.type == a.GRAPHS else []
+            for j, g in enumerate(gs):
+                p = path + ((i, a.name, j),)
+                yield p, g
+                yield from _bodies(g, p)
+
+
+def _captured_dequantizers(graph) -> Dict[str, list]:
+    """Outer value -> [(path, DQ index, DQ output)] of the DequantizeLinear nodes in bodies that read it."""
+    out: Dict[str, list] = {}
+    for path, g in _bodies(graph):
+        local = {o for n in g.node for o in n.output} | {t.name for t in g.initializer} | {i.name for i in g.input}
+        for i, n in enumerate(g.node):
+            if n.op_type == "DequantizeLinear" and n.input and n.input[0] not in local:
+                out.setdefault(n.input[0], []).append((path, i, n.output[0]))
+    return out
+
+
+def body_at(graph, path):
+    """The body GraphProto at `path` (see Quantizer.path) below `graph`."""
+    for i, name, j in path:
+        a = next(a for a in graph.node[i].attribute if a.name == name)
+        graph = a.g if a.type == a.GRAPH else a.graphs[j]
+    return graph
+
+
+def _body_weight(bidx: GraphIndex, outer: dict, path, i: int, n, float_weights: set) -> Optional[Quantizer]:
+    """A weight's DequantizeLinear inside a body (its stored integers in the body or captured from outside)."""
+    rd = bidx.readers.get(n.output[0], [])
+    user = bidx.nodes[rd[0][0]] if rd else None
+    base = _weight_base(n.input[0])
+    hit = _match([base], float_weights)
+    z = Quantizer("weight", hit or base, hit is not None, user.name if user is not None else "",
+                  user.op_type if user is not None else "", path[0][0], n.input[0], n.output[0], dq_index=i,
+                  path=path)
+    scope = _Scope(bidx, outer)
+    z.extra["const"] = scope.consts[n.input[0]]
+    _grid(scope, n, z)
+    return z
+
+
+class _Scope:
+    """A body's constants with the main graph's behind them (a body reads outer initializers by name)."""
+
+    def __init__(self, bidx: GraphIndex, outer: dict):
+        self.bidx = bidx
+        self.consts = dict(outer)
+        self.consts.update(bidx.inits)
+
+    def const(self, name: str):
+        t = self.consts.get(name)
+        return numpy_helper.to_array(t) if t is not None else self.bidx.const(name)
+
+    def const_type(self, name: str):
+        t = self.consts.get(name)
+        return t.data_type if t is not None else self.bidx.const_type(name)
+
+
+def body_quantizers(graph, float_weights: set = frozenset()) -> List[Quantizer]:
+    """The activation Q→DQ pairs inside If/Loop/Scan bodies whose Q reads a value the body computes. A body's
+    values cannot be outputs of a session, so they have no float twin here (`matched` False): only their cost
+    to the outputs is measured (switches reach into bodies: a body reads outer values by name)."""
+    found = []
+    outer = {t.name: t for t in graph.initializer}
+    for path, g in _bodies(graph):
+        bidx = GraphIndex(g)
+        for i, n in enumerate(bidx.nodes):
+            if n.op_type == "DequantizeLinear" and n.input and (n.input[0] in bidx.inits or n.input[0] in outer):
+                z = _body_weight(bidx, outer, path, i, n, float_weights)
+                if z is not None:
+                    found.append(z)
+                continue
+            if n.op_type != "QuantizeLinear" or not n.input or n.input[0] not in bidx.producer:
+                continue
+            readers = bidx.readers.get(n.output[0], [])
+            if len(readers) != 1 or bidx.nodes[readers[0][0]].op_type != "DequantizeLinear":
+                continue
+            src = bidx.nodes[bidx.producer[n.input[0]]]
+            dq = bidx.nodes[readers[0][0]]
+            # a body output keeps its name on the DQ (the IR's insert_after)
+            name = dq.output[0] if dq.output[0] in bidx.outputs else n.input[0]
+            z = Quantizer("activation", name, False, src.name, src.op_type, path[0][0], n.input[0],
+                          dq.output[0], q_index=i, dq_index=readers[0][0], path=path)
+            z.extra["body_outputs"] = bidx.outputs
+            found.append(z)
+    return found

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcompiler.debugger.quantizers import GraphIndex, Quantizer, wide_grid
+from qcompiler.debugger.quantizers import GraphIndex, Quantizer, body_at, wide_grid
 
 MS_DOMAIN = "com.microsoft"   # its QuantizeLinear/DequantizeLinear take 16-bit grids at any opset
 
@@ -40,6 +40,49 @@ def _float_op(z: Quantizer, weight: str, out: str):
                             axis=z.extra.get("gather_axis", 0))
 
 
+def _rebuild(g, drop=(), replace=None, after=None, first=()) -> None:
+    """`g`'s node list with the nodes at the indices `drop` left out, `replace[i]` instead of node i and
+    `after[i]` after it, `first` at the start."""
+    replace, after = replace or {}, after or {}
+    nodes = list(g.node)
+    del g.node[:]
+    g.node.extend(first)
+    for i, n in enumerate(nodes):
+        if i in replace:
+            g.node.append(replace[i])
+        elif i not in drop:
+            g.node.append(n)
+        g.node.extend(after.get(i, ()))
+
+
+def _body_off(g, zs: List[Quantizer], float_weights: Dict[str, np.ndarray]) -> None:
+    """Take the quantizers `zs` (all in the body at one path) out of their body `g`: a weight's DQ becomes its
+    float weight (a body initializer)."""
+    drop, replace, rename = set(), {}, {}
+    for z in zs:
+        if z.kind == "weight":
+            w = float_weights.get(z.name) if z.matched else None
+            if w is not None:
+                g.initializer.append(numpy_helper.from_array(np.asarray(w), f"{z.out}_float_weight"))
+                replace[z.dq_index] = helper.make_node("Identity", [f"{z.out}_float_weight"], [z.out],
+                                                       name=f"{z.out}_float")
+            continue
+        drop.update(i for i in (z.q_index, z.dq_index) if i is not None)
+        if z.out in z.extra.get("body_outputs", ()):
+            replace[z.dq_index] = helper.make_node("Identity", [z.x], [z.out], name=f"{z.out}_float")
+        else:
+            rename[z.out] = z.x
+    _rebuild(g, drop, replace)
+    _rename_inputs(g, rename)
+
+
+def _by_path(zs) -> Dict[tuple, list]:
+    out: Dict[tuple, list] = {}
+    for z in zs:
+        out.setdefault(z.path, []).append(z)
+    return out
+
+
 def _ms_opset(m) -> None:
     if not any(o.domain == MS_DOMAIN for o in m.opset_import):
         m.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
@@ -64,13 +107,28 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
     m = onnx.ModelProto()
     m.CopyFrom(qproto)
     g = m.graph
-    wide = [z for z in wide if z.kind == "activation"]
+    wide = [z for z in wide if z.kind == "activation" and not z.path]
     if wide:
         _ms_opset(m)
+    off = list(off)
+    # NOTE: bodies first: their GraphProtos are reached through the main graph's nodes by index, before the main
+    # node list is rebuilt; the deepest first, so a path never crosses an edited list
+    sites: Dict[tuple, list] = {}
+    for z in off:
+        for path, i, out in z.extra.get("sites", ()):
+            sites.setdefault(path, []).append(Quantizer("activation", z.name, False, "", "", 0, z.x, out,
+                                                        dq_index=i, path=path))
+    for path, zs in sorted(_by_path([z for z in off if z.path] + [s for v in sites.values() for s in v]).items(),
+                           key=lambda t: -len(t[0])):
+        _body_off(body_at(g, path), zs, float_weights)
+    off = [z for z in off if not z.path]
     drop, replace, rename = set(), {}, {}
     new_inits = []
     refill = {}
     for z in off:
+        if z.kind == "activation" and "sites" in z.extra:
+            drop.add(z.q_index)
+            continue
         if z.kind == "activation":
             drop.update((z.q_index, z.dq_index))
             if z.out in idx.outputs:
@@ -93,15 +151,9 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
     for z in wide:
         drop.update((z.q_index, z.dq_index))
         wide_at[z.dq_index] = _wide_pair(g, z, z.x, z.out, f"{z.out}_wide")
-    nodes = list(g.node)
-    del g.node[:]
-    for i, n in enumerate(nodes):
-        if i in replace:
-            g.node.append(replace[i])
-        elif i in wide_at:
-            g.node.extend(wide_at[i])
-        elif i not in drop:
-            g.node.append(n)
+    for i, pair in wide_at.items():
+        replace[i] = pair[0]
+    _rebuild(g, drop - set(replace), replace, {i: pair[1:] for i, pair in wide_at.items()})
     _rename_inputs(g, rename)
     if refill:
         for t in g.initializer:
@@ -137,9 +189,33 @@ def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: 
     inits = []
     p = "qcompiler_dbg"
     nodes = list(g.node)
+    body_after: Dict[tuple, Dict[int, list]] = {}
     for i, z in enumerate(quants):
         inits.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}{i}_idx"))
         gather = helper.make_node("Gather", [SWITCH_INPUT, f"{p}{i}_idx"], [f"{p}{i}_on"], name=f"{p}{i}_g")
+        if "sites" in z.extra:
+            first.append(gather)
+            for path, di, out in z.extra["sites"]:
+                body = body_at(g, path)
+                body.node[di].output[0] = f"{p}{i}_{di}_dq"
+                body_after.setdefault(path, {})[di] = [helper.make_node(
+                    "Where", [f"{p}{i}_on", f"{p}{i}_{di}_dq", z.x], [out], name=f"{p}{i}_{di}_where")]
+            continue
+        if z.path:
+            # the switch is computed in the main graph and read inside the body by name
+            fl = z.x
+            if z.kind == "weight":
+                w = float_weights.get(z.name) if z.matched else None
+                if w is None:
+                    continue
+                fl = f"{p}{i}_f"
+                inits.append(numpy_helper.from_array(np.asarray(w, np.float32), fl))
+            first.append(gather)
+            body = body_at(g, z.path)
+            body.node[z.dq_index].output[0] = f"{p}{i}_dq"
+            body_after.setdefault(z.path, {})[z.dq_index] = [helper.make_node(
+                "Where", [f"{p}{i}_on", f"{p}{i}_dq", fl], [z.out], name=f"{p}{i}_where")]
+            continue
         if z.kind == "activation":
             dq = nodes[z.dq_index]
             dq.output[0] = f"{p}{i}_dq"
@@ -170,7 +246,10 @@ def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: 
                 extra, fl = [_float_op(z, fl, f"{p}{i}_fo")], f"{p}{i}_fo"
             after[z.dq_index] = extra + [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", fl],
                                                                   [z.out], name=f"{p}{i}_where")]
+    for path, at in sorted(body_after.items(), key=lambda t: -len(t[0])):
+        _rebuild(body_at(g, path), after=at)
     _rename_inputs(g, rename)
+    nodes = list(g.node)
     del g.node[:]
     g.node.extend(first)
     for i, n in enumerate(nodes):

@@ -184,7 +184,7 @@ def test_on_a_16_bit_target_the_fallback_widens_instead(outlier, tmp_path):
     assert _output_sqnr(d / "m.onnx", tmp_path / "fixed.onnx", x) >= TARGET
 
 
-def test_quantizers_inside_bodies_are_counted_in_a_note(tmp_path):
+def test_quantizers_inside_bodies_are_switched_and_their_fallback_holds(tmp_path):
     rng = np.random.default_rng(3)
     w = numpy_helper.from_array(rng.normal(0, 0.3, (16, 16)).astype(np.float32), "w")
     then_g = helper.make_graph([helper.make_node("MatMul", ["h", "w"], ["t"], name="then_mm"),
@@ -204,6 +204,22 @@ def test_quantizers_inside_bodies_are_counted_in_a_note(tmp_path):
     r = CliRunner().invoke(main, ["quantize", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o",
                                   str(tmp_path / "q.onnx"), "--optimize", "accuracy", "-q", "--allow-low-sqnr"])
     assert r.exit_code == 0, r.output
-    res = qcompiler.debug(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), str(tmp_path / "c.npz"))
-    assert any("inside If/Loop/Scan bodies are not listed" in n for n in res.notes), res.notes
-    assert 20 < res.outputs["y"] < 80 and {"w", "x", "s"} <= {v.name for v in res.values}
+    res = qcompiler.debug(str(tmp_path / "m.onnx"), str(tmp_path / "q.onnx"), str(tmp_path / "c.npz"),
+                          target_sqnr=100.0)
+    assert any("inside If/Loop/Scan bodies are listed" in n for n in res.notes), res.notes
+    # every quantizer is switchable, those in the branch too: with all of them off the output is float again
+    assert not any("still at" in n for n in res.notes), res.notes
+    by_node = {(v.node, v.kind): v for v in res.values}
+    # the body's Relu output (no float twin: only its cost), the body's copy of w, h read only by the bodies
+    assert by_node[("then_relu", "activation")].matched is False and ("then_mm", "weight") in by_node
+    assert by_node[("mm", "activation")].name == "h" and by_node[("mm", "activation")].sqnr_db < 60
+    # keeping every node float but the graph input's quantizer: measured, then the same through quantize
+    fb = res.fallback
+    assert {"mm", "sum", "then_mm", "then_relu"} <= set(fb["nodes"]) and not fb["reached"]
+    (tmp_path / "fix.yaml").write_text(qcompiler.debugger.config_text(fb))
+    r = CliRunner().invoke(main, ["quantize", str(tmp_path / "m.onnx"), "--calib", str(tmp_path / "c.npz"), "-o",
+                                  str(tmp_path / "f.onnx"), "--optimize", "accuracy", "-q", "--allow-low-sqnr",
+                                  "--config", str(tmp_path / "fix.yaml")])
+    assert r.exit_code == 0, r.output
+    x = np.load(tmp_path / "c.npz")["x"]
+    assert abs(_output_sqnr(tmp_path / "m.onnx", tmp_path / "f.onnx", x) - fb["sqnr_after_db"]) < 0.1
