@@ -12,8 +12,10 @@ import click
 
 from qcompiler.debugger import config_text, debug
 from qcompiler.errors import ArgumentError
+from qcompiler.html_report import require_html_extra, write_html_report
 from qcompiler.onnx_io import write_atomic
 from qcompiler.onnx_io.files import check_output_paths
+from qcompiler.shorten import short_path
 
 
 @click.command("debug")
@@ -34,23 +36,31 @@ from qcompiler.onnx_io.files import check_output_paths
 @click.option("--target", default=None, metavar="NAME|FILE",
               help="the backend profile QUANT was made for: on one with 16-bit activations the fallback widens "
                    "before keeping float")
+@click.option("--report-html", "report_html", type=click.Path(), default=None,
+              help="also write the result as one self-contained HTML page (pip install 'qcompiler[html]')")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
 @click.option("--progress/--no-progress", default=None, help="bars on stderr (default: when it is a terminal)")
 def debug_cmd(float_path, quant_path, calib, limit, top, depth, no_modules, target_sqnr, write_config, target,
-              as_json, progress):
+              report_html, as_json, progress):
     """Compare every quantized value of QUANT with FLOAT on the calibration samples, worst first."""
     if write_config and target_sqnr is None:
         raise ArgumentError("--write-config needs --target-sqnr DB (the output SQNR the config is for)")
     inputs = tuple(x for x in (float_path, quant_path, calib, target) if x is not None)
-    if write_config:
-        check_output_paths([("--write-config", write_config)], inputs, models=(float_path, quant_path))
+    if report_html:
+        require_html_extra()   # one line before any work
+    outputs = [("--write-config", write_config), ("--report-html", report_html)]
+    if write_config or report_html:
+        check_output_paths(outputs, inputs, models=(float_path, quant_path))
     res = debug(float_path, quant_path, calib, limit=limit, depth=depth, modules=not no_modules,
                 progress=progress, target_sqnr=target_sqnr, target=target)
     if write_config:
         write_atomic(write_config, config_text(res.fallback, float_path, quant_path), protect=inputs)
+    if report_html:
+        write_html_report(report_html, {}, res.to_dict(), title=short_path(quant_path), protect=inputs)
     if as_json:
         click.echo(json.dumps(res.to_dict(), indent=1))
     else:
         click.echo(res.table(top))
-    if write_config:
-        click.echo(f"wrote {write_config}", err=True)
+    for flag, path in outputs:
+        if path:
+            click.echo(f"wrote {path}", err=True)

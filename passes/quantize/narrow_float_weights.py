@@ -32,7 +32,7 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
     g = ctx.model.graph
     cfg = ctx.options.config if ctx.options is not None else None
     by_weight: dict = {}
-    for w, node, kind, why in weight_reads(g):
+    for w, node, kind, why in weight_reads(g, bodies=False):
         by_weight.setdefault(w.name, (w, []))[1].append((node, kind, why))
     for name, (w, readers) in by_weight.items():
         if any(why for _, _, why in readers) or len({ROWS_AXIS[k] for _, k, _ in readers}) > 1:

@@ -332,6 +332,7 @@ class Search:
                  sensitivity_samples: Optional[int] = None):
         self.ctx, self.budget, self.metric = ctx, float(budget), metric
         self.executor = executor
+        self.on_model = None        # called after each candidate model is measured (a progress bar's update)
         self.profile = ctx.profile
         self.base_bytes = model_to_proto(ctx.model).SerializeToString()
         self.stats = ctx.calibration.stats()
@@ -520,6 +521,8 @@ class Search:
         drops, self.last_errors = [], []
         self.last_outs = outs
         for o in outs:
+            if self.on_model is not None:
+                self.on_model()
             drops.append(self.drop_of(o))
             self.last_errors.append(drops[-1] if self.metric is None or o is None else
                                     relative_error(self.float_outs[:len(o)], o))

@@ -407,6 +407,9 @@ def report_fields(report: dict, outcome, floor: float, seconds: float) -> None:
                    "trials": outcome.trials, "samples_per_trial": outcome.samples, "changed": outcome.changed})
         if outcome.note:
             sn["note"] = outcome.note
+        sn.update({"summary": outcome.summary, "budget_seconds": outcome.seconds_budget,
+                   "quantizer_search_db": None if outcome.quantizer_search_db is None
+                   else rounded_db(outcome.quantizer_search_db), "tried": outcome.tried})
         report.setdefault("notes", []).append(
             f"safety net: output SQNR {outcome.before_db:.1f} dB below the floor {floor:g} dB; "
             f"{len(outcome.changed)} quantizers turned float or widened ({outcome.trials} trials), now "
