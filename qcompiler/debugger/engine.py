@@ -47,6 +47,7 @@ PREPARE_EXTRA = ("fuse-hardswish",)   # after convert-opset in quantize; only wh
 FLOOR_NOTE_DB = 60.0  # every quantizer off and the outputs still below this: something unlisted quantizes
 BATCH = 8            # samples stacked into one run where the model takes it (Runner._batches)
 ALONE_SAMPLES = 8    # samples per one-quantizer trial (the first kept ones)
+MODULE_SAMPLES = 16  # ... per one-module trial (minilm_l6: 10 modules on all 64 samples took 40 % of the run)
 
 
 def _prepare_names() -> list:
@@ -296,7 +297,7 @@ def _modules(quants: List[Quantizer], values: list, runner: Runner, depth, progr
     with bar("debug: modules alone", len(by_scope), progress, unit="module") as b:
         for s, members in by_scope.items():
             keep = {id(z) for z in members}
-            db = runner.switched_db([z for z in quants if id(z) in keep])
+            db = runner.switched_db([z for z in quants if id(z) in keep], MODULE_SAMPLES)
             out.append([s, db, len(members)])
             b.update(1)
     # NOTE: a module's sqnr_db is the mean noise-to-signal ratio of its values (weights too) in dB, not Σnoise/Σsignal,
