@@ -169,6 +169,7 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
     t0 = time.perf_counter()
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ArgumentError(f"limit: expected a positive integer, got {limit!r}")
+    widen = target is not None and get_profile(target).wide_activation_bits == 16   # a bad profile: before work
     fmodel = _load(float_model, "float_model")
     notes = []
     try:
@@ -195,46 +196,12 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
     # a value read only by bodies (their own DQs): its quantized value is its Q/DQ grid over the QDQ model's value
     qextra = list(dict.fromkeys(z.x if "sites" in z.extra else z.out for z in acts
                                 if (z.x if "sites" in z.extra else z.out) not in idx.outputs))
-    with model_label(getattr(float_model, "source_path", float_model) if not isinstance(float_model, str)
-                     else float_model):
+    with model_label(float_model if isinstance(float_model, str) else "the float model"):
         fsess = create_session(fmodel, role="float", extra_outputs=fextra)
     qsess = create_session(qproto, role="quantized")
     isess = create_session(qmodel, role="quantized (instrumented)", extra_outputs=qextra)
-    fnames = [o.name for o in fsess.get_outputs()]
-    inames = [o.name for o in isess.get_outputs()]
-    qnames = [o.name for o in qsess.get_outputs()]
-    full = {id(z): OutputError() for z in acts}
-    alone = {id(z): OutputError() for z in acts}
-    outs = {n: OutputError() for n in float_outputs}
-    kept = []
     samples = load_samples(calib, input_specs(fmodel.graph), limit)
-    n_total = samples.length
-    with bar("debug: comparing values", n_total, progress, unit="sample") as b:
-        for feed in samples:
-            fo = dict(zip(fnames, fsess.run(fnames, feed, where="the float model")))
-            io = dict(zip(inames, isess.run(inames, feed)))
-            qo = dict(zip(qnames, qsess.run(qnames, feed)))
-            worst = 0.0
-            for n in float_outputs:
-                if n in qo and np.shape(qo[n]) == np.shape(fo[n]):
-                    e = OutputError()
-                    e.update(fo[n], qo[n], feed)
-                    for attr in ("signal", "noise", "count"):
-                        setattr(outs[n], attr, getattr(outs[n], attr) + getattr(e, attr))
-                    outs[n].max_abs = max(outs[n].max_abs, e.max_abs)
-                    worst = max(worst, e.noise / e.signal if e.signal > 0 else float(e.noise > 0))
-            for z in acts:
-                ref = fo.get(z.name)
-                got = io.get(z.x) if "sites" in z.extra else io.get(z.out)
-                if got is not None and "sites" in z.extra:
-                    got = fake_quantize(z, got)
-                if ref is None or got is None or np.shape(ref) != np.shape(got):
-                    continue
-                full[id(z)].update(ref, got, feed)
-                alone[id(z)].update(ref, fake_quantize(z, ref), feed)
-            kept.append((feed, {n: fo[n] for n in float_outputs}, worst))
-            del fo, io, qo
-            b.update(1)
+    outs, full, alone, kept = _compare(samples, fsess, qsess, isess, acts, float_outputs, progress)
     fsess = isess = qsess = None
     # NOTE: trials on a few samples (alone, modules) take the samples the QDQ model gets most wrong: on the first
     # 8, every ppocr_cls quantizer alone read above 56 dB while the 64 samples' output was at 31.7 dB
@@ -252,7 +219,6 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
         float_weights[z.name] = w
         e = weight_errors[id(z)] = OutputError()
         e.update(w, d)
-    widen = target is not None and get_profile(target).wide_activation_bits == 16
     runner = Runner(qproto, idx, kept, float_weights, quants, widen)
     # an activation with no float counterpart still has its cost to the outputs (named as in the QDQ model)
     reported = [z for z in quants if (z.kind == "weight" and z.matched) or z.kind == "activation"
@@ -287,6 +253,45 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
         res.fallback = search(res, quants, runner, target_sqnr, progress)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _compare(samples, fsess, qsess, isess, acts: List[Quantizer], float_outputs: list, progress):
+    """The streaming pass: per graph output and per quantized value, the sums of the QDQ model's error and of
+    each quantizer's own; the samples with their float outputs and their worst output's noise-to-signal ratio."""
+    fnames = [o.name for o in fsess.get_outputs()]
+    inames = [o.name for o in isess.get_outputs()]
+    qnames = [o.name for o in qsess.get_outputs()]
+    full = {id(z): OutputError() for z in acts}
+    alone = {id(z): OutputError() for z in acts}
+    outs = {n: OutputError() for n in float_outputs}
+    kept = []
+    with bar("debug: comparing values", samples.length, progress, unit="sample") as b:
+        for feed in samples:
+            fo = dict(zip(fnames, fsess.run(fnames, feed, where="the float model")))
+            io = dict(zip(inames, isess.run(inames, feed)))
+            qo = dict(zip(qnames, qsess.run(qnames, feed)))
+            worst = 0.0
+            for n in float_outputs:
+                if n in qo and np.shape(qo[n]) == np.shape(fo[n]):
+                    e = OutputError()
+                    e.update(fo[n], qo[n], feed)
+                    for attr in ("signal", "noise", "count"):
+                        setattr(outs[n], attr, getattr(outs[n], attr) + getattr(e, attr))
+                    outs[n].max_abs = max(outs[n].max_abs, e.max_abs)
+                    worst = max(worst, e.noise / e.signal if e.signal > 0 else float(e.noise > 0))
+            for z in acts:
+                ref = fo.get(z.name)
+                got = io.get(z.x) if "sites" in z.extra else io.get(z.out)
+                if got is not None and "sites" in z.extra:
+                    got = fake_quantize(z, got)
+                if ref is None or got is None or np.shape(ref) != np.shape(got):
+                    continue
+                full[id(z)].update(ref, got, feed)
+                alone[id(z)].update(ref, fake_quantize(z, ref), feed)
+            kept.append((feed, {n: fo[n] for n in float_outputs}, worst))
+            del fo, io, qo
+            b.update(1)
+    return outs, full, alone, kept
 
 
 def _modules(quants: List[Quantizer], values: list, runner: Runner, depth, progress) -> list:
