@@ -223,3 +223,14 @@ def test_quantizers_inside_bodies_are_switched_and_their_fallback_holds(tmp_path
     assert r.exit_code == 0, r.output
     x = np.load(tmp_path / "c.npz")["x"]
     assert abs(_output_sqnr(tmp_path / "m.onnx", tmp_path / "f.onnx", x) - fb["sqnr_after_db"]) < 0.1
+
+
+def test_debug_writes_the_html_page(outlier, tmp_path):
+    pytest.importorskip("jinja2")
+    d, _ = outlier
+    page = tmp_path / "d.html"
+    r = CliRunner().invoke(main, ["debug", str(d / "m.onnx"), str(d / "q.onnx"), "--calib", str(d / "calib.npz"),
+                                  "--report-html", str(page), "--no-modules"])
+    assert r.exit_code == 0, r.output
+    text = page.read_text()
+    assert "conv2_outlier" in text and "<script src=" not in text
