@@ -234,3 +234,21 @@ def test_debug_writes_the_html_page(outlier, tmp_path):
     assert r.exit_code == 0, r.output
     text = page.read_text()
     assert "conv2_outlier" in text and "<script src=" not in text
+
+
+def test_debug_phases_show_bars_in_a_log_and_nothing_without(outlier, tmp_path):
+    d, _ = outlier
+    args = ["debug", str(d / "m.onnx"), str(d / "q.onnx"), "--calib", str(d / "calib.npz"), "--target-sqnr",
+            str(TARGET)]
+    r = CliRunner().invoke(main, args + ["--progress"])
+    assert r.exit_code == 0, r.stderr
+    lines = r.stderr.splitlines()
+    for b in ("debug: comparing values: 100%", "debug: quantizers alone: 100%", "debug: modules alone: 100%",
+              "debug: fallback search"):
+        assert any(line.startswith(b) for line in lines), r.stderr
+    assert "\r" not in r.stderr
+    r = CliRunner().invoke(main, args + ["--no-progress"])
+    assert r.exit_code == 0 and r.stderr == ""
+    r = CliRunner().invoke(main, ["quantize", str(d / "m.onnx"), "--calib", str(d / "calib.npz"), "-o",
+                                  str(tmp_path / "q.onnx"), "--debug", "--progress"] + QUANTIZE)
+    assert r.exit_code == 0 and r.stderr == "", r.stderr     # -q: no bars, the debug table neither
