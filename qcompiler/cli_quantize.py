@@ -19,6 +19,8 @@ import math
 import click
 
 from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.debugger import debug
+from qcompiler.errors import ArgumentError
 from qcompiler.html_report import require_html_extra, write_html_report
 from qcompiler.onnx_io import save_model, write_atomic
 from qcompiler.onnx_io.files import check_output_paths
@@ -66,12 +68,14 @@ def switch_options(f):
 @click.option("--report-html", "report_html", type=click.Path(),
               help="write the report as one self-contained HTML page here (pip install 'qcompiler[html]')")
 @click.option("--allow-low-sqnr", is_flag=True, help="exit 0 even when an output's SQNR stays below the floor")
+@click.option("--debug", "with_debug", is_flag=True, help="compare every quantized value with float (qcompiler debug): "
+              "its table after the summary, the whole of it in the report under 'debug'")
 # --- terminal ---
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout (nothing else)")
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
 def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, report_html,
-                 allow_low_sqnr, as_json, quiet, **flags):
+                 allow_low_sqnr, with_debug, as_json, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
 
     The work is a pipeline of passes (`qcompiler list-passes`): the flags of `qcompiler run` (--time-passes,
@@ -113,9 +117,16 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     res.report["size"] = file_sizes(model_path, res.model, output)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
+    dbg = None
+    if with_debug:
+        if calib is None:
+            raise ArgumentError("--debug compares on calibration samples: give --calib")
+        dbg = debug(model_path, res.model, calib, limit=given.get("limit"), progress=given.get("progress"))
+        res.report["debug"] = dbg.to_dict()
     _write_report(res.report, report_path, inputs)
     if report_html:
-        write_html_report(report_html, res.report, title=short_path(model_path), protect=inputs)
+        write_html_report(report_html, res.report, res.report.get("debug"), title=short_path(model_path),
+                          protect=inputs)
     mp_note = _mixed_precision_plot(res.report, pareto, inputs)
     instruments.report()
     for w in res.report.get("warnings", []):
@@ -130,6 +141,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
             click.echo(format_table(res.report["mixed_precision"]), err=to_stderr)
             if mp_note:
                 click.echo(f"  {mp_note}", err=to_stderr)
+        if dbg is not None:
+            click.echo(dbg.table(), err=to_stderr)
         click.echo(f"wrote {output}", err=to_stderr)
     _quality_gate(res.report, allow_low_sqnr)
 
