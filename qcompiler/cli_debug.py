@@ -40,8 +40,11 @@ from qcompiler.shorten import short_path
               help="also write the result as one self-contained HTML page (pip install 'qcompiler[html]')")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of the table")
 @click.option("--progress/--no-progress", default=None, help="bars on stderr (default: when it is a terminal)")
+@click.option("--ray", default=None, metavar="auto|ADDRESS",
+              help="run the one-quantizer and one-module runs on a Ray cluster (pip install 'qcompiler[ray]'); "
+                   "default: local processes where they pay (docs/parallel.md)")
 def debug_cmd(float_path, quant_path, calib, limit, top, depth, no_modules, target_sqnr, write_config, target,
-              report_html, as_json, progress):
+              report_html, as_json, progress, ray):
     """Compare every quantized value of QUANT with FLOAT on the calibration samples, worst first."""
     if write_config and target_sqnr is None:
         raise ArgumentError("--write-config needs --target-sqnr DB (the output SQNR the config is for)")
@@ -52,7 +55,7 @@ def debug_cmd(float_path, quant_path, calib, limit, top, depth, no_modules, targ
     if write_config or report_html:
         check_output_paths(outputs, inputs, models=(float_path, quant_path))
     res = debug(float_path, quant_path, calib, limit=limit, depth=depth, modules=not no_modules,
-                progress=progress, target_sqnr=target_sqnr, target=target)
+                progress=progress, target_sqnr=target_sqnr, target=target, ray=ray)
     if write_config:
         write_atomic(write_config, config_text(res.fallback, float_path, quant_path), protect=inputs)
     if report_html:

@@ -41,6 +41,9 @@ from qcompiler.progress import bar
 from qcompiler.quant.calibration.data import input_specs, load_samples
 from qcompiler.quant.core.pipeline import PREPARE_PASSES
 from qcompiler.quant.interop.report import OutputError
+from qcompiler.quant.runtime.executor import check_ray, run_executor
+from qcompiler.quant.runtime.memory import weight_bytes
+from qcompiler.quant.runtime.switch_pool import SwitchPool
 from qcompiler.quant.targets.profiles import get_profile
 
 PREPARE_EXTRA = ("fuse-hardswish",)   # after convert-opset in quantize; only where the opset allows it
@@ -73,12 +76,15 @@ class Runner:
     setting of the switchable copy (variants.switchable) on them."""
 
     def __init__(self, qproto, idx: GraphIndex, kept: list, float_weights: Dict[str, np.ndarray], quants: list,
-                 widen: bool = False):
+                 widen: bool = False, executor=None):
         self.qproto, self.idx, self.kept, self.float_weights = qproto, idx, kept, float_weights
         self.quants, self.widen = quants, widen
         self.trials = 0
         self._switch = None
         self.batching: Optional[bool] = None    # None: not checked yet (_batches)
+        self.executor = executor                # runs switched_many's settings (None: all here)
+        self.pool: Optional[SwitchPool] = None
+        self._fed: Dict[Optional[int], tuple] = {}   # samples -> (batches, their feeds) for the pool
 
     def _errors(self, sess, kept, extra: Optional[dict] = None) -> Dict[str, OutputError]:
         names = [o.name for o in sess.get_outputs()]
@@ -128,15 +134,69 @@ class Runner:
     def switched_db(self, on: List[Quantizer], samples: Optional[int] = None, wide: List[Quantizer] = ()) -> float:
         """Worst output SQNR with only the quantizers `on` switched on, and `wide` on 16-bit grids (one shared
         session)."""
+        kept = self.kept[:samples] if samples else self.kept
+        return _worst(self._errors(self._session(), kept, self._switches(on, wide)))
+
+    def _session(self):
         if self._switch is None:
-            self._switch = create_session(switchable(self.qproto, self.idx, self.quants, self.float_weights,
-                                                     self.widen), role="quantized (switchable)")
+            proto = switchable(self.qproto, self.idx, self.quants, self.float_weights, self.widen)
+            self.pool = SwitchPool.of(self.executor, proto)
+            self._switch = create_session(proto, role="quantized (switchable)")
+        return self._switch
+
+    def _switches(self, on, wide=()) -> dict:
         ids, wids = {id(z) for z in on}, {id(z) for z in wide}
         feed = {SWITCH_INPUT: np.array([id(z) in ids for z in self.quants], bool)}
         if self.widen:
             feed[WIDE_INPUT] = np.array([id(z) in wids for z in self.quants], bool)
+        return feed
+
+    def switched_many(self, ons: List[List[Quantizer]], samples: Optional[int] = None) -> List[float]:
+        """switched_db(on, samples) of each `on` in `ons`: independent runs, on the executor's workers when the
+        runner has one (their raw outputs reduced here as _errors does: the same numbers), else one by one."""
+        sess = self._session()
         kept = self.kept[:samples] if samples else self.kept
-        return _worst(self._errors(self._switch, kept, feed))
+        if self.pool is not None and not self.pool.failed and len(ons) > 1 and self.batching is not None:
+            names = [o.name for o in sess.get_outputs()]
+            if samples not in self._fed:
+                batches = self._batches(sess, kept, names, None)
+                self._fed[samples] = (batches, [f for f, _ in batches])
+            batches, feeds = self._fed[samples]
+            runs = self.pool.run(feeds, [self._switches(on) for on in ons])
+            if runs is not None:
+                out = []
+                for got_all in runs:
+                    errs = {n: OutputError() for n in names}
+                    for (feed, ref), got in zip(batches, got_all):
+                        for n, g in zip(names, got):
+                            if n in ref:
+                                errs[n].update(ref[n], g, feed)
+                    self.trials += 1
+                    out.append(_worst(errs))
+                return out
+        return [self.switched_db(on, samples) for on in ons]
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
+
+
+def _chunk(runner: Runner) -> int:
+    """Settings per switched_many call: a few per worker (their outputs are held until reduced)."""
+    return max(1, 2 * runner.pool.workers) if runner.pool is not None else 1
+
+
+def _alone(runner: Runner, reported: list, samples: int, progress) -> List[float]:
+    """Each quantizer alone (the worst output SQNR with only it on), in order, a chunk at a time."""
+    out: List[float] = []
+    with bar("debug: quantizers alone", len(reported), progress, unit="quantizer") as b:
+        step = _chunk(runner)
+        for i in range(0, len(reported), step):
+            part = reported[i:i + step]
+            out.extend(runner.switched_many([[z] for z in part], samples))
+            b.update(len(part))
+    return out
 
 
 def _stack(group: list):
@@ -158,15 +218,20 @@ def _worst(errs: Dict[str, OutputError]) -> float:
 
 def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth: Optional[int] = None,
           modules: bool = True, progress: Optional[bool] = None, target_sqnr: Optional[float] = None,
-          target=None):
+          target=None, executor=None, ray: Optional[str] = None):
     """Compare `quant_model` (a QDQ model: path, Model or ModelProto) with `float_model` on the samples of `calib`
     (anything `quantize` takes; the first `limit`). Returns a DebugResult (see result.py for its fields).
     `depth`: the module scope depth (default: chosen from the names); `modules=False` skips the per-module runs;
     `target_sqnr`: also search the fewest nodes to keep float for that worst-output SQNR (fallback.py); `target`:
     the backend profile the model was made for (a name or file, as for quantize): when it runs 16-bit
     activations (`wide_activation_bits`), the fallback widens a node's activations to 16 bits where that reaches
-    the target, and keeps it float otherwise."""
+    the target, and keeps it float otherwise. The one-quantizer and one-module runs are independent: they run
+    on `executor` (an object with map(fn, items)), on Ray with `ray` ("auto" or an address), else on local worker
+    processes where they pay (executor.run_executor's rule), with the same numbers (docs/parallel.md)."""
     t0 = time.perf_counter()
+    ray = check_ray(ray)
+    if executor is not None and not callable(getattr(executor, "map", None)):
+        raise ArgumentError(f"executor: expected an object with map(fn, items), got {type(executor).__name__}")
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ArgumentError(f"limit: expected a positive integer, got {limit!r}")
     widen = target is not None and get_profile(target).wide_activation_bits == 16   # a bad profile: before work
@@ -219,10 +284,31 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
         float_weights[z.name] = w
         e = weight_errors[id(z)] = OutputError()
         e.update(w, d)
-    runner = Runner(qproto, idx, kept, float_weights, quants, widen)
-    # an activation with no float counterpart still has its cost to the outputs (named as in the QDQ model)
-    reported = [z for z in quants if (z.kind == "weight" and z.matched) or z.kind == "activation"
-                and (full[id(z)].count if z.matched else True)]
+    own = executor is None and kept and quants
+    if own:
+        executor = run_executor(ray, weight_bytes(qmodel))
+    runner = Runner(qproto, idx, kept, float_weights, quants, widen, executor)
+    try:
+        res = _measure(runner, quants, reported_of(quants, full), full, alone, weight_errors, outs, kept, notes,
+                       modules, depth, target_sqnr, progress)
+    finally:
+        runner.close()
+        if own:
+            executor.close()
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def reported_of(quants, full) -> list:
+    """The quantizers listed: matched weights, and activations (an activation with no float counterpart still
+    has its cost to the outputs, named as in the QDQ model)."""
+    return [z for z in quants if (z.kind == "weight" and z.matched) or z.kind == "activation"
+            and (full[id(z)].count if z.matched else True)]
+
+
+def _measure(runner: Runner, quants, reported, full, alone, weight_errors, outs, kept, notes, modules, depth,
+             target_sqnr, progress) -> DebugResult:
+    """The runs on the switchable copy: every quantizer alone, every module alone, the fallback search."""
     values = []
     nan = float("nan")
     if kept and quants:
@@ -231,18 +317,16 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
             notes.append(f"with every listed quantizer off the worst output is still at {floor:.1f} dB: the rest "
                          f"comes from quantization this debugger does not list (If/Loop/Scan bodies, weights "
                          f"with no float counterpart)")
-    with bar("debug: quantizers alone", len(reported), progress, unit="quantizer") as b:
-        for z in reported:
-            alone_db = runner.switched_db([z], ALONE_SAMPLES) if kept else nan
-            if not z.matched:
-                values.append(ValueReport(z.name, z.kind, nan, alone_db, nan, z.order, z.node, z.op_type, z.bits,
-                                          nan, matched=False))
-            else:
-                e = full[id(z)] if z.kind == "activation" else weight_errors[id(z)]
-                local = alone[id(z)].sqnr_db() if z.kind == "activation" else e.sqnr_db()
-                values.append(ValueReport(z.name, z.kind, e.sqnr_db(), alone_db, e.max_abs, z.order, z.node,
-                                          z.op_type, z.bits, local))
-            b.update(1)
+    alone_dbs = _alone(runner, reported, ALONE_SAMPLES, progress) if kept else [nan] * len(reported)
+    for z, alone_db in zip(reported, alone_dbs):
+        if not z.matched:
+            values.append(ValueReport(z.name, z.kind, nan, alone_db, nan, z.order, z.node, z.op_type, z.bits,
+                                      nan, matched=False))
+        else:
+            e = full[id(z)] if z.kind == "activation" else weight_errors[id(z)]
+            local = alone[id(z)].sqnr_db() if z.kind == "activation" else e.sqnr_db()
+            values.append(ValueReport(z.name, z.kind, e.sqnr_db(), alone_db, e.max_abs, z.order, z.node,
+                                      z.op_type, z.bits, local))
     unmatched = [z.name for z in quants if not z.matched and z.kind == "weight"]
     mods = []
     if modules and quants and kept:
@@ -251,7 +335,6 @@ def debug(float_model, quant_model, calib, *, limit: Optional[int] = None, depth
                       0.0, unmatched, notes)
     if target_sqnr is not None:
         res.fallback = search(res, quants, runner, target_sqnr, progress)
-    res.seconds = time.perf_counter() - t0
     return res
 
 
@@ -309,11 +392,17 @@ def _modules(quants: List[Quantizer], values: list, runner: Runner, depth, progr
             name_scope[(z.kind, z.name)] = scope[z.node]
     out = []
     with bar("debug: modules alone", len(by_scope), progress, unit="module") as b:
-        for s, members in by_scope.items():
-            keep = {id(z) for z in members}
-            db = runner.switched_db([z for z in quants if id(z) in keep], MODULE_SAMPLES)
-            out.append([s, db, len(members)])
-            b.update(1)
+        scopes = list(by_scope.items())
+        step = _chunk(runner)
+        for i in range(0, len(scopes), step):
+            part = scopes[i:i + step]
+            ons = []
+            for _, members in part:
+                keep = {id(m) for m in members}
+                ons.append([z for z in quants if id(z) in keep])
+            for (s, members), db in zip(part, runner.switched_many(ons, MODULE_SAMPLES)):
+                out.append([s, db, len(members)])
+            b.update(len(part))
     # NOTE: a module's sqnr_db is the mean noise-to-signal ratio of its values (weights too) in dB, not Σnoise/Σsignal,
     # which the one value of largest magnitude would decide
     for v in values:

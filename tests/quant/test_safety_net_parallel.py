@@ -4,12 +4,12 @@ import numpy as np
 import pytest
 
 from qcompiler.passes.quantize.safety_net import budget
-from qcompiler.passes.quantize.safety_net.parallel import TrialPool, run_trial
 from qcompiler.passes.quantize.safety_net.trials import RUNS_IN_FLIGHT
 from qcompiler.quant import quantize
 from qcompiler.quant.core.switches import DEFAULT_MIN_SQNR_DB
 from qcompiler.quant.runtime.executor import (SMALL_MODEL_BYTES, LocalExecutor, SerialExecutor, cores,
                                               run_executor)
+from qcompiler.quant.runtime.switch_pool import SwitchPool, describe, run_switched
 from tests.quant.test_safety_net_regions import SCOPE, ort_sqnr, spectrum_model
 
 
@@ -108,22 +108,26 @@ def test_the_rule_small_models_and_busy_cores_stay_in_this_process():
 
 
 def test_a_worker_runs_the_switchable_model_like_this_process(tmp_path):
-    """run_trial (what a worker runs) on a tiny switchable model: the switches pick float or quantized."""
+    """run_switched (what a worker runs) on a tiny switchable model: the switch picks float or quantized."""
     from onnx import TensorProto as T
     from onnx import helper as h
-    from qcompiler.passes.quantize.safety_net.trials import _SWITCH_ON
-    g = h.make_graph([h.make_node("Round", ["x"], ["r"]), h.make_node("Gather", [_SWITCH_ON, "i"], ["on"]),
-                      h.make_node("Where", ["on", "r", "x"], ["y"])], "sw",
-                     [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info(_SWITCH_ON, T.BOOL, [1])],
+    g = h.make_graph([h.make_node("Round", ["x"], ["r"]), h.make_node("Gather", ["on", "i"], ["o"]),
+                      h.make_node("Where", ["o", "r", "x"], ["y"])], "sw",
+                     [h.make_tensor_value_info("x", T.FLOAT, [3]), h.make_tensor_value_info("on", T.BOOL, [1])],
                      [h.make_tensor_value_info("y", T.FLOAT, [3])],
                      [h.make_tensor("i", T.INT64, [], [0])])
     proto = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     proto.ir_version = 8
     x = np.array([0.4, 1.6, -2.2], np.float32)
-    pool = TrialPool(SerialExecutor(), proto)
+    feeds = [{"x": x}, {"x": -x}]
+    pool = SwitchPool(SerialExecutor(), proto)
     try:
-        outs = pool.run([({"x": x}, {"y": x})], [(np.array([True]), None), (np.array([False]), None)])
-        assert np.array_equal(outs[0][0][0], np.round(x)) and np.array_equal(outs[1][0][0], x)
-        assert run_trial((pool.model_path, pool._samples[1], [True], None, [0]))[0][0].tolist() == [0, 2, -2]
+        outs = pool.run(feeds, [{"on": np.array([True])}, {"on": np.array([False])}])
+        assert [o[0].tolist() for o in outs[0]] == [[0, 2, -2], [0, -2, 2]]
+        assert [o[0].tolist() for o in outs[1]] == [x.tolist(), (-x).tolist()]
+        assert pool.runs == 2
+        path = pool._samples[1]
+        assert run_switched((pool.model_path, path, {"on": [True]}, [1]))[0][0].tolist() == [0, -2, 2]
     finally:
         pool.close()
+    assert SwitchPool.of(SerialExecutor(), proto) is None and describe(SerialExecutor()) == "serial"
