@@ -21,6 +21,7 @@ class TrialPool:
 
     def __init__(self, pool: SwitchPool):
         self.pool = pool
+        self._kept, self._feed_list = None, []
 
     @property
     def workers(self) -> int:
@@ -41,7 +42,7 @@ class TrialPool:
                                      for on, wide in settings])
 
     def _feeds(self, kept):
-        if getattr(self, "_kept", None) is not kept:
+        if self._kept is not kept:
             self._kept, self._feed_list = kept, [feed for feed, _ in kept]
         return self._feed_list
 

@@ -232,9 +232,7 @@ class _Trials:
         return total
 
     def harm(self, on, wide=()) -> float:
-        if self.pool is not None:
-            return self.harm_many([(on, wide)])[0]
-        return self._harm(self._errors(self.kept, on, wide))
+        return self.harm_many([(on, wide)])[0]
 
     def _harm_here(self, on, wide=()) -> float:
         return self._harm(self._errors(self.kept, on, wide))
