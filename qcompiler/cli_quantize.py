@@ -121,7 +121,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     if with_debug:
         if calib is None:
             raise ArgumentError("--debug compares on calibration samples: give --calib")
-        dbg = debug(model_path, res.model, calib, limit=given.get("limit"), progress=given.get("progress"))
+        dbg = debug(model_path, res.model, calib, limit=given.get("limit"), progress=given.get("progress"),
+                    ray=given.get("ray"))
         res.report["debug"] = dbg.to_dict()
     _write_report(res.report, report_path, inputs)
     if report_html:
