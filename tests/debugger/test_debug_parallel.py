@@ -48,7 +48,6 @@ def test_local_processes_give_the_serial_numbers(outlier):  # noqa: F811
         ex.close()
 
 
-@pytest.mark.slow       # starting a local Ray instance: over 20 s on a loaded 2-core machine
 def test_ray_gives_the_serial_numbers(outlier):  # noqa: F811
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'qcompiler[ray]')")
     from qcompiler.quant.runtime.executor import RayExecutor
