@@ -91,8 +91,9 @@ class Body:
 class QuantPlan:
     """Per-value specs, per-use overrides, tie groups (union-find) and supergroups."""
 
-    def __init__(self, profile: Profile):
+    def __init__(self, profile: Profile, optimize: str = "balanced"):
         self.profile = profile
+        self.optimize = optimize    # the `--optimize` objective (how float kernels' weights are stored)
         self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
         self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides
         self.supergroups: List[Supergroup] = []

@@ -42,7 +42,10 @@ from qcompiler.quant.placement.bodies import (
 from qcompiler.quant.placement.body_float_regions import drop_body_float_regions
 from qcompiler.quant.placement.cost import node_macs
 from qcompiler.quant.placement.dynamic_weights import symmetric_dynamic_weights
-from qcompiler.quant.placement.float_regions import drop_float_region_quantizers
+from qcompiler.quant.placement.float_regions import (
+    ACTIVATIONS_AS_BALANCED,
+    drop_float_region_quantizers,
+)
 from qcompiler.quant.placement.input_quantizers import quantize_inputs
 from qcompiler.quant.placement.kernels import (
     full_range_for_float_kernels,
@@ -76,7 +79,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     """
     opts = opts or PlacementOptions()
     g = model.graph
-    plan = QuantPlan(profile)
+    plan = QuantPlan(profile, opts.optimize)
     plan.nodes = nodes_by_name(g)
     plan.dtypes = propagate_dtypes(g, profile, dtypes)
     mark_supergroups(plan, g, profile, opts, stats)
@@ -99,7 +102,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
                                      narrow=fast, cost=opts.optimize)
         # the same rules inside If/Loop/Scan bodies, their boundaries agreeing; the latency search measures
         # main-graph candidates only, so inside bodies `latency` keeps the rule
-        drop_body_float_regions(plan, g, table, everywhere=opts.optimize != "balanced")
+        drop_body_float_regions(plan, g, table, everywhere=opts.optimize not in ACTIVATIONS_AS_BALANCED)
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

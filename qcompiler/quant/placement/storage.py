@@ -122,8 +122,9 @@ def _storable_on_grid(spec) -> bool:
 
 def decide_storage(plan: QuantPlan, model) -> int:
     """Set `storage` on every quantized weight and bias use of the plan; returns how many are stored on their
-    grid. A use is stored on its grid when the profile asks for it (`prefold_unfused_weight_dq`) and its node
-    runs a float kernel that the runtime would not re-quantize itself; a weight read by fused and unfused nodes
+    grid. A use is stored on its grid when the profile asks for it (`prefold_unfused_weight_dq`), its node
+    runs a float kernel that the runtime would not re-quantize itself and the objective does not store such
+    weights narrow (`float_kernel_weights`: int8 + DQ under `size`); a weight read by fused and unfused nodes
     alike keeps its DQ for the fused ones. Uses are visited weights first, then biases, as the lowered graph
     orders their DQs: a bias of a node whose weight is on its grid reads "weight is not 8-bit"."""
     for spec in plan.uses.values():
@@ -131,6 +132,8 @@ def decide_storage(plan: QuantPlan, model) -> int:
             spec.storage, spec.storage_reason, spec.param_name = INT, "", ""
     if not plan.profile.prefold_unfused_weight_dq:
         return 0
+    int_for = {op for op in plan.profile.weights     # the objective stores float kernels' weights narrow (size)
+               if plan.profile.float_kernel_weight_form(plan.optimize, op, weight_only=False) == "int"}
     by_name = plan.nodes
     done = 0
     for kind in ("weight", "bias"):
@@ -138,7 +141,7 @@ def decide_storage(plan: QuantPlan, model) -> int:
             if spec.kind != kind or spec.keep_float or not _storable_on_grid(spec):
                 continue
             node = by_name.get(node_name)
-            if node is None:
+            if node is None or node.op_type in int_for:
                 continue
             reason = unfused_reason(plan, node)
             if reason is not None and not _runtime_requantizes(plan, node):
