@@ -95,7 +95,8 @@ class NarrowFloatWeights(QuantPass):
                 del plan.jobs[name]
                 continue
             job.grid = grid_job(job, w, search)
-        if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None:   # int8 activations where the calibration data shows they
+        if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None \
+                and ctx.samples.can_read_again:    # int8 activations where the calibration data shows they
             lower_levels(ctx, list(plan.jobs.values()))   # cost little (fast at one token), float elsewhere
         for job in plan.jobs.values():
             if job.accuracy_level is None:   # not measured: these MatMuls were left float for their

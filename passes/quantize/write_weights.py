@@ -88,6 +88,9 @@ def write_nbits(ctx, job) -> int:
                              [node.outputs[0].name + "_q"], attrs=attrs, name=f"{node.name}_nbits", domain=MS,
                              before=node)
             out = new.outputs[0]
+            macs = ctx.plan.macs if ctx.plan is not None else {}
+            if node.name in macs:       # the summary's integer share follows the node to its new name
+                macs[new.name] = macs.pop(node.name)
             if kind == "gemm" and len(node.inputs) > 2 and node.inputs[2] is not None:
                 out = g.add_node("Add", [out, node.inputs[2]], [node.outputs[0].name + "_bias"],
                                  name=f"{node.name}_bias", before=node).outputs[0]

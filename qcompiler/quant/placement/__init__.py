@@ -40,7 +40,7 @@ from qcompiler.quant.placement.bodies import (
     tie_bodies,
 )
 from qcompiler.quant.placement.body_float_regions import drop_body_float_regions
-from qcompiler.quant.placement.cost import node_macs
+from qcompiler.quant.placement.cost import SIZED_OPS, node_macs
 from qcompiler.quant.placement.dynamic_weights import symmetric_dynamic_weights
 from qcompiler.quant.placement.float_regions import (
     ACTIVATIONS_AS_BALANCED,
@@ -82,6 +82,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     plan = QuantPlan(profile, opts.optimize)
     plan.nodes = nodes_by_name(g)
     plan.dtypes = propagate_dtypes(g, profile, dtypes)
+    plan.macs = node_macs(g, stats, SIZED_OPS)
     mark_supergroups(plan, g, profile, opts, stats)
     place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)
     place_activations(plan, g, profile, opts)

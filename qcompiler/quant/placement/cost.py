@@ -38,6 +38,10 @@ def _dims(v) -> Optional[tuple]:
     return None
 
 
+# the ops whose size reduction_length reads from their weight's dims (the summary's integer-kernel share)
+SIZED_OPS = ("Conv", "MatMul", "Gemm")
+
+
 def reduction_length(node) -> Optional[int]:
     """How many products sum into one output element of `node` (None: no constant weight to read it from)."""
     if len(node.inputs) < 2:
