@@ -124,6 +124,7 @@ HOLDOUT_MIN = 4                   # with this many kept samples or more, every o
 TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tightened this often, then backs off
 VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
+ORIGIN = "the mixed-precision search (--max-drop)"   # the reason a node's precision names
 COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
 
 
@@ -395,14 +396,15 @@ class Search:
         if rest != "base":
             mine = {n for l in layers if l.name in assignment for n in l.nodes}
             rules.append(Rule(index=first, names=frozenset(n for n in self.all_nodes if n not in mine),
-                              updates=REST_LEVELS[rest]))
+                              updates=REST_LEVELS[rest], origin=ORIGIN))
         by_cand: Dict[str, set] = {}
         for l in layers:
             c = assignment.get(l.name)
             if c is not None:
                 by_cand.setdefault(c, set()).update(l.nodes)
         for c, names in by_cand.items():
-            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates()))
+            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates(),
+                              origin=ORIGIN))
         cfg = config_with_rules(opts, self.profile, rules)
         if rest == "float":   # a layer alone: the model inputs' quantizers are nobody's layer either
             cfg.model_input_quantized = False

@@ -38,6 +38,7 @@ class QuantSpec:
     source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
     tie_root: Optional[str] = None      # a per-use quantizer with the encoding of this value's tie group
     storage: Storage = INT              # weights and biases: how the lowering writes them
+    asked: bool = False                 # weights: a config rule set this grid (kept even on a float kernel)
     storage_reason: str = ""            # why FLOAT_ON_GRID (the node's float kernel)
     param_name: str = ""                # the name a FLOAT_ON_GRID use's parameter is reported under
     rounded: Optional[object] = None    # weights: learned integers (storage dtype, the weight's shape) that

@@ -322,9 +322,10 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
     # cosine 0.9998 -> 0.987, where onnxruntime's own quantizer leaves them float). The profile says per objective
     # whether such a weight is exact float or stored narrow (Profile.float_kernel_weight_form: `size` keeps it
     # int8 + DQ, a MatMul's goes to narrow-float-weights); `--optimize accuracy` never gets here (on the grid)
-    # A width the user asked for (not the target's default, or per-block) stays, with its node's bias.
+    # A grid the user asked for (a config rule's, not the target's default width, or per-block) stays, with
+    # its node's bias.
     asked = {n for (n, _), spec in plan.uses.items() if spec.kind == "weight" and not spec.keep_float
-             and (spec.bits != plan.profile.weight.bits or spec.block_size)}
+             and (spec.asked or spec.bits != plan.profile.weight.bits or spec.block_size)}
     for (node_name, slot), spec in plan.uses.items():
         node = plan.nodes.get(node_name)
         if spec.kind not in ("weight", "bias") or spec.keep_float or node is None or node.graph is not g \
