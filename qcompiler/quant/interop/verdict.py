@@ -12,10 +12,15 @@ from __future__ import annotations
 
 from typing import Dict, Optional
 
+from qcompiler.errors import OnnxRuntimeError
 from qcompiler.quant.runtime.kernels import kernel_report
+from qcompiler.quant.runtime.memory import weight_bytes
 from qcompiler.quant.targets.fusions import load_fusions
 
 RUNTIME = "onnxruntime"   # the runtime kernel_report builds sessions of
+# above this many bytes of weights the share is not read (one more optimized session of a model this size costs
+# its bytes again in memory; --measure-latency reads it anyway)
+MAX_WEIGHT_BYTES = 1 << 30
 NEGLIGIBLE = 0.01         # below this share of the compute on integer kernels, nothing runs quantized
 
 
@@ -31,8 +36,13 @@ def integer_share(plan, model, fusions: Optional[str], kernels: Optional[dict] =
         return None
     if kernels is not None:
         integer = {name: row["integer"] for name, row in kernels.items()}
+    elif weight_bytes(model) > MAX_WEIGHT_BYTES:
+        return None
     else:
-        integer = {row.node: row.integer for row in kernel_report(model, fusions=table).nodes}
+        try:
+            integer = {row.node: row.integer for row in kernel_report(model, fusions=table).nodes}
+        except OnnxRuntimeError:    # the model ran (measure-sqnr); an optimized copy onnxruntime will not
+            return None             # write only costs the summary its share
     known = {n: m for n, m in macs.items() if n in integer}
     if not known:
         return None
