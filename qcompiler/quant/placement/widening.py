@@ -7,6 +7,7 @@ import numpy as np
 
 from qcompiler.quant.calibration.calibrate import min_max_step
 from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.float_regions import ACTIVATIONS_AS_BALANCED
 from qcompiler.quant.targets.profiles import Profile
 
 # field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
@@ -31,8 +32,8 @@ EXP_OPS = ("Softmax", "LogSoftmax")
 # value (the gain is a few dB: a t(4)-tailed input at 28 dB on 8 bits cost the output 33 -> 27 dB), the value
 # keeps 8 bits and its readers their integer kernels
 # (a pitch tracker's unfused BatchNorm output widened made the next Conv, half the compute, run float: 1.13x
-# float against onnxruntime's 0.71x for 0.35 points). `--optimize accuracy` widens as before; the safety net
-# still widens a value that breaks an output.
+# float against onnxruntime's 0.71x for 0.35 points). Under `balanced` and `size` only: `accuracy` widens as
+# before, `latency`'s search measures the narrowing; the safety net still widens a value that breaks an output.
 HEAVY_SHARE = 0.25
 MIN_SQNR8_HEAVY_DB = 24.0
 
@@ -75,8 +76,7 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
             why += (f", 99.9% of |x| within {st['p999_steps']:.1f} steps)" if "p999_steps" in st else
                     f", rms {np.sqrt(st.get('mean_sq', 0.0)):.3g})")
             cost = costly.get(name)
-            if cost and st.get("p999_steps", MIN_BULK_STEPS) >= MIN_BULK_STEPS \
-                    and st.get("sqnr8_db", 0.0) >= MIN_SQNR8_HEAVY_DB:
+            if cost and _bulk_spans_the_grid(st, absmax) and st.get("sqnr8_db", 0.0) >= MIN_SQNR8_HEAVY_DB:
                 spec.source = (spec.source + "; " if spec.source else "") + \
                     f"kept 8-bit: {why[:-1]}), but 16 bits would run {cost} float on {profile.name}"
             elif wide:
@@ -87,15 +87,26 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
 
 
+def _bulk_spans_the_grid(st: dict, absmax: float) -> bool:
+    """Is the SQNR estimate the bulk's, not one outlier's? The histogram observers know (the bulk's 99.9th
+    percentile spans MIN_BULK_STEPS steps); min_max's knows only E[x^2]: the fraction of values that could hold
+    all of it at max|x| must reach 0.1% (one value of 1000 over 2048 of ~1 holds it all: its estimate says 26 dB
+    while the bulk sits under one step)."""
+    if "p999_steps" in st:
+        return st["p999_steps"] >= MIN_BULK_STEPS
+    return absmax > 0 and st.get("mean_sq", 0.0) / absmax ** 2 >= 1e-3
+
+
 def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
     """value name -> what widening it would cost ("Conv 'x' (40% of the multiply-accumulates)"), for the
     main-graph values whose readers, directly or through data movement, run an integer kernel only at 8 bits
     and hold at least HEAVY_SHARE of the model's multiply-accumulates (plan.macs). Empty for `--optimize
-    accuracy` and for targets whose integer kernels take the wide grid (or that list none)."""
+    accuracy` (every quantizer as asked), `latency` (its search measures the narrowing: latency_search.py) and
+    for targets whose integer kernels take the wide grid (or that list none)."""
     kernels = profile.integer_weight_kernels
     wide = profile.wide_activation_bits
     total = sum(plan.macs.values())
-    if plan.optimize == "accuracy" or not kernels or not total or \
+    if plan.optimize not in ACTIVATIONS_AS_BALANCED or not kernels or not total or \
             all(r.act_bits == wide for r in kernels.values()):
         return {}
     moves = set(profile.shares_input_encoding)
