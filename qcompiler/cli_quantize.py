@@ -19,6 +19,7 @@ import math
 import click
 
 from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.html_report import require_html_extra, write_html_report
 from qcompiler.onnx_io import save_model, write_atomic
 from qcompiler.onnx_io.files import check_output_paths
 from qcompiler.passes.quantize.mixed_precision.plot import write_pareto_png
@@ -29,6 +30,7 @@ from qcompiler.quant.core.pipeline import pipeline_for
 from qcompiler.quant.core.switches import api_from_cli, check_switches, cli_switches
 from qcompiler.quant.interop.report import format_summary
 from qcompiler.quant.interop.verdict import verdict_line
+from qcompiler.shorten import short_path
 from qcompiler.quant.settings.selection import warning_text
 
 # the API's warning kinds, named as the command line names them
@@ -62,13 +64,15 @@ def switch_options(f):
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
 @click.option("--report", "report_path", type=click.Path(), help="write the JSON report here ('-': to stdout)")
+@click.option("--report-html", "report_html", type=click.Path(),
+              help="write the report as one self-contained HTML page here (pip install 'qcompiler[html]')")
 @click.option("--allow-low-sqnr", is_flag=True, help="exit 0 even when an output's SQNR stays below the floor")
 # --- terminal ---
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout (nothing else)")
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
-def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, allow_low_sqnr,
-                 as_json, quiet, **flags):
+def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, report_html,
+                 allow_low_sqnr, as_json, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
 
     The work is a pipeline of passes (`qcompiler list-passes`): the flags of `qcompiler run` (--time-passes,
@@ -76,6 +80,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     report_stdout = report_path == "-"
     if as_json and report_stdout:
         raise click.UsageError("--json and --report - both write to stdout; give --report a file")
+    if report_html:
+        require_html_extra()   # one line before any work, not after the quantization
     # the switches as quantize() takes them, checked here by the same table (one line naming the keyword)
     given = api_from_cli({s.name: flags.pop(s.name) for s in cli_switches()})
     if quiet:
@@ -88,7 +94,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     pareto = f"{report_path}.pareto.png" if switches["max_drop"] is not None and report_path and not report_stdout \
         else None
     outputs = [("-o", output), ("--encodings", encodings_path),
-               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto)] + \
+               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto),
+               ("--report-html", report_html)] + \
         Instruments.dump_outputs(passes, flags["dump_dir"])
     check_output_paths(outputs, inputs, models=(model_path,),
                        new_folders={"--dump-dir": flags["dump_dir"]})
@@ -108,6 +115,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
     _write_report(res.report, report_path, inputs)
+    if report_html:
+        write_html_report(report_html, res.report, title=short_path(model_path), protect=inputs)
     mp_note = _mixed_precision_plot(res.report, pareto, inputs)
     instruments.report()
     for w in res.report.get("warnings", []):

@@ -44,7 +44,7 @@ LAYERS = (
 # Imports that stay inside functions, each for a reason: the CLI imports a command's modules when that command
 # runs (start-up of `qcompiler --help`, `inspect`); onnxruntime only for what runs a model; optional extras;
 # networkx on the IR's first index query; pickle only between our own worker processes; platform modules.
-LAZY_THIRD_PARTY = {"onnxruntime", "matplotlib", "ray", "networkx", "pickle", "fcntl", "importlib"}
+LAZY_THIRD_PARTY = {"onnxruntime", "matplotlib", "jinja2", "ray", "networkx", "pickle", "fcntl", "importlib"}
 LAZY_OWN = {"qcompiler.cli"}
 
 

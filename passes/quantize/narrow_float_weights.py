@@ -32,7 +32,7 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
     g = ctx.model.graph
     cfg = ctx.options.config if ctx.options is not None else None
     by_weight: dict = {}
-    for w, node, kind, why in weight_reads(g):
+    for w, node, kind, why in weight_reads(g, bodies=False):
         by_weight.setdefault(w.name, (w, []))[1].append((node, kind, why))
     for name, (w, readers) in by_weight.items():
         if any(why for _, _, why in readers) or len({ROWS_AXIS[k] for _, k, _ in readers}) > 1:
@@ -48,9 +48,9 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
         if any(u.user not in nodes for u in w.uses()):
             continue
         rows_axis = ROWS_AXIS[readers[0][1]]
-        k = int(w.shape[1 - rows_axis])
-        job = WeightJob(weight=name, n=int(w.shape[rows_axis]), k=k, bits=BITS,
-                        block_size=block_for(k), symmetric=not form.zero_points,
+        depth = int(w.shape[1 - rows_axis])
+        job = WeightJob(weight=name, n=int(w.shape[rows_axis]), k=depth, bits=BITS,
+                        block_size=block_for(depth), symmetric=not form.zero_points,
                         readers=[(n.name, "gemm" if k == "gemm_t" else k) for n, k, _ in readers],
                         rows_axis=rows_axis, algorithm="rtn")
         if job.stored_bytes() >= job.float_bytes() // 2:   # a small weight: blocks, scales and zero points

@@ -338,10 +338,14 @@ SWITCHES: Tuple[Switch, ...] = (
                  "(post_training_tf_enhanced), percentile, entropy (kl), mse"),
             config_key="scheme", setting_default="min_max",
             configures=("calibrate", "assign-encodings", "mixed-precision")),
-    _switch("per_channel", True, _bool, "weights per output channel (True) or per tensor",
-            Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor"),
+    _switch("per_channel", None, _optional(_bool),
+            "weights per output channel (True) or per tensor (None: per channel; weight-only: blocks of "
+            "weight_block, and True asks for one block over each weight's whole reduction axis)",
+            Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor; with "
+                 "--weight-only and no --block-size, --per-channel is one block over the whole reduction axis",
+                 default=None),
             config_key="weights.per_channel",
-            configures=("place", "cle")),
+            configures=("place", "cle", "plan-weights")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; qcompiler/quant/core/bitwidths.py)",
             Flag(("--weight-bits",), type=int, show_default=True), config_key="weights.bits",
             configures=("place", "cle")),
@@ -371,7 +375,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "None: 8 when weight_bits is below 8 (they carry most of a 4-bit model's error)",
             Flag(("--head-bits",), "weight-only: bits of the logits head and the token embedding (default: 8 "
                  "when --weight-bits is 4)", type=int),
-            configures=("plan-weights",)),
+            configures=("plan-weights", "measure-head-bits")),
     _switch("accuracy_level", None, _optional(_int(0, 4)),
             "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
             "activations inside the kernel, checked per MatMul on the calibration data; 0: float)",
@@ -475,7 +479,7 @@ SWITCHES: Tuple[Switch, ...] = (
                  "qcompiler.passes.quantize.mixed_precision.search); a table is printed, a Pareto PNG written beside --report",
                  metavar="X%"),
             enables="mixed-precision",
-            configures=("mixed-precision",)),
+            configures=("mixed-precision", "weight-mixed-precision")),
     _switch("metric", None, _metric,
             "the mixed-precision search's `metric(outputs, reference) -> score` (default: relative output error)",
             api_only="a Python callable",
