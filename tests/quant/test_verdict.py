@@ -14,7 +14,7 @@ from onnx import helper, numpy_helper
 from qcompiler.quant.api import quantize
 from qcompiler.quant.interop.report import format_summary
 from tests.helpers import make_model, tinfo
-from tests.quant.test_optimize_size import _conv_hardswish
+from tests.quant.test_optimize_size import _conv_hardswish, _lstm
 
 
 def _conv_relu_chain(c=32, hw=16, seed=0):
@@ -42,6 +42,10 @@ def test_integer_share_is_read_from_what_onnxruntime_runs():
     line = [x for x in text.splitlines() if "verdict:" in x]
     assert len(line) == 1 and "0% of multiply-accumulates" in line[0], text
     assert "nothing runs quantized" in line[0] and "--optimize size" in line[0] and "--optimize accuracy" in line[0]
+    # an LSTM's products count too (onnxruntime runs it float): 6 steps x 64 hidden x 4 gates x (32 + 64)
+    lm, lcal = _lstm()
+    share = quantize(lm, lcal).report["kernel_share"]
+    assert share["nodes"] == 1 and share["share"] == 0.0 and share["macs"] == 6 * 64 * 4 * (32 + 64), share
     # asked for size: the line does not offer size again
     line = [x for x in format_summary(quantize(m, cal, optimize="size").report).splitlines() if "verdict:" in x][0]
     assert "--optimize size" not in line and "--optimize accuracy" in line

@@ -4,7 +4,8 @@ float, and, when nothing is quantized, why and what to ask for instead.
 A user who asked to quantize must see what they got: a run can end with every quantizer taken out (each integer
 region too small to pay for its Q/DQ on ort_cpu) and the weights exact float, which is the right model for speed
 but not what the word promised. The share is counted in multiply-accumulates per call of the weighted
-Conv/MatMul/Gemm (placement/cost.py, from the calibration statistics and the weights' dims; plan.macs) and read
+Conv/MatMul/Gemm/LSTM/GRU/RNN (placement/cost.py, from the calibration statistics and the weights' dims;
+plan.macs) and read
 from the kernels onnxruntime really runs (runtime/kernels.py on its optimized graph), so it is only given for a
 target whose fusion table describes onnxruntime; elsewhere the verdict says the file size alone.
 """
@@ -59,7 +60,7 @@ def verdict_line(report: dict) -> str:
     parts = []
     if share:
         parts.append(f"{100 * share['share']:.0f}% of multiply-accumulates on integer kernels "
-                     f"({share['integer_nodes']} of {share['nodes']} Conv/MatMul/Gemm)")
+                     f"({share['integer_nodes']} of {share['nodes']} weighted nodes)")
     if size and size.get("float_bytes"):
         mb = 1 << 20
         parts.append(f"file {size['quantized_bytes'] / mb:.2f} MB against {size['float_bytes'] / mb:.2f} MB float "
