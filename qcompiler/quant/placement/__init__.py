@@ -62,12 +62,13 @@ from qcompiler.quant.placement.supergroups import (
 )
 from qcompiler.quant.placement.ties import check_tie_spread, tie_values
 from qcompiler.quant.placement.weights import block_axis, place_weights
-from qcompiler.quant.placement.widening import widen_or_float
+from qcompiler.quant.placement.widening import bulk_names, widen_or_float
 from qcompiler.quant.targets.fusions import load_fusions
 from qcompiler.quant.targets.profiles import Profile
 
 __all__ = ["build_plan", "observed_names", "observed_body_names", "PlacementOptions", "block_axis", "nodes_by_name",
-           "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
+           "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel",
+           "bulk_names"]
 
 
 def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],

@@ -47,6 +47,7 @@ from typing import Dict, Optional
 from qcompiler.quant.core.plan import QuantPlan
 from qcompiler.quant.placement.cost import small_regions
 from qcompiler.quant.placement.kernels import group_bits_table
+from qcompiler.quant.placement.storage import requantized_if_float
 
 ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
 
@@ -333,7 +334,7 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
             continue
         if plan.profile.float_kernel_weight_form(plan.optimize, node.op_type) != "float":
             continue
-        if not k.integer(node) and not k.weight_only(node, slot, spec):
+        if not k.integer(node) and not k.weight_only(node, slot, spec) and not requantized_if_float(plan, node):
             spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
                         f"integer grid would only cost accuracy (--optimize accuracy keeps it, --optimize size "
                         f"stores it int8)")

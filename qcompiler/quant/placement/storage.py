@@ -112,6 +112,22 @@ def _runtime_requantizes(plan: QuantPlan, node) -> bool:
     return any(_applied(plan.uses.get((u.user.name, u.index))) for u in v.uses() if not u.is_graph_output)
 
 
+def requantized_if_float(plan: QuantPlan, node) -> bool:
+    """Would the runtime re-quantize `node`'s weight itself were it left exact float (`requantizes_float_weights`:
+    a DQ'd activation input and a quantized output), judged from the plan's specs before encodings exist? Such a
+    weight keeps its own grid: the runtime's would be per tensor and coarser."""
+    if node.op_type not in plan.profile.requantizes_float_weights or not node.inputs or node.inputs[0] is None:
+        return False
+
+    def quantized(spec) -> bool:
+        return spec is not None and spec.kind == "activation" and not spec.keep_float
+    if not (quantized(plan.uses.get((node.name, 0))) or quantized(plan.values.get(node.inputs[0].name))):
+        return False
+    v = node.outputs[0] if node.outputs else None
+    return v is not None and (quantized(plan.values.get(v.name)) or any(
+        quantized(plan.uses.get((u.user.name, u.index))) for u in v.uses() if not u.is_graph_output))
+
+
 def _storable_on_grid(spec) -> bool:
     """A grid stored in 8 to 32 bits without blocks (a bias is int32; its encoding comes at QDQ insertion)."""
     if spec.kind == "bias":
