@@ -276,10 +276,6 @@ def _enters_a_body(v) -> bool:
     return any(u.user is not None and u.user.subgraphs() for u in v.uses())
 
 
-# recurrent ops: no QDQ integer kernel on ort_cpu, but their weights stay int8 + DQ under `balanced` (the corpus
-# promise: char_rnn's LSTM/GRU weights quantized, where the peers leave them float)
-
-
 # objectives that place activations as `balanced` (size differs in how weights are stored, not in quantizers)
 ACTIVATIONS_AS_BALANCED = ("balanced", "size")
 
