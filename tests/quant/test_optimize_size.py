@@ -129,3 +129,28 @@ def test_the_rule_is_profile_data():
 def test_a_bad_float_kernel_weights_entry_is_one_config_error(bad):
     with pytest.raises(ConfigError, match="float_kernel_weights"):
         get_profile({"base": "ort_cpu", "float_kernel_weights": bad})
+
+
+def test_a_float_conv_the_runtime_would_requantize_keeps_its_own_grid(tmp_path):
+    """A Conv reading an 8-bit input and writing a 16-bit output runs float on ort_cpu, but onnxruntime would
+    re-quantize an exact-float weight there itself, per tensor (WeightBiasQuantization): it keeps its own
+    per-channel grid and DequantizeLinear under balanced too."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((8, 32, 3, 3)) * 0.1).astype(np.float32)
+    w2 = (rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32)
+    # x is quantized for conv2, an integer QLinearConv (8-bit in and out), and conv reads the same DQ
+    m = make_model([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1]),
+                    helper.make_node("Conv", ["x", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+                    helper.make_node("Relu", ["c2"], ["y2"], name="relu2")],
+                   [tinfo("x", [1, 32, 32, 32])], [tinfo("y", [1, 8, 32, 32]), tinfo("y2", [1, 32, 32, 32])],
+                   [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")], opset=13)
+    cal = [{"x": rng.standard_normal((1, 32, 32, 32)).astype(np.float32)} for _ in range(8)]
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("rules:\n  - match: {name: conv}\n    activations: {bits: 16}\n")
+    res = quantize(m, cal, config=str(cfg))
+    assert "w" in res.report["quantized_params"] and "w" not in res.report.get("prefolded_params", {})
+    q = model_to_proto(res.model)
+    producers = {o: n.op_type for n in q.graph.node for o in n.output}
+    conv = next(n for n in q.graph.node if n.name == "conv")
+    assert producers[conv.input[1]] == "DequantizeLinear"
+    assert min(sqnr_db(run(m, f)[0], run(q, f)[0]) for f in cal[:2]) >= 30
