@@ -31,6 +31,7 @@ from qcompiler.quant.api import quantize, resolve_early
 from qcompiler.quant.core.pipeline import pipeline_for
 from qcompiler.quant.core.switches import api_from_cli, check_switches, cli_switches
 from qcompiler.quant.interop.report import format_summary
+from qcompiler.quant.interop.verdict import verdict_line
 from qcompiler.shorten import short_path
 from qcompiler.quant.settings.selection import warning_text
 
@@ -200,7 +201,8 @@ def summary_object(report: dict, output: str, encodings_path=None, report_path=N
            "widened": report.get("widened"), "min_sqnr_db": report.get("min_sqnr_db"),
            "below_floor": report.get("below_floor"), "safety_net": report.get("safety_net"),
            "warnings": [warning_line(w) for w in report.get("warnings", [])],
-           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size")}
+           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size"),
+           "kernel_share": report.get("kernel_share"), "verdict": verdict_line(report).strip() or None}
     if report.get("mixed_precision"):
         mp = report["mixed_precision"]
         out["mixed_precision"] = {"budget": mp["budget"], "drop": mp["drop"], "weight_bytes": mp["weight_bytes"],

@@ -40,6 +40,7 @@ from qcompiler.quant.core.schemes import DEFAULT_SCHEME, canonical_scheme
 from qcompiler.quant.core.switches import BY_NAME, OPTIMIZE, api_doc, check_switches
 from qcompiler.quant.interop.encodings_io import write_encodings
 from qcompiler.quant.interop.report import build_report, output_error_fields, pass_stats, report_fields
+from qcompiler.quant.interop.verdict import integer_share
 from qcompiler.quant.placement import PlacementOptions
 from qcompiler.quant.settings.config import load_config
 from qcompiler.quant.settings.selection import (
@@ -331,6 +332,9 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize
+    if plan is not None:
+        report["kernel_share"] = integer_share(plan, ctx.model, ctx.profile.fusions,
+                                               ctx.kernels["nodes"] if ctx.kernels else None)
     if ctx.smoothquant is not None:
         report["smoothquant"] = ctx.smoothquant
     if ctx.mixed_precision is not None:

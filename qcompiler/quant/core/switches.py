@@ -43,13 +43,11 @@ from qcompiler.arguments import (
 )
 from qcompiler.errors import ArgumentError
 from qcompiler.quant.core.bitwidths import check_bits
+from qcompiler.quant.core.objectives import OPTIMIZE
 from qcompiler.quant.core.schemes import canonical_scheme
 from qcompiler.quant.runtime.executor import check_ray
 from qcompiler.quant.settings.selection import check_names
 
-# what placement trades (placement/float_regions.py): every quantizer; none that only costs time at 16 bits
-# (default); none that only costs time at all, and float weights where the kernel is float
-OPTIMIZE = ("accuracy", "balanced", "latency")
 # `--untaken-branches`: what an If branch calibration never took gets (body_probe.py, untaken_branches.py)
 UNTAKEN_BRANCHES = ("float", "mirror")
 
@@ -435,11 +433,14 @@ SWITCHES: Tuple[Switch, ...] = (
             "kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes "
             "out, by a measured search (report['latency_search']), the Q/DQ pairs between float kernels and "
             "narrows widened 16-bit values to 8 bits where an integer kernel then runs, while the output SQNR "
-            "stays at most `latency_budget_db` dB below its starting value (passes/quantize/latency_search.py)",
+            "stays at most `latency_budget_db` dB below its starting value (passes/quantize/latency_search.py); "
+            "size places activations as balanced and stores every weight narrow (int8 + DequantizeLinear, or a "
+            "weight-only kernel) wherever that makes the file smaller (docs/optimize.md)",
             Flag(("--optimize",), "accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
                  "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs "
                  "between float kernels and narrows 16-bit values to 8 bits for integer kernels while the output "
-                 "SQNR loses at most --latency-budget-db", type=_choice_type(OPTIMIZE), show_default=True),
+                 "SQNR loses at most --latency-budget-db; size: activations as balanced, every weight stored narrow "
+                 "where the file gets smaller", type=_choice_type(OPTIMIZE), show_default=True),
             configures=("place", "latency-search")),
     _switch("latency_budget_db", None, _latency_budget,
             "with optimize='latency': the output SQNR (dB) the search may give up (default 1)",
