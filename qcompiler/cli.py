@@ -84,7 +84,42 @@ def _broken_pipe() -> None:
     sys.exit(141)   # 128 + SIGPIPE, as a shell reports a process killed by it
 
 
+def _quantize_command() -> click.Command:
+    from qcompiler.cli_quantize import quantize_cmd
+    return quantize_cmd
+
+
+# Commands whose modules load when the command is used (the quantizer and onnxruntime cost more than every other
+# command's start-up): name -> (loader, the first paragraph of its help, which `qcompiler --help` shortens as
+# click would; tests/cli/test_startup.py keeps it the command's own)
+LAZY_COMMANDS = {
+    "quantize": (_quantize_command, "Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."),
+}
+
+
 class _Group(click.Group):
+    _listing = False   # while --help lists the commands: lazy ones show their summary, unloaded
+
+    def list_commands(self, ctx):
+        return sorted(set(super().list_commands(ctx)) | set(LAZY_COMMANDS))
+
+    def get_command(self, ctx, name):
+        cmd = super().get_command(ctx, name)
+        if cmd is None and name in LAZY_COMMANDS:
+            load, summary = LAZY_COMMANDS[name]
+            if self._listing:
+                return click.Command(name, help=summary)
+            cmd = load()
+            self.add_command(cmd, name)
+        return cmd
+
+    def format_commands(self, ctx, formatter):
+        self._listing = True
+        try:
+            super().format_commands(ctx, formatter)
+        finally:
+            self._listing = False
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -220,13 +255,6 @@ def match_cmd(model_path, pattern, explain_node, as_json):
     for r in rows:
         click.echo(f"  {r['root']}: " + " -> ".join(r["nodes"]))
 
-
-def _register_commands():
-    from qcompiler.cli_quantize import quantize_cmd
-    main.add_command(quantize_cmd, "quantize")
-
-
-_register_commands()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

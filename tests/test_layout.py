@@ -42,10 +42,15 @@ LAYERS = (
              "qcompiler.ort", "qcompiler.__main__", "qcompiler")),
 )
 # Imports that stay inside functions, each for a reason: the CLI imports a command's modules when that command
-# runs (start-up of `qcompiler --help`, `inspect`); onnxruntime only for what runs a model; optional extras;
+# runs (start-up of `qcompiler --help`, `inspect`), and its shared flags their instrumentations when a command
+# makes them; the packages `qcompiler` and `qcompiler.quant` load their public names on first use (PEP 562), so
+# `qcompiler --help` imports neither onnx nor numpy and a graph pass that reads one module of quant/ does not
+# import the quantizer; cross-layer equalization imports its activation capture when it runs on samples (the
+# graph passes all register on `qcompiler run`); onnxruntime only for what runs a model; optional extras;
 # networkx on the IR's first index query; pickle only between our own worker processes; platform modules.
 LAZY_THIRD_PARTY = {"onnxruntime", "matplotlib", "ray", "networkx", "pickle", "fcntl", "importlib"}
-LAZY_OWN = {"qcompiler.cli"}
+LAZY_OWN = {"qcompiler.cli", "qcompiler.cli_instruments", "qcompiler", "qcompiler.quant",
+            "qcompiler.passes.cross_layer_equalization"}
 
 
 def _modules() -> dict:
