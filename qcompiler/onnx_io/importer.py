@@ -323,20 +323,22 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         n_outputs = n.outputs
         i = 0
         for oname in outs:
-            if not oname:
-                n_outputs.append(None)
-                i += 1
-                continue
-            if oname in local:
-                raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
-                                        f"'{short(oname)}' is already defined (duplicate name)")
-            if oname in used_names:   # shadows an outer-scope name: fresh unique name (see _define)
-                v = _define(g, local, oname)
-            else:
+            # NOTE: every name this graph defines (or shadows) is in the model-wide `used_names`, so one set
+            # lookup clears the common case; the duplicate and shadow checks run only for a name seen before
+            if oname and oname not in used_names:
                 reserve(oname)
                 v = Value(oname, g)
                 values[oname] = v
                 local[oname] = v
+            elif not oname:
+                n_outputs.append(None)
+                i += 1
+                continue
+            elif oname in local:
+                raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
+                                        f"'{short(oname)}' is already defined (duplicate name)")
+            else:   # shadows an outer-scope name: fresh unique name (see _define)
+                v = _define(g, local, oname)
             v.producer = n
             v.index = i
             n_outputs.append(v)
