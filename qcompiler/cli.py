@@ -103,11 +103,18 @@ def _quantize_command() -> click.Command:
     return quantize_cmd
 
 
+def _debug_command() -> click.Command:
+    from qcompiler.cli_debug import debug_cmd
+    return debug_cmd
+
+
 # Commands whose modules load when the command is used (the quantizer and onnxruntime cost more than every other
 # command's start-up): name -> (loader, the first paragraph of its help, which `qcompiler --help` shortens as
 # click would; tests/cli/test_startup.py keeps it the command's own)
 LAZY_COMMANDS = {
     "quantize": (_quantize_command, "Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib."),
+    "debug": (_debug_command, "Compare every quantized value of QUANT with FLOAT on the calibration samples, worst "
+                              "first."),
 }
 
 
