@@ -18,6 +18,7 @@ import onnx
 
 from qcompiler.arguments import got, require_path
 from qcompiler.errors import ArgumentError
+from qcompiler.input_files import MAX_PATH_CHARS
 from qcompiler.ir.model import Model
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model
 from qcompiler.onnx_io.safe_write import model_input_files
@@ -167,6 +168,9 @@ def _explicit(given: dict) -> set:
 def _check_inputs(model_or_path, calib, weight_only: bool = False) -> None:
     """The model and the data arguments of `quantize`, by type, before any work: one ArgumentError line.
     Weight-only quantization may go without calibration data (round-to-nearest needs none)."""
+    if isinstance(model_or_path, bytes) and (b"\x00" in model_or_path or len(model_or_path) > MAX_PATH_CHARS):
+        raise ArgumentError(f"model is {len(model_or_path)} bytes, and bytes are read as a file path; for a "
+                            f"serialized model pass onnx.load_model_from_string(data)")
     if isinstance(model_or_path, (str, bytes, os.PathLike)):
         require_path(model_or_path, "model")
     elif not isinstance(model_or_path, (onnx.ModelProto, Model)):
@@ -268,6 +272,8 @@ def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
     for name, t in timing.rows:
         seconds[name] = seconds.get(name, 0.0) + t
     seconds["total"] = time.perf_counter() - t_start
+    # how the data was read (float64 converted, an unnamed member read as the input, a batch dim added)
+    ctx.notes.extend(n for n in getattr(ctx.samples, "notes", ()) if n not in ctx.notes)
     # a loaded file's FLOAT entries have no quantizer; the encodings (and a file written from them) keep them
     encodings = {k: {**getattr(ctx, k), **ctx.float_encodings[k]} if ctx.float_encodings.get(k) else getattr(ctx, k)
                  for k in ("activations", "params")}

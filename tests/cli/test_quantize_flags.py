@@ -155,7 +155,7 @@ def test_reasons_are_printed_whole(tiny):
     reason = "holds sentinel values of magnitude 3.4e+38 (an additive mask?): 8 bits cannot carry them " \
              "together with the rest"
     report["left_float"] = {"a": reason, "b": reason}
-    assert f"  float x2: {reason}" in format_summary(report).splitlines()
+    assert f"  float x2 ('a', 'b'): {reason}" in format_summary(report).splitlines()
 
 
 def test_no_user_facing_string_cites_private_documents():

@@ -266,5 +266,5 @@ def test_frozen_weight_encoding_on_the_input_channel_axis_leaves_the_bias_float(
     assert res.encodings["params"]["w"].axis == 1
     assert "b" not in res.encodings["params"]
     reasons = [r for k, r in res.report["left_float"].items() if k.endswith(":input2")]
-    assert reasons == ["bias: bias left float: the weight is quantized along axis 1, not its output-channel axis 0 "
+    assert reasons == ["bias left float: the weight is quantized along axis 1, not its output-channel axis 0 "
                        "(no one weight scale per output channel)"]
