@@ -1,7 +1,45 @@
-"""qcompiler: a compiler for ONNX models built from graph-rewriting passes; post-training quantization to QDQ."""
+"""qcompiler: a compiler for ONNX models built from graph-rewriting passes; post-training quantization to QDQ.
+
+The public names are `__all__`, listed once here: the IR and ONNX I/O (imported with the package) and the
+quantization API (`quantize`, `QuantizeResult`), imported on first use so `import qcompiler` stays cheap
+(`qcompiler --help` and a plug-in's import pay nothing for calibration, placement or onnxruntime).
+
+    import qcompiler
+    res = qcompiler.quantize("model.onnx", "calib.npz")
+    res.save("model.qdq.onnx")
+    print(res)          # a few lines: target, counts, output SQNR
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
 from qcompiler.ir import Graph, Model, Node, Value, verify
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model
 
 __version__ = "0.1.0"
+
+# public name -> (module, attribute): imported on first access (module-level __getattr__, PEP 562)
+_LAZY = {
+    "quantize": ("qcompiler.quant.api", "quantize"),
+    "QuantizeResult": ("qcompiler.quant.api", "QuantizeResult"),
+}
+# the accuracy debugger's entry point joins the table when its module is installed
+if importlib.util.find_spec("qcompiler.debug") is not None:
+    _LAZY["debug"] = ("qcompiler.debug", "debug")
+
 __all__ = ["Graph", "Model", "Node", "Value", "verify", "load_model", "save_model", "model_from_proto",
-           "model_to_proto"]
+           "model_to_proto", *_LAZY]
+
+
+def __getattr__(name: str):
+    entry = _LAZY.get(name)
+    if entry is None:
+        raise AttributeError(f"module 'qcompiler' has no attribute {name!r}")
+    value = getattr(importlib.import_module(entry[0]), entry[1])
+    globals()[name] = value      # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))

@@ -32,6 +32,7 @@ from qcompiler.quant.settings.selection import warning_text
 
 # the API's warning kinds, named as the command line names them
 FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node", "config rule": "config rule",
+               "config": "--config",
                "frozen encoding": "--load-encodings entry"}
 
 

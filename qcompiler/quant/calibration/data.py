@@ -178,11 +178,11 @@ class SampleSet:
             if self.limit is not None and count >= self.limit:
                 return
         if count == 0 and isinstance(self._iterable, _Reader):
-            raise DataError("samples: the reader's get_next() returned None at once (a reader already read to "
-                            "its end? call its rewind() first, or make a new one)")
+            raise DataError("empty sample set (0 samples): the reader's get_next() returned None at once (a "
+                            "reader already read to its end? call its rewind() first, or make a new one)")
         if count == 0 and self._iterable is not None and iter(self._iterable) is self._iterable:
-            raise DataError("samples: the iterator gave no sample (a generator is read once: pass a new one, "
-                            "or a list)")
+            raise DataError("empty sample set (0 samples): the iterator gave none (a generator is read once: "
+                            "pass a new one, or a list)")
         if count == 0:
             raise DataError("empty sample set (0 samples)")
 
@@ -198,7 +198,7 @@ class SampleSet:
                     yield feed
 
     def _iter_dicts(self) -> Iterator[dict]:
-        for i, sample in enumerate(self._iterable):
+        for i, sample in enumerate(_users(self._iterable)):
             where = "samples"
             if not isinstance(sample, Mapping):
                 raise DataError(f"{where}: sample {i}: expected a dict of input arrays, got {type(sample).__name__}")
@@ -358,6 +358,26 @@ class _Reader:
             if feed is None:
                 return
             yield feed
+
+
+def _users(iterable) -> Iterator:
+    """The items of a caller's iterable or reader; an exception it raises becomes a DataError naming it first
+    (its type and message, the sample it stopped at), with the caller's exception as the cause."""
+    it = iter(iterable)
+    i = 0
+    while True:
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        except DataError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the caller's own code: its error, named, is the message
+            where = "its get_next()" if isinstance(iterable, _Reader) else "the iterable"
+            raise DataError(f"{type(e).__name__}: {short_text(str(e), 160)} (raised by the calibration data: "
+                            f"{where} failed at sample {i})") from e
+        yield item
+        i += 1
 
 
 def _is_npy(path: str) -> bool:
