@@ -18,7 +18,7 @@ import math
 
 import click
 
-from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.cli_instruments import Instruments, examples, first_sample, instrument_options
 from qcompiler.onnx_io import save_model, write_atomic
 from qcompiler.onnx_io.files import check_output_paths
 from qcompiler.passes.quantize.mixed_precision.plot import write_pareto_png
@@ -51,7 +51,13 @@ def switch_options(f):
     return f
 
 
-@click.command("quantize")
+@click.command("quantize", epilog=examples(
+    "qcompiler quantize model.onnx --calib calib.npz -o model.qdq.onnx",
+    "qcompiler quantize model.onnx --calib calib.npz -o q.onnx --target trt --report report.json",
+    "qcompiler quantize model.onnx --calib calib.npz -o q.onnx --op-types Conv,MatMul --exclude '^/head/'",
+    "qcompiler quantize model.onnx --calib calib.npz -o q.onnx --encodings q.encodings --config quantsim.json "
+    "--target aimet",
+    "qcompiler quantize decoder.onnx -o decoder.int4.onnx --weight-only --weight-bits 4"))
 @click.argument("model_path", metavar="MODEL")
 @click.option("--calib", help="calibration data: .npz (one key per graph input, samples along axis 0; a sample may "
               "carry its own batch dim of 1), .npy (single-input model), or a folder of them; required except "

@@ -42,7 +42,7 @@ from qcompiler.arguments import (
     require_path,
 )
 from qcompiler.errors import ArgumentError
-from qcompiler.quant.core.bitwidths import check_bits
+from qcompiler.quant.core.bitwidths import INT_BITS, check_bits
 from qcompiler.quant.core.schemes import canonical_scheme
 from qcompiler.quant.runtime.executor import check_ray
 from qcompiler.quant.settings.selection import check_names
@@ -54,6 +54,7 @@ OPTIMIZE = ("accuracy", "balanced", "latency")
 UNTAKEN_BRANCHES = ("float", "mirror")
 
 _SAME = object()   # a Flag's default: the same as the API's
+_BITS = "{" + ",".join(map(str, INT_BITS)) + "}"     # the allowed bit widths, as the help shows them
 
 
 @dataclass(frozen=True)
@@ -345,10 +346,12 @@ SWITCHES: Tuple[Switch, ...] = (
             config_key="weights.per_channel",
             configures=("place", "cle")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; qcompiler/quant/core/bitwidths.py)",
-            Flag(("--weight-bits",), type=int, show_default=True), config_key="weights.bits",
+            Flag(("--weight-bits",), "weight grid bits", type=int, show_default=True, metavar=_BITS),
+            config_key="weights.bits",
             configures=("place", "cle")),
     _switch("act_bits", 8, _bits, "activation grid bits (4, 8 or 16)",
-            Flag(("--act-bits",), type=int, show_default=True), config_key="activations.bits",
+            Flag(("--act-bits",), "activation grid bits", type=int, show_default=True, metavar=_BITS),
+            config_key="activations.bits",
             configures=("calibrate", "place", "cle")),
     _switch("weight_block", None, _optional(_block),
             "per-block weight scales of this many elements along the reduction axis (placement.block_axis; "
@@ -372,7 +375,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "weight-only: the bits of the model's ends, the head that writes the logits and the token embedding; "
             "None: 8 when weight_bits is below 8 (they carry most of a 4-bit model's error)",
             Flag(("--head-bits",), "weight-only: bits of the logits head and the token embedding (default: 8 "
-                 "when --weight-bits is 4)", type=int),
+                 "when --weight-bits is 4)", type=int, metavar=_BITS),
             configures=("plan-weights",)),
     _switch("accuracy_level", None, _optional(_int(0, 4)),
             "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
@@ -470,7 +473,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "whose drop on the calibration samples stays within it (qcompiler.passes.quantize.mixed_precision.search; "
             "report['mixed_precision'])",
             Flag(("--max-drop",), "mixed precision: the cheapest per-layer precision (W4A8 .. float) whose drop "
-                 "on the calibration samples stays within X%% (relative output error; see "
+                 "on the calibration samples stays within X% (relative output error; see "
                  "qcompiler.passes.quantize.mixed_precision.search); a table is printed, a Pareto PNG written beside --report",
                  metavar="X%"),
             enables="mixed-precision",
@@ -489,8 +492,9 @@ SWITCHES: Tuple[Switch, ...] = (
             api_only="a Python object",
             configures=("mixed-precision",)),
     _switch("opset", None, _optional(_int(13, 1 << 16)), "pin the output opset",
-            Flag(("--opset",), "pin the output opset (default: 13, or 21 when int4/int16 grids, per-block "
-                 "weights or the target's 16-bit widening need it)", type=int),
+            Flag(("--opset",), "pin the output opset (default: 21 on a target that may widen activations to 16 "
+                 "bits, as ort_cpu and qnn_htp do, or for int4/int16 grids and per-block weights; else 13; never "
+                 "below the model's own)", type=int),
             configures=("convert-opset",)),
     # --- the calibration data ---
     _switch("limit", None, _optional(_int(lo=1)), "use at most this many calibration samples",
