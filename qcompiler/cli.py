@@ -139,9 +139,9 @@ def inspect_cmd(model_path, as_json, no_patterns):
     "qcompiler run model.onnx --pipeline fold-constants -o out.onnx --verify-each --verify-inputs inputs.npz",
     "qcompiler run model.onnx --pipeline cle -o out.onnx --time-passes --print-after cle"))
 @click.argument("model_path", metavar="MODEL")
-@click.option("-o", "--output", required=True, help="where to write the transformed model")
-@click.option("--pipeline", required=True, help="comma-separated pass names (see list-passes)")
-@click.option("--verify-inputs", type=click.Path(), help=".npz with inputs for --verify-each (default: random)")
+@click.option("-o", "--output", required=True, metavar="OUT", help="where to write the transformed model")
+@click.option("--pipeline", required=True, metavar="PASS[,PASS...]", help="comma-separated pass names (see list-passes)")
+@click.option("--verify-inputs", type=click.Path(), metavar="FILE", help=".npz with inputs for --verify-each (default: random)")
 @instrument_options
 def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
     """Run a pipeline of passes over MODEL and write the result to OUTPUT."""
@@ -201,7 +201,7 @@ def list_passes_cmd():
 @click.argument("model_path", metavar="MODEL")
 @click.argument("pattern")
 @click.option("--explain", "explain_node", metavar="NODE", help="explain why NODE is or is not the root of a match")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the matches as one JSON list")
 def match_cmd(model_path, pattern, explain_node, as_json):
     """Find the matches of PATTERN (see `qcompiler match MODEL list`) in MODEL."""
     from qcompiler.onnx_io import load_model

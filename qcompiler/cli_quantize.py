@@ -59,10 +59,10 @@ def switch_options(f):
     "--target aimet",
     "qcompiler quantize decoder.onnx -o decoder.int4.onnx --weight-only --weight-bits 4"))
 @click.argument("model_path", metavar="MODEL")
-@click.option("--calib", help="calibration data: .npz (one key per graph input, samples along axis 0; a sample may "
+@click.option("--calib", metavar="DATA", help="calibration data: .npz (one key per graph input, samples along axis 0; a sample may "
               "carry its own batch dim of 1), .npy (single-input model), or a folder of them; required except "
               "for --weight-only round-to-nearest")
-@click.option("-o", "--output", required=True, help="where to write the QDQ model")
+@click.option("-o", "--output", required=True, metavar="OUT", help="where to write the QDQ model")
 @switch_options
 # --- outputs ---
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")

@@ -13,15 +13,16 @@ config can set the same thing. Everything else is derived from the table:
 
 `quantize()` keeps its keywords written out, so `help()`, `inspect.signature` and an IDE show them;
 tests/quant/test_switch_table.py checks that they are exactly the table's names and defaults, that each switch
-has a flag (or says why not), a README row and a check, and that a bad value reads the same from each door: the
+has a flag (or says why not), a row in docs/cli.md and a check, and that a bad value reads the same from each door: the
 CLI runs the same `check_switches` before it reads a file, so `--weight-bits 7` and `weight_bits=7` give the same
 line, and a config key sets the same thing with the same words after the file and the key (bit widths, scheme).
 Three flags keep a click type built from the table (`--optimize` and `--untaken-branches`: click.Choice of the
 table's tuple; `--smoothquant-alpha`: the same open range): the command line refuses their bad values while
 parsing, in click's form, naming the flag.
 
-Adding a switch: one entry here, one keyword in `quantize()`'s signature (the test names a missing one), one
-README row; the pass reads it as `ctx.settings.<name>`.
+Adding a switch: one entry here, one keyword in `quantize()`'s signature (the test names a missing one), then
+`python -m qcompiler.cli_reference docs/cli.md` (the command-line reference is written from this table; a test
+checks it); the pass reads it as `ctx.settings.<name>`.
 """
 from __future__ import annotations
 
@@ -318,14 +319,16 @@ SWITCHES: Tuple[Switch, ...] = (
     _switch("config", None, _config,
             "a path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits "
             "arguments)",
-            Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config", type=_path_type),
+            Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config, or a preset's name (w8a8, "
+                 "w4a16)", type=_path_type, metavar="FILE|PRESET"),
             configures=("place", "assign-encodings")),
     # NOTE: before max_drop: two passes a switch adds after the same pass run in table order (load-encodings,
     # then mixed-precision, both after place)
     _switch("load_encodings", None, _optional(_path),
             "an AIMET encodings file whose encodings are frozen; everything else is calibrated (the "
             "`load-encodings` pass)",
-            Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type),
+            Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type,
+                 metavar="FILE"),
             enables="load-encodings",
             configures=("load-encodings",)),
     # --- the grid ---
@@ -333,12 +336,12 @@ SWITCHES: Tuple[Switch, ...] = (
             "the target profile: a name (ort_cpu, trt, qnn_htp, aimet), a profile YAML path or a dict; None: the "
             "config's target, else ort_cpu",
             Flag(("--target",), "backend profile: ort_cpu (default), trt, qnn_htp, aimet (encodings for AIMET's "
-                 "default config), or a profile YAML", default=None),
+                 "default config), or a profile YAML", default=None, metavar="NAME|FILE"),
             config_key="target"),
     _switch("scheme", None, _optional(_scheme),
             "the calibration scheme or one of its aliases (qcompiler/quant/core/schemes.py); None: the config's, else min_max",
             Flag(("--scheme",), "min_max (default; aliases post_training_tf, tf), tf_enhanced "
-                 "(post_training_tf_enhanced), percentile, entropy (kl), mse"),
+                 "(post_training_tf_enhanced), percentile, entropy (kl), mse", metavar="NAME"),
             config_key="scheme", setting_default="min_max",
             configures=("calibrate", "assign-encodings", "mixed-precision")),
     _switch("per_channel", True, _bool, "weights per output channel (True) or per tensor",
@@ -357,7 +360,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "per-block weight scales of this many elements along the reduction axis (placement.block_axis; "
             "opset 21)",
             Flag(("--block-size",), "per-block weight scales: this many elements along each weight's reduction "
-                 "axis (MatMul K); opset 21 DequantizeLinear block_size", type=int),
+                 "axis (MatMul K); opset 21 DequantizeLinear block_size", type=int, metavar="N"),
             config_key="weights.per_block",
             configures=("place", "cle")),
     _switch("weight_only", False, _bool,
@@ -494,11 +497,11 @@ SWITCHES: Tuple[Switch, ...] = (
     _switch("opset", None, _optional(_int(13, 1 << 16)), "pin the output opset",
             Flag(("--opset",), "pin the output opset (default: 21 on a target that may widen activations to 16 "
                  "bits, as ort_cpu and qnn_htp do, or for int4/int16 grids and per-block weights; else 13; never "
-                 "below the model's own)", type=int),
+                 "below the model's own)", type=int, metavar="N"),
             configures=("convert-opset",)),
     # --- the calibration data ---
     _switch("limit", None, _optional(_int(lo=1)), "use at most this many calibration samples",
-            Flag(("--limit",), "use at most this many calibration samples", type=int),
+            Flag(("--limit",), "use at most this many calibration samples", type=int, metavar="N"),
             configures=("calibrate",)),
     _switch("report_samples", None, _optional(_int(lo=1)),
             "measure the report's output SQNR on at most this many calibration samples (default: the samples "
