@@ -228,3 +228,8 @@ def test_invalid_old_opset_model_names_the_node(tmp_path):
                         str(tmp_path / "calib.npz"), "-o", str(tmp_path / "q.onnx")], capture_output=True, text=True)
     assert_one_line_error(r, "node 'fc' (Gemm)")
     assert not os.path.exists(tmp_path / "q.onnx")
+
+
+def test_mistyped_target_and_preset_name_the_nearest(tiny):
+    assert_one_line_error(_cli(tiny, "--target", "ort-cpu"), "unknown target 'ort-cpu'", "did you mean 'ort_cpu'?")
+    assert_one_line_error(_cli(tiny, "--config", "w8a16"), "no built-in preset", "did you mean", "w8a8")
