@@ -153,6 +153,9 @@ def test_summary_lines_name_their_values(tiny):
         named = ln.split(":", 1)[0]
         assert "'" in named, ln          # `float 'r2': ...` or `float x2 ('c1', 'c2'): ...`
     assert not any("bias: bias" in ln for ln in lines)
+    report["widened"] = {"sm_in": "16 bits: an 8-bit grid gives ~26 dB"}
+    report["counts"]["widened"] = 1
+    assert "  widened to 16 bits 'sm_in': " in format_summary(report)
 
 
 def _fp16_mlp():

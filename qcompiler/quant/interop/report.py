@@ -358,8 +358,9 @@ def format_summary(report: dict) -> str:
                  f"({report['scheme']}, {report.get('calibration_samples', 0)} samples); {c['left_float']} values "
                  f"left float"]
     if c.get("widened"):
-        lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB, or the "
-                     f"safety net found them breaking the output; see report 'widened')")
+        named = _values_named(list(report["widened"])) if report.get("widened") else f"x{c['widened']}"
+        lines.append(f"  widened to 16 bits {named}: an 8-bit grid would give < 30 dB, or the safety net found them "
+                     f"breaking the output (report 'widened' has each reason)")
     maxerr = report.get("output_max_abs_error", {})
     for n, s in report["output_sqnr_db"].items():
         extra = f", max |error| {maxerr[n]:.3g}" if n in maxerr else ""
