@@ -1,5 +1,5 @@
 """The first hour of a new user: each stumble a newcomer met, as a test. Errors name what was supplied and the
-nearest right spelling; what the README promises about notes and names holds; a user's own exception surfaces."""
+nearest right spelling; what docs/promises.md says about notes and names holds; a user's own exception surfaces."""
 from __future__ import annotations
 
 import json
@@ -121,7 +121,7 @@ def test_a_raising_generator_surfaces_the_users_exception(tiny):
     assert isinstance(e.value.__cause__, KeyError)
 
 
-# --- notes the README promises -----------------------------------------------------------------------------
+# --- notes docs/promises.md promises-------------------------------------------------------------------------
 
 def test_data_conversions_are_notes_in_the_report(tiny, tmp_path):
     a = _images(tiny)[:6]

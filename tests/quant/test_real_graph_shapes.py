@@ -178,7 +178,7 @@ VAD_SHAPES = {"audio": ([1, 2, 16], None), "sr": ((), _int_sr), "gain": ((), _po
 
 
 def test_rank0_inputs_from_npz_as_the_readme_lays_them_out(tmp_path):
-    """README layout: an input of rank r takes an (N, ...) array of rank r+1, so a scalar input takes (N,)."""
+    """The data layout (docs/promises.md): an input of rank r takes an (N, ...) array of rank r+1, so a scalar input takes (N,)."""
     proto = vad_model()
     rows = feeds(VAD_SHAPES, 8)
     path = tmp_path / "calib.npz"
