@@ -96,7 +96,10 @@ class QuantizeResult:
                 f"output SQNR {{{sqnr}{', ...' if more > 0 else ''}}}>")
 
     def __str__(self) -> str:
-        return format_summary(self.report)
+        try:
+            return format_summary(self.report)
+        except (KeyError, TypeError, ValueError):   # a report an expert's pipeline left partial
+            return repr(self)
 
     def save(self, path: str, external_data: Optional[bool] = None, protect: tuple = ()) -> None:
         """Write the QDQ model atomically; never over the float model it came from, its external data, or a file
