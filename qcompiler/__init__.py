@@ -1,7 +1,7 @@
 """qcompiler: a compiler for ONNX models built from graph-rewriting passes; post-training quantization to QDQ.
 
 The public names are `__all__`, listed once here: the IR and ONNX I/O (imported with the package) and the
-quantization API (`quantize`, `QuantizeResult`), imported on first use so `import qcompiler` stays cheap
+quantization API (`quantize`, `QuantizeResult`; `debug`, `DebugResult`), imported on first use so `import qcompiler` stays cheap
 (`qcompiler --help` and a plug-in's import pay nothing for calibration, placement or onnxruntime).
 
     import qcompiler
@@ -24,9 +24,9 @@ _LAZY = {
     "quantize": ("qcompiler.quant.api", "quantize"),
     "QuantizeResult": ("qcompiler.quant.api", "QuantizeResult"),
 }
-# the accuracy debugger's entry point joins the table when its module is installed
-if importlib.util.find_spec("qcompiler.debug") is not None:
-    _LAZY["debug"] = ("qcompiler.debug", "debug")
+# the accuracy debugger (`qcompiler debug`, qcompiler/debugger/) joins the table where it is installed
+if importlib.util.find_spec("qcompiler.debugger") is not None:
+    _LAZY.update(debug=("qcompiler.debugger", "debug"), DebugResult=("qcompiler.debugger", "DebugResult"))
 
 __all__ = ["Graph", "Model", "Node", "Value", "verify", "load_model", "save_model", "model_from_proto",
            "model_to_proto", *_LAZY]
