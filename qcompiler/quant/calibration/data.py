@@ -363,10 +363,10 @@ class _Reader:
 def _users(iterable) -> Iterator:
     """The items of a caller's iterable or reader; an exception it raises becomes a DataError naming it first
     (its type and message, the sample it stopped at), with the caller's exception as the cause."""
-    it = iter(iterable)
-    i = 0
+    it, i = None, 0
     while True:
         try:
+            it = iter(iterable) if it is None else it
             item = next(it)
         except StopIteration:
             return
@@ -624,7 +624,7 @@ def _held(keys, wanted: str) -> str:
     if not keys:
         return "the data holds no array"
     text = f"the data holds {_names(keys)}"
-    if any(re.fullmatch(r"arr_\d+", k) for k in keys):
+    if any(isinstance(k, str) and re.fullmatch(r"arr_\d+", k) for k in keys):
         text += f"; unnamed arrays: save each under its input name, np.savez(f, {short_text(wanted, 40)}=...)"
     return text
 
