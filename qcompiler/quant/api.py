@@ -87,13 +87,11 @@ class QuantizeResult:
     passes: list = field(default_factory=list)   # [(pass, PassResult)] in pipeline order
 
     def __repr__(self) -> str:
-        c = self.report.get("counts", {})
-        sqnr = ", ".join(f"{short_text(n, 40)}: {v} dB" for n, v in list(self.report.get("output_sqnr_db", {})
-                                                                            .items())[:4])
-        more = len(self.report.get("output_sqnr_db", {})) - 4
+        c, sqnr = self.report.get("counts", {}), self.report.get("output_sqnr_db", {})
+        shown = ", ".join(f"{short_text(n, 40)}: {v} dB" for n, v in list(sqnr.items())[:4])
+        more = ", ..." if len(sqnr) > 4 else ""
         return (f"<QuantizeResult target={self.report.get('target')} activations={c.get('activations', 0)} "
-                f"params={c.get('params', 0)} left_float={c.get('left_float', 0)} "
-                f"output SQNR {{{sqnr}{', ...' if more > 0 else ''}}}>")
+                f"params={c.get('params', 0)} left_float={c.get('left_float', 0)} output SQNR {{{shown}{more}}}>")
 
     def __str__(self) -> str:
         try:
