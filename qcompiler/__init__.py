@@ -1,8 +1,8 @@
 """qcompiler: a compiler for ONNX models built from graph-rewriting passes; post-training quantization to QDQ.
 
 The public names are `__all__`, listed once here: the IR and ONNX I/O (imported with the package) and the
-quantization API (`quantize`, `QuantizeResult`; `debug`, `DebugResult`), imported on first use so `import qcompiler` stays cheap
-(`qcompiler --help` and a plug-in's import pay nothing for calibration, placement or onnxruntime).
+quantization API (`quantize`, `QuantizeResult`; `debug`, `DebugResult`), imported on first use so `import qcompiler`
+stays cheap (`qcompiler --help` and a plug-in's import pay nothing for calibration, placement or onnxruntime).
 
     import qcompiler
     res = qcompiler.quantize("model.onnx", "calib.npz")
@@ -12,7 +12,6 @@ quantization API (`quantize`, `QuantizeResult`; `debug`, `DebugResult`), importe
 from __future__ import annotations
 
 import importlib
-import importlib.util
 
 from qcompiler.ir import Graph, Model, Node, Value, verify
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model
@@ -23,10 +22,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "quantize": ("qcompiler.quant.api", "quantize"),
     "QuantizeResult": ("qcompiler.quant.api", "QuantizeResult"),
+    "debug": ("qcompiler.debugger", "debug"),                 # the accuracy debugger (`qcompiler debug`)
+    "DebugResult": ("qcompiler.debugger", "DebugResult"),
 }
-# the accuracy debugger (`qcompiler debug`, qcompiler/debugger/) joins the table where it is installed
-if importlib.util.find_spec("qcompiler.debugger") is not None:
-    _LAZY.update(debug=("qcompiler.debugger", "debug"), DebugResult=("qcompiler.debugger", "DebugResult"))
 
 __all__ = ["Graph", "Model", "Node", "Value", "verify", "load_model", "save_model", "model_from_proto",
            "model_to_proto", *_LAZY]

@@ -230,8 +230,10 @@ def match_cmd(model_path, pattern, explain_node, as_json):
 
 
 def _register_commands():
+    from qcompiler.cli_debug import debug_cmd
     from qcompiler.cli_quantize import quantize_cmd
     main.add_command(quantize_cmd, "quantize")
+    main.add_command(debug_cmd, "debug")
 
 
 _register_commands()

@@ -19,6 +19,9 @@ import math
 import click
 
 from qcompiler.cli_instruments import Instruments, examples, first_sample, instrument_options
+from qcompiler.debugger import debug
+from qcompiler.errors import ArgumentError
+from qcompiler.html_report import require_html_extra, write_html_report
 from qcompiler.onnx_io import save_model, write_atomic
 from qcompiler.onnx_io.files import check_output_paths
 from qcompiler.passes.quantize.mixed_precision.plot import write_pareto_png
@@ -28,6 +31,8 @@ from qcompiler.quant.api import quantize, resolve_early
 from qcompiler.quant.core.pipeline import pipeline_for
 from qcompiler.quant.core.switches import api_from_cli, check_switches, cli_switches
 from qcompiler.quant.interop.report import format_summary
+from qcompiler.quant.interop.verdict import verdict_line
+from qcompiler.shorten import short_path
 from qcompiler.quant.settings.selection import warning_text
 
 # the API's warning kinds, named as the command line names them
@@ -68,13 +73,17 @@ def switch_options(f):
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
 @click.option("--encodings-version", type=click.Choice(["1.0.0", "2.0.0"]), default="1.0.0", show_default=True)
 @click.option("--report", "report_path", type=click.Path(), help="write the JSON report here ('-': to stdout)")
+@click.option("--report-html", "report_html", type=click.Path(),
+              help="write the report as one self-contained HTML page here (pip install 'qcompiler[html]')")
 @click.option("--allow-low-sqnr", is_flag=True, help="exit 0 even when an output's SQNR stays below the floor")
+@click.option("--debug", "with_debug", is_flag=True, help="compare every quantized value with float (qcompiler debug): "
+              "its table after the summary, the whole of it in the report under 'debug'")
 # --- terminal ---
 @click.option("--json", "as_json", is_flag=True, help="print one JSON summary object on stdout (nothing else)")
 @click.option("-q", "--quiet", is_flag=True, help="no summary and no bars (warnings and errors still on stderr)")
 @instrument_options
-def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, allow_low_sqnr,
-                 as_json, quiet, **flags):
+def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, report_path, report_html,
+                 allow_low_sqnr, with_debug, as_json, quiet, **flags):
     """Quantize MODEL to QDQ ONNX with one streaming calibration pass over --calib.
 
     The work is a pipeline of passes (`qcompiler list-passes`): the flags of `qcompiler run` (--time-passes,
@@ -82,6 +91,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     report_stdout = report_path == "-"
     if as_json and report_stdout:
         raise click.UsageError("--json and --report - both write to stdout; give --report a file")
+    if report_html:
+        require_html_extra()   # one line before any work, not after the quantization
     # the switches as quantize() takes them, checked here by the same table (one line naming the keyword)
     given = api_from_cli({s.name: flags.pop(s.name) for s in cli_switches()})
     if quiet:
@@ -94,7 +105,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     pareto = f"{report_path}.pareto.png" if switches["max_drop"] is not None and report_path and not report_stdout \
         else None
     outputs = [("-o", output), ("--encodings", encodings_path),
-               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto)] + \
+               ("--report", None if report_stdout else report_path), ("--report (Pareto plot)", pareto),
+               ("--report-html", report_html)] + \
         Instruments.dump_outputs(passes, flags["dump_dir"])
     check_output_paths(outputs, inputs, models=(model_path,),
                        new_folders={"--dump-dir": flags["dump_dir"]})
@@ -113,7 +125,16 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
     res.report["size"] = file_sizes(model_path, res.model, output)
     if encodings_path:
         res.write_encodings(encodings_path, encodings_version, protect=inputs)
+    dbg = None
+    if with_debug:
+        if calib is None:
+            raise ArgumentError("--debug compares on calibration samples: give --calib")
+        dbg = debug(model_path, res.model, calib, limit=given.get("limit"), progress=given.get("progress"))
+        res.report["debug"] = dbg.to_dict()
     _write_report(res.report, report_path, inputs)
+    if report_html:
+        write_html_report(report_html, res.report, res.report.get("debug"), title=short_path(model_path),
+                          protect=inputs)
     mp_note = _mixed_precision_plot(res.report, pareto, inputs)
     instruments.report()
     for w in res.report.get("warnings", []):
@@ -128,6 +149,8 @@ def quantize_cmd(model_path, calib, output, encodings_path, encodings_version, r
             click.echo(format_table(res.report["mixed_precision"]), err=to_stderr)
             if mp_note:
                 click.echo(f"  {mp_note}", err=to_stderr)
+        if dbg is not None:
+            click.echo(dbg.table(), err=to_stderr)
         click.echo(f"wrote {output}", err=to_stderr)
     _quality_gate(res.report, allow_low_sqnr)
 
@@ -185,7 +208,8 @@ def summary_object(report: dict, output: str, encodings_path=None, report_path=N
            "widened": report.get("widened"), "min_sqnr_db": report.get("min_sqnr_db"),
            "below_floor": report.get("below_floor"), "safety_net": report.get("safety_net"),
            "warnings": [warning_line(w) for w in report.get("warnings", [])],
-           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size")}
+           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size"),
+           "kernel_share": report.get("kernel_share"), "verdict": verdict_line(report).strip() or None}
     if report.get("mixed_precision"):
         mp = report["mixed_precision"]
         out["mixed_precision"] = {"budget": mp["budget"], "drop": mp["drop"], "weight_bytes": mp["weight_bytes"],
@@ -212,10 +236,14 @@ def _safety_net_line(report: dict, to_stderr: bool = False) -> None:
     sn = report.get("safety_net") or {}
     if sn.get("triggered"):
         acts = [c["action"] for c in sn.get("changed", ())]
+        weights = sum(a.startswith("weight") for a in acts)
         click.echo(f"  safety net: output SQNR {sn.get('sqnr_before_db')} dB -> {sn.get('sqnr_after_db')} dB, "
-                   f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float "
+                   f"{acts.count('widened')} quantizers widened to 16 bits and {acts.count('float')} left float"
+                   + (f", {weights} weights on a finer grid " if weights else " ") +
                    f"({sn.get('trials')} trials, {sn.get('seconds')} s; see report 'safety_net')"
                    + (f"; {sn['note']}" if sn.get("note") else ""), err=to_stderr)
+        if sn.get("summary"):
+            click.echo(f"  safety net {sn['summary']}", err=to_stderr)
 
 
 def _quality_gate(report: dict, allow: bool) -> None:

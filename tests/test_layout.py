@@ -9,7 +9,7 @@ Layers, lowest first; a module may import its own layer and those below it, neve
     passmanager passes, their registry and instrumentation
     quant       the model of quantization (core, targets, settings, calibration, placement, interop, runtime, api)
     passes      every transformation, quantization algorithms included
-    cli         the command line and the onnxruntime drop-in
+    cli         the command line, the onnxruntime drop-in and the Olive pass
 
 Edges come from every `import` in the sources, module level and inside functions alike (a function-level import
 is still a dependency); `if TYPE_CHECKING:` blocks are annotations only and are not edges. The pass registry
@@ -39,12 +39,12 @@ LAYERS = (
     ("quant", ("qcompiler.quant",)),
     ("passes", ("qcompiler.passes",)),
     ("cli", ("qcompiler.cli", "qcompiler.cli_instruments", "qcompiler.cli_quantize", "qcompiler.inspect_model",
-             "qcompiler.ort", "qcompiler.__main__", "qcompiler")),
+             "qcompiler.ort", "qcompiler.__main__", "qcompiler", "qcompiler.olive")),
 )
 # Imports that stay inside functions, each for a reason: the CLI imports a command's modules when that command
 # runs (start-up of `qcompiler --help`, `inspect`); onnxruntime only for what runs a model; optional extras;
 # networkx on the IR's first index query; pickle only between our own worker processes; platform modules.
-LAZY_THIRD_PARTY = {"onnxruntime", "matplotlib", "ray", "networkx", "pickle", "fcntl", "importlib"}
+LAZY_THIRD_PARTY = {"onnxruntime", "matplotlib", "jinja2", "ray", "networkx", "pickle", "fcntl", "importlib"}
 LAZY_OWN = {"qcompiler.cli"}
 
 

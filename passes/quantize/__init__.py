@@ -12,6 +12,7 @@ from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     encodings,
     float16_islands,
     gptq,
+    head_bits,
     initializer_inputs,
     insert_qdq,
     latency_search,
@@ -28,5 +29,6 @@ from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     untaken_branches,
     upcast_float16,
     weight_grid,
+    weight_mixed_precision,
     write_weights,
 )

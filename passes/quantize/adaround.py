@@ -64,6 +64,7 @@ from threadpoolctl import threadpool_limits
 
 from qcompiler.errors import DataError
 from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.progress import bar
 from qcompiler.quant.calibration.layer_inputs import stream_values
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.core.encoding import broadcast_qparams
@@ -572,7 +573,8 @@ class AdaRound(QuantPass):
 
     def run(self, ctx) -> PassResult:
         try:
-            results = adaround(ctx.model, ctx.plan, ctx.samples)
+            with bar("adaround", None, ctx.settings.progress, unit="layer") as shown:
+                results = adaround(ctx.model, ctx.plan, ctx.samples, progress=lambda r: shown.update(1))
         except DataError as e:
             if "already read once" not in str(e):
                 raise

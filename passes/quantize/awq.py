@@ -323,17 +323,19 @@ class AWQ(QuantPass):
 
 def _linear_inputs(ctx, job):
     nodes = {n.name: n for n in ctx.model.graph.nodes}
-    return {nodes[r].inputs[0].name for r, kind in job.readers if kind in ("matmul", "gemm", "head")}
+    return {nodes[r].inputs[0].name if r in nodes else r for r, kind in job.readers
+            if kind in ("matmul", "gemm", "head")}
 
 
 def _fold(g, target, factor: np.ndarray) -> None:
     """Multiply the constant at `target` (node, slot, axis) by `factor` along its axis."""
     node, slot, axis = target
     v = node.inputs[slot]
-    arr = np.asarray(v.tensor.numpy(), dtype=np.float32)
+    orig = np.asarray(v.tensor.numpy())
+    arr = orig.astype(np.float32)
     shape = [1] * arr.ndim
     shape[axis] = -1
-    new = (arr * factor.reshape(shape)).astype(arr.dtype)
+    new = (arr * factor.reshape(shape)).astype(orig.dtype)      # a float16 model keeps its float16 constant
     g.set_constant(v, new, writer=node)
 
 

@@ -55,10 +55,11 @@ from typing import List, Optional
 
 import numpy as np
 from onnx import helper, numpy_helper
-from qcompiler.passes.quantize.safety_net import (
+from qcompiler.passes.quantize.safety_net.budget import Clock
+from qcompiler.passes.quantize.safety_net import _left_float
+from qcompiler.passes.quantize.safety_net.trials import (
     _SWITCH_ON,
     MAX_WEIGHT_BYTES,
-    _left_float,
     _switch_proto,
     _Trials,
     activation_quantizers,
@@ -158,7 +159,7 @@ def run_latency_search(ctx) -> SearchOutcome:
         unit_of = {("n", ctx.plan.find(z.key)): i for i, z in enumerate(quants) if z.key in narrow}
         sess = create_session(_with_weight_switches(_switch_proto(model, quants, None), ctx.plan, unit_of),
                               role="latency search")
-        trials = _Trials(sess, kept, k, False, MAX_TRIALS, MAX_SECONDS)
+        trials = _Trials(sess, kept, k, False, MAX_TRIALS, Clock.fixed(MAX_SECONDS))
         if len(kept) > ALL_SAMPLES_UP_TO:
             trials.pick(TRIAL_SAMPLES)
 

@@ -74,6 +74,7 @@ from threadpoolctl import threadpool_limits
 
 from qcompiler.errors import DataError
 from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.progress import bar
 from qcompiler.quant.calibration.layer_inputs import (
     LAYER_OPS,
     MAX_ROWS,
@@ -388,26 +389,33 @@ def run_seq_mse(model, plan, samples, fractions=None, max_rows: Optional[int] = 
     if target == "float":
         cap.cache_float(layers)
     capture_s = time.perf_counter() - t0
-    for level in sorted({layer.level for layer in layers}):
-        todo = [layer for layer in layers if layer.level == level]
-        t0 = time.perf_counter()
-        xs = cap.capture(todo, quantized, float_too=target == "float")
-        capture_s += time.perf_counter() - t0
-        for layer in todo:
-            x, xf = xs.get(layer.input_name, (None, None))
-            if x is None or x.shape[0] == 0 or x.shape[1] != layer.kn().shape[0]:
-                skipped[layer.name] = "input not captured (no rows, or not [.., K])"
-                continue
-            if not np.isfinite(x).all():
-                skipped[layer.name] = "input holds NaN or infinity on the calibration data"
-                continue
-            res = choose(layer, x, fractions, x_float=xf)
-            layer.spec.encoding = res.encoding
-            quantized[layer.weight.name] = res.weight_dq
-            res.weight_dq = None
-            results.append(res)
-        del xs
+    with bar("seq-mse", len(layers), progress, unit="layer") as shown:
+        for level in sorted({layer.level for layer in layers}):
+            capture_s += _one_level(cap, [layer for layer in layers if layer.level == level], quantized, results,
+                                    skipped, fractions, target, shown)
     return results, skipped, capture_s
+
+
+def _one_level(cap, todo, quantized, results, skipped, fractions, target, shown) -> float:
+    """The layers of one level: their inputs captured at once, then each one's ranges chosen."""
+    t0 = time.perf_counter()
+    xs = cap.capture(todo, quantized, float_too=target == "float")
+    capture_s = time.perf_counter() - t0
+    for layer in todo:
+        shown.update(1)
+        x, xf = xs.get(layer.input_name, (None, None))
+        if x is None or x.shape[0] == 0 or x.shape[1] != layer.kn().shape[0]:
+            skipped[layer.name] = "input not captured (no rows, or not [.., K])"
+            continue
+        if not np.isfinite(x).all():
+            skipped[layer.name] = "input holds NaN or infinity on the calibration data"
+            continue
+        res = choose(layer, x, fractions, x_float=xf)
+        layer.spec.encoding = res.encoding
+        quantized[layer.weight.name] = res.weight_dq
+        res.weight_dq = None
+        results.append(res)
+    return capture_s
 
 
 def _samples(ctx):

@@ -16,7 +16,7 @@ from qcompiler.progress import bar
 from qcompiler.quant.core.block_grid import block_grid
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.sqnr import db_from_powers
-from qcompiler.passes.quantize.plan_weights import stored_nk
+from qcompiler.passes.quantize.plan_weights import stored_nk, weight_value
 
 
 def grid_job(job, w, search: str = "mse"):
@@ -67,7 +67,7 @@ class WeightGrid(QuantPass):
         search = "fast" if sum(j.n * j.k for j in plan.jobs.values()) > FAST_ABOVE else "mse"
         with bar("weights", len(todo), ctx.settings.progress) as progress:
             for job in todo:
-                job.grid = grid_job(job, stored_nk(job, g.initializers[job.weight]), search)
+                job.grid = grid_job(job, stored_nk(job, weight_value(g, job.weight)), search)
                 job.algorithm = job.algorithm or "rtn"
                 progress.update(1)
         return PassResult(False, {"gridded": len(todo), "search": search})

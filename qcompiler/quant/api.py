@@ -47,6 +47,7 @@ from qcompiler.quant.interop.report import (
     pass_stats,
     report_fields,
 )
+from qcompiler.quant.interop.verdict import integer_share
 from qcompiler.quant.placement import PlacementOptions
 from qcompiler.quant.settings.config import load_config
 from qcompiler.quant.settings.selection import (
@@ -137,7 +138,7 @@ def _load(model_or_path):
 
 
 def quantize(model_or_path: ModelSource, calib: CalibSource, target: Union[str, dict, None] = None,
-             scheme: Optional[str] = None, per_channel: bool = True,
+             scheme: Optional[str] = None, per_channel: Optional[bool] = None,
              weight_bits: int = 8, act_bits: int = 8, config: Union[str, os.PathLike, "QuantConfig", None] = None,
              load_encodings: Union[str, os.PathLike, None] = None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
@@ -281,7 +282,7 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
         opset, fallback = _weight_only_opset(s, profile, model.opset), None
     else:
         opset, fallback = choose_opset(s, profile, model.opset)
-    if s.max_drop is not None and s.opset is None and opset < 21:   # int4/int16 candidates (mixed_precision)
+    if s.max_drop is not None and not s.weight_only and s.opset is None and opset < 21:   # int4/int16 candidates (mixed_precision)
         opset, fallback = 21, opset
     ctx = QuantContext(model=model, settings=s, profile=profile, opset=opset, opset_fallback=fallback,
                        source=model_or_path)
@@ -291,8 +292,11 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
         # can be read once, so its first samples are kept
         kept = list(itertools.islice(iter(ctx.samples), s.limit or WEIGHT_ONLY_MAX_SAMPLES))
         ctx.samples = load_samples(kept, input_specs(model.graph))
-    config = _apply_selection(model, cfg, sel, profile, s.per_channel, s.weight_bits, s.act_bits, s.weight_block)
-    ctx.options = PlacementOptions(per_channel=s.per_channel, weight_bits=s.weight_bits, act_bits=s.act_bits,
+    if s.per_channel is None and not s.weight_only:   # weight-only reads None as "blocks" (plan-weights)
+        s.per_channel = True
+    per_channel = s.per_channel is not False
+    config = _apply_selection(model, cfg, sel, profile, per_channel, s.weight_bits, s.act_bits, s.weight_block)
+    ctx.options = PlacementOptions(per_channel=per_channel, weight_bits=s.weight_bits, act_bits=s.act_bits,
                                    config=config, supergroups=_supergroup_choice(config),
                                    weight_block=s.weight_block, act_symmetric=sel.act_symmetric,
                                    weight_symmetric=sel.weight_symmetric, optimize=s.optimize)
@@ -386,13 +390,16 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize
+    if plan is not None:
+        report["kernel_share"] = integer_share(plan, ctx.model, ctx.profile.fusions,
+                                               ctx.kernels["nodes"] if ctx.kernels else None)
     if ctx.smoothquant is not None:
         report["smoothquant"] = ctx.smoothquant
     if ctx.mixed_precision is not None:
         report["mixed_precision"] = ctx.mixed_precision
     report["quantizer_args"] = {"activation_bitwidth": s.act_bits, "param_bitwidth": s.weight_bits,
                                 "dtype": "int", "is_symmetric": bool(ctx.profile.weight.symmetric),
-                                "per_channel_quantization": bool(s.per_channel), "quant_scheme": s.scheme}
+                                "per_channel_quantization": s.per_channel is not False, "quant_scheme": s.scheme}
     return report
 
 

@@ -172,6 +172,8 @@ def test_onnxruntime_refusals_are_one_line_exit_2(hostile, tmp_path):
                                           "-o", str(tmp_path / f"q_{name}.onnx")], str(tmp_path / f"q_{name}.err")))
         jobs.append((f"run:{name}", ["run", model, "--pipeline", "canonicalize,fold-constants", "--verify-each",
                                      "-o", str(tmp_path / f"r_{name}.onnx")], str(tmp_path / f"r_{name}.err")))
+        jobs.append((f"debug:{name}", ["debug", model, model, "--calib", str(hostile / "x.npz")],
+                     str(tmp_path / f"d_{name}.err")))
     r = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(jobs)], capture_output=True, text=True, cwd=ROOT,
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

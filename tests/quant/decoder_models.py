@@ -97,3 +97,87 @@ def decoder(vocab: int = 96, hidden: int = 64, inter: int = 128, layers: int = 2
     onnx.checker.check_model(model)
     feeds = [{"input_ids": rng.integers(0, vocab, (1, seq)).astype(np.int64)} for _ in range(samples)]
     return model, feeds
+
+
+def decoder_with_bodies(vocab: int = 96, hidden: int = 64, inter: int = 128, seq: int = 12, samples: int = 8,
+                        seed: int = 0):
+    """A decoder whose MLP sits in an If and a shared refinement layer in a Loop, as exporters write a
+    data-dependent branch or a recurrent stack: Gather -> If(use_mlp: then SiLU-gated MLP on outer weights,
+    else one projection on a weight of the branch's own) + residual -> Loop(2 trips: x + x @ W_loop) -> norm ->
+    tied head `MatMul(x, Transpose(E))`. The calibration feeds take both branches."""
+    rng = np.random.default_rng(seed)
+    inits = []
+
+    def init(name, arr, where=inits):
+        where.append(numpy_helper.from_array(np.asarray(arr), name))
+        return name
+
+    def mk(op, ins, outs, **attrs):
+        return helper.make_node(op, ins, outs, name=outs[0] + "_node", **attrs)
+
+    emb = init("embed.weight", _w(rng, (vocab, hidden), outliers=0, scale=0.5))
+    gate = init("mlp.gate_proj.weight", _w(rng, (hidden, inter)))
+    up = init("mlp.up_proj.weight", _w(rng, (hidden, inter)))
+    down = init("mlp.down_proj.weight", _w(rng, (inter, hidden)))
+    w_loop = init("loop.proj.weight", _w(rng, (hidden, hidden), scale=0.03))
+    then = helper.make_graph(
+        [mk("MatMul", ["x0", gate], ["t_gate"]), mk("Sigmoid", ["t_gate"], ["t_sig"]),
+         mk("Mul", ["t_gate", "t_sig"], ["t_silu"]), mk("MatMul", ["x0", up], ["t_up"]),
+         mk("Mul", ["t_silu", "t_up"], ["t_gu"]), mk("MatMul", ["t_gu", down], ["t_down"])],
+        "then", [], [helper.make_tensor_value_info("t_down", T.FLOAT, None)])
+    else_inits: list = []
+    init("branch.proj.weight", _w(rng, (hidden, hidden)), else_inits)
+    els = helper.make_graph([mk("MatMul", ["x0", "branch.proj.weight"], ["e_proj"])], "else", [],
+                            [helper.make_tensor_value_info("e_proj", T.FLOAT, None)], else_inits)
+    body = helper.make_graph(
+        [mk("MatMul", ["x_in", w_loop], ["l_proj"]), mk("Add", ["x_in", "l_proj"], ["x_next"]),
+         mk("Identity", ["cond_in"], ["cond_out"])],
+        "loop_body", [helper.make_tensor_value_info("iter", T.INT64, []),
+                      helper.make_tensor_value_info("cond_in", T.BOOL, []),
+                      helper.make_tensor_value_info("x_in", T.FLOAT, None)],
+        [helper.make_tensor_value_info("cond_out", T.BOOL, []), helper.make_tensor_value_info("x_next", T.FLOAT, None)])
+    init("trips", np.array(2, np.int64))
+    init("true", np.array(True))
+    et = "embed_t"
+    nodes = [mk("Gather", [emb, "input_ids"], ["x0"], axis=0),
+             mk("If", ["use_mlp"], ["mlp_out"], then_branch=then, else_branch=els),
+             mk("Add", ["x0", "mlp_out"], ["x1"]),
+             mk("Loop", ["trips", "true", "x1"], ["x2"], body=body),
+             mk("Transpose", [emb], [et], perm=[1, 0]),
+             mk("MatMul", ["x2", et], ["logits"])]
+    graph = helper.make_graph(nodes, "decoder_bodies",
+                              [helper.make_tensor_value_info("input_ids", T.INT64, [1, seq]),
+                               helper.make_tensor_value_info("use_mlp", T.BOOL, [])],
+                              [helper.make_tensor_value_info("logits", T.FLOAT, [1, seq, vocab])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    feeds = [{"input_ids": rng.integers(0, vocab, (1, seq)).astype(np.int64), "use_mlp": np.array(i % 2 == 0)}
+             for i in range(samples)]
+    return model, feeds
+
+
+def gemm_mlp(rows: int = 6, hidden: int = 64, inter: int = 128, samples: int = 6, seed: int = 0, dtype=np.float32):
+    """Every Gemm form older exporters write for a Linear, on flattened tokens x [rows, hidden]:
+    up: Gemm(x, W [inter, hidden], C [1, inter], transB=1) -> Relu -> down: Gemm(h, W [inter, hidden],
+    C [rows, hidden] (a full 2-D bias), alpha 0.5, beta 2) -> a Gemm with transA=1 on the transposed result ->
+    out [rows, hidden]. Returns (ModelProto, feeds)."""
+    rng = np.random.default_rng(seed)
+    elem = T.FLOAT16 if dtype == np.float16 else T.FLOAT
+    inits = [numpy_helper.from_array(a.astype(dtype), n) for n, a in (
+        ("up.weight", _w(rng, (inter, hidden))), ("up.bias", 0.1 * rng.standard_normal((1, inter))),
+        ("down.weight", _w(rng, (inter, hidden))), ("down.bias", 0.1 * rng.standard_normal((rows, hidden))),
+        ("out.weight", _w(rng, (hidden, hidden))), ("out.bias", 0.1 * rng.standard_normal(hidden)))]
+    nodes = [helper.make_node("Gemm", ["x", "up.weight", "up.bias"], ["up"], name="up", transB=1),
+             helper.make_node("Relu", ["up"], ["act"], name="act"),
+             helper.make_node("Gemm", ["act", "down.weight", "down.bias"], ["down"], name="down", alpha=0.5,
+                              beta=2.0),
+             helper.make_node("Transpose", ["down"], ["down_t"], name="down_t", perm=[1, 0]),
+             helper.make_node("Gemm", ["down_t", "out.weight", "out.bias"], ["y"], name="out", transA=1)]
+    graph = helper.make_graph(nodes, "gemm_mlp", [helper.make_tensor_value_info("x", elem, [rows, hidden])],
+                              [helper.make_tensor_value_info("y", elem, [rows, hidden])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    feeds = [{"x": rng.standard_normal((rows, hidden)).astype(dtype)} for _ in range(samples)]
+    return model, feeds

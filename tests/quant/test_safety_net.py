@@ -135,6 +135,7 @@ def test_safety_net_does_not_run_above_the_floor(tmp_path):
 
 def test_trial_cap_bounds_the_cost(ln_files, monkeypatch):
     from qcompiler.passes.quantize import safety_net
+    from qcompiler.passes.quantize.safety_net import weights  # noqa: F401  (safety_net.weights below)
     mp, dp, cp, _ = ln_files
     made = []
     real = safety_net._Trials.__init__
@@ -143,6 +144,8 @@ def test_trial_cap_bounds_the_cost(ln_files, monkeypatch):
         made.append(1)
         real(self, *a, **k)
     monkeypatch.setattr(safety_net, "MAX_TRIALS", 3)
+    monkeypatch.setattr(safety_net, "MAX_REGION_TRIALS", 0)       # the region and weight phases' caps
+    monkeypatch.setattr(safety_net.weights, "MAX_WEIGHT_TRIALS", 0)
     monkeypatch.setattr(safety_net._Trials, "__init__", spy)
     rep = quantize(mp, dp, config=cp, optimize="accuracy").report
     assert rep["safety_net"]["trials"] <= 3 and len(made) == 1

@@ -23,8 +23,8 @@ from qcompiler.quant.core.switches import BY_NAME, NOT_SWITCHES, SWITCHES, check
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # options of `qcompiler quantize` that are not switches: the data, where the results go, the terminal, the
 # instruments (cli_instruments.py)
-CLI_ONLY = {"calib", "output", "encodings_path", "encodings_version", "report_path", "allow_low_sqnr", "as_json",
-            "quiet", "verify_each", "print_after", "dump_dir", "time_passes", "stats"}
+CLI_ONLY = {"calib", "output", "encodings_path", "encodings_version", "report_path", "report_html", "allow_low_sqnr",
+            "as_json", "quiet", "with_debug", "verify_each", "print_after", "dump_dir", "time_passes", "stats"}
 
 
 def _readme() -> str:

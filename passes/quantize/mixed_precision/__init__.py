@@ -14,6 +14,7 @@ from qcompiler.passes.quantize.mixed_precision.search import Search, apply_resul
 
 from qcompiler.errors import ConfigError
 from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.progress import bar
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.runtime.executor import get_executor
 from qcompiler.quant.runtime.memory import weight_bytes
@@ -46,7 +47,9 @@ class MixedPrecision(QuantPass):
         search = Search(ctx, s.max_drop, s.metric, executor,
                         sensitivity_samples=None if small else SENSITIVITY_SAMPLES)
         try:
-            res = search.run()
+            with bar("mixed precision", None, s.progress, unit="model") as shown:
+                search.on_model = shown.update
+                res = search.run()
             search.reference(res, "W8A8") if "W8A8" in res.candidates else None
             apply_result(ctx, search, res)
         finally:

@@ -24,6 +24,16 @@ def pareto_front(points):
 
 def pareto_png(mp: dict) -> Optional[bytes]:
     """PNG bytes of the plot, or None when matplotlib is not installed."""
+    fig = pareto_figure(mp)
+    if fig is None:
+        return None
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    return buf.getvalue()
+
+
+def pareto_figure(mp: dict):
+    """The plot as a matplotlib Figure (the PNG here, an SVG in the HTML report), or None without matplotlib."""
     try:
         import matplotlib
         matplotlib.use("Agg", force=False)
@@ -51,9 +61,7 @@ def pareto_png(mp: dict) -> Optional[bytes]:
     ax.set_title("mixed precision: weight bytes vs drop")
     ax.legend(fontsize=7)
     fig.subplots_adjust(left=0.11, right=0.97, bottom=0.12, top=0.92)   # tight_layout draws it twice more
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return fig
 
 
 def write_pareto_png(mp: dict, path: str, protect: tuple = ()) -> str:

@@ -159,6 +159,16 @@ class SampleSet:
             raise TypeError("the number of samples of this iterable source is not known")
         return n
 
+    @property
+    def can_read_again(self) -> bool:
+        """Can a later pass iterate the samples once more (files, a list, a reader with rewind(), an iterable
+        that is not its own iterator), or was the one pass calibration's?"""
+        if self._files is not None or isinstance(self._iterable, (list, tuple)) or self._passes == 0:
+            return True
+        if isinstance(self._iterable, _Reader):
+            return self._iterable.can_rewind
+        return iter(self._iterable) is not self._iterable
+
     # --- iteration ----------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
         count = 0

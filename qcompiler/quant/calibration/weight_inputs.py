@@ -28,16 +28,19 @@ def require_samples(ctx, what: str) -> None:
 
 
 def input_groups(ctx, jobs=None) -> Dict[str, list]:
-    """activation name -> the jobs whose linear readers read it (graph order), for MatMul/Gemm/head readers."""
+    """activation name -> the jobs whose linear readers read it (graph order), for MatMul/Gemm/head readers of
+    the main graph (a reader inside an If/Loop/Scan body reads a value onnxruntime does not return: its job
+    keeps its data-free grid, as the plan's note says)."""
     g = ctx.model.graph
     nodes = {n.name: n for n in g.nodes}
     groups: Dict[str, list] = {}
     for job in (jobs if jobs is not None else ctx.weight_plan.jobs.values()):
         for node_name, kind in job.readers:
-            if kind not in LINEAR_KINDS:
+            if kind not in LINEAR_KINDS or node_name not in nodes:
                 continue
-            x = nodes[node_name].inputs[0]
-            if x is None:
+            node = nodes[node_name]
+            x = node.inputs[0]
+            if x is None or (node.op_type == "Gemm" and node.attr("transA", 0)):   # rows are x's columns there
                 continue
             members = groups.setdefault(x.name, [])
             if job not in members:

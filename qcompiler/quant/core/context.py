@@ -103,3 +103,8 @@ class Outcome:
     samples: int = 0
     changed: List[dict] = field(default_factory=list)
     note: str = ""
+    tried: List[dict] = field(default_factory=list)    # region and weight trials: what, SQNR, kept or not
+    quantizer_search_db: Optional[float] = None        # what the quantizer-by-quantizer search reached (estimate)
+    kept: Dict[str, str] = field(default_factory=dict)  # phase ("region", "weights") -> what it kept
+    summary: str = ""                                  # one line: what was kept and why
+    seconds_budget: float = 0.0                        # the time budget (safety_net/budget.py)

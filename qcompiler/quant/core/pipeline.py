@@ -38,8 +38,18 @@ DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibra
 # outputs for the report come from `reference-outputs` (nothing without calibration data)
 WEIGHT_ONLY_PREPARE = ("initializers-as-constants", "inline-functions", "constant-to-initializer", "canonicalize")
 WEIGHT_ONLY_PIPELINE = WEIGHT_ONLY_PREPARE + ("convert-opset", "reference-outputs", "plan-weights", "weight-grid",
-                                              "check-accuracy-level", "write-weights", "measure-sqnr")
+                                              "measure-head-bits", "check-accuracy-level", "write-weights", "measure-sqnr")
 START_FACTS = ("model", "quant-context")
+# a switch's pass that weight-only runs as another (activations float: the plan differs)
+WEIGHT_ONLY_VARIANTS = {"mixed-precision": "weight-mixed-precision"}
+# what to use instead of a pass that has no place in the weight-only pipeline
+WEIGHT_ONLY_INSTEAD = {
+    "seq-mse": "--recipe gptq (minimises each layer's output error on the calibration data, weight-only)",
+    "adaround": "--recipe gptq (the weight-only rounding that reads calibration data)",
+    "smoothquant": "--recipe awq (per-channel scales folded into the op before, for weight-only grids)",
+    "cle": "--recipe awq (per-channel scales folded into the op before, for weight-only grids)",
+    "bias-correction": "--recipe gptq",
+}
 
 
 def _names(spec) -> List[str]:
@@ -68,6 +78,9 @@ def build_pipeline(recipe=None, pipeline=None, base: Sequence[str] = DEFAULT_PIP
         # `after` names one pass, or several (the first present wins: a pass that fits both pipelines)
         anchor = next((a for a in ((anchors,) if isinstance(anchors, str) else anchors) if a in names), "")
         if not anchor:
+            if base is WEIGHT_ONLY_PIPELINE and p.name in WEIGHT_ONLY_INSTEAD:
+                raise PipelineError(f"pass '{p.name}' has no place in the weight-only pipeline (activations stay "
+                                    f"float); use {WEIGHT_ONLY_INSTEAD[p.name]}")
             which = "weight-only" if base is WEIGHT_ONLY_PIPELINE else "default"
             raise PipelineError(f"pass '{p.name}' has no place in the {which} pipeline (it names no `after` "
                                 f"pass of it); list the whole order with --pipeline")
@@ -98,6 +111,8 @@ def pipeline_for(recipe=None, pipeline=None, **switches) -> list:
     full `pipeline` must already name it. Switches that ask for no pass are ignored."""
     wanted = wanted_passes(switches)
     base = WEIGHT_ONLY_PIPELINE if switches.get("weight_only") else DEFAULT_PIPELINE
+    if base is WEIGHT_ONLY_PIPELINE:
+        wanted = [WEIGHT_ONLY_VARIANTS.get(n, n) for n in wanted]
     if pipeline is not None:
         names = build_pipeline(recipe, pipeline)
         for name in wanted:

@@ -44,13 +44,11 @@ from qcompiler.arguments import (
 )
 from qcompiler.errors import ArgumentError
 from qcompiler.quant.core.bitwidths import INT_BITS, check_bits
+from qcompiler.quant.core.objectives import OPTIMIZE
 from qcompiler.quant.core.schemes import canonical_scheme
 from qcompiler.quant.runtime.executor import check_ray
 from qcompiler.quant.settings.selection import check_names
 
-# what placement trades (placement/float_regions.py): every quantizer; none that only costs time at 16 bits
-# (default); none that only costs time at all, and float weights where the kernel is float
-OPTIMIZE = ("accuracy", "balanced", "latency")
 # `--untaken-branches`: what an If branch calibration never took gets (body_probe.py, untaken_branches.py)
 UNTAKEN_BRANCHES = ("float", "mirror")
 
@@ -344,10 +342,14 @@ SWITCHES: Tuple[Switch, ...] = (
                  "(post_training_tf_enhanced), percentile, entropy (kl), mse", metavar="NAME"),
             config_key="scheme", setting_default="min_max",
             configures=("calibrate", "assign-encodings", "mixed-precision")),
-    _switch("per_channel", True, _bool, "weights per output channel (True) or per tensor",
-            Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor"),
+    _switch("per_channel", None, _optional(_bool),
+            "weights per output channel (True) or per tensor (None: per channel; weight-only: blocks of "
+            "weight_block, and True asks for one block over each weight's whole reduction axis)",
+            Flag(("--per-channel/--per-tensor",), "weights per output channel (default) or per tensor; with "
+                 "--weight-only and no --block-size, --per-channel is one block over the whole reduction axis",
+                 default=None),
             config_key="weights.per_channel",
-            configures=("place", "cle")),
+            configures=("place", "cle", "plan-weights")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; qcompiler/quant/core/bitwidths.py)",
             Flag(("--weight-bits",), "weight grid bits", type=int, show_default=True, metavar=_BITS),
             config_key="weights.bits",
@@ -379,7 +381,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "None: 8 when weight_bits is below 8 (they carry most of a 4-bit model's error)",
             Flag(("--head-bits",), "weight-only: bits of the logits head and the token embedding (default: 8 "
                  "when --weight-bits is 4)", type=int, metavar=_BITS),
-            configures=("plan-weights",)),
+            configures=("plan-weights", "measure-head-bits")),
     _switch("accuracy_level", None, _optional(_int(0, 4)),
             "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
             "activations inside the kernel, checked per MatMul on the calibration data; 0: float)",
@@ -437,11 +439,14 @@ SWITCHES: Tuple[Switch, ...] = (
             "kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes "
             "out, by a measured search (report['latency_search']), the Q/DQ pairs between float kernels and "
             "narrows widened 16-bit values to 8 bits where an integer kernel then runs, while the output SQNR "
-            "stays at most `latency_budget_db` dB below its starting value (passes/quantize/latency_search.py)",
+            "stays at most `latency_budget_db` dB below its starting value (passes/quantize/latency_search.py); "
+            "size places activations as balanced and stores every weight narrow (int8 + DequantizeLinear, or a "
+            "weight-only kernel) wherever that makes the file smaller (docs/optimize.md)",
             Flag(("--optimize",), "accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
                  "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs "
                  "between float kernels and narrows 16-bit values to 8 bits for integer kernels while the output "
-                 "SQNR loses at most --latency-budget-db", type=_choice_type(OPTIMIZE), show_default=True),
+                 "SQNR loses at most --latency-budget-db; size: activations as balanced, every weight stored narrow "
+                 "where the file gets smaller", type=_choice_type(OPTIMIZE), show_default=True),
             configures=("place", "latency-search")),
     _switch("latency_budget_db", None, _latency_budget,
             "with optimize='latency': the output SQNR (dB) the search may give up (default 1)",
@@ -480,7 +485,7 @@ SWITCHES: Tuple[Switch, ...] = (
                  "qcompiler.passes.quantize.mixed_precision.search); a table is printed, a Pareto PNG written beside --report",
                  metavar="X%"),
             enables="mixed-precision",
-            configures=("mixed-precision",)),
+            configures=("mixed-precision", "weight-mixed-precision")),
     _switch("metric", None, _metric,
             "the mixed-precision search's `metric(outputs, reference) -> score` (default: relative output error)",
             api_only="a Python callable",

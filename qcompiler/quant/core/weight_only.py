@@ -1,14 +1,18 @@
 """The weight-only plan: which weights become 4/8-bit blocks, read by which nodes, and what stays float and why.
 
 Weight-only quantization (`--weight-only`, the `w4a16` preset) keeps every activation float and stores the
-weights of MatMul/Gemm (and embedding Gathers, where the target has a kernel) as integer blocks: onnxruntime's CPU
-runs them as com.microsoft MatMulNBits and GatherBlockQuantized, TensorRT reads a blocked DequantizeLinear before
-the float MatMul (the profile's `weight_only` form). The passes share this plan:
+weights of MatMul/Gemm, in the main graph and in If/Loop/Scan bodies (and embedding Gathers, where the target
+has a kernel) as integer blocks: onnxruntime's CPU runs them as com.microsoft MatMulNBits and GatherBlockQuantized,
+TensorRT reads a blocked DequantizeLinear before the float MatMul (the profile's `weight_only` form). The passes
+share this plan:
 
     plan-weights       which weights, in which orientation, tied heads found (passes/quantize/plan_weights.py)
     awq                optional: per-input-channel scales folded where the graph allows, then clipped grids
     weight-grid        the best round-to-nearest grid of each weight not yet gridded (block_grid.py)
     gptq               optional: GPTQ codes instead of round-to-nearest (after weight-grid, from its grids' scheme)
+    weight-mixed-precision  with --max-drop: each weight at 4 bits, 8 bits or float by measured output error
+    measure-head-bits  with calibration data: the head and embedding at --weight-bits only where it costs little
+    check-accuracy-level  MatMulNBits' int8 activations (level 4) only where they cost little
     write-weights      the grids written in the target's form (MatMulNBits, GatherBlockQuantized or DQ)
 
 Every weight is seen as W [N, K]: one row per output channel (N), blocks along the reduction axis K. A MatMul
@@ -44,6 +48,9 @@ class WeightJob:
     algorithm: str = ""             # "rtn", "gptq", "awq+rtn", ... (the report)
     input_scale: Optional[np.ndarray] = None   # AWQ: W's columns were multiplied by this (inputs divided)
     accuracy_level: Optional[int] = None       # MatMulNBits' accuracy_level, when measured per node
+    body: str = ""                  # the If/Loop/Scan node(s) whose body reads it ("" in the main graph)
+    end: bool = False               # the logits head or token embedding, widened by the head rule (head_bits)
+    per_channel: bool = False       # one block over the whole reduction axis (`--per-channel`, no block size)
     notes: List[str] = field(default_factory=list)
 
     @property
@@ -105,10 +112,14 @@ def default_accuracy_level(settings, form) -> int:
 def _layer_entry(j: WeightJob) -> dict:
     e = {"readers": [r for r, _ in j.readers], "shape_nk": [j.n, j.k], "bits": j.bits, "block_size": j.block_size,
          "symmetric": j.symmetric, "algorithm": j.algorithm}
+    if j.per_channel:
+        e["per_channel"] = True
     if j.sqnr_db is not None:
         e["weight_sqnr_db"] = round(float(j.sqnr_db), 2)
     if j.accuracy_level is not None:
         e["accuracy_level"] = j.accuracy_level
+    if j.body:
+        e["body"] = j.body
     if j.notes:
         e["notes"] = list(j.notes)
     return e

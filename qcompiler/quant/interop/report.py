@@ -13,6 +13,7 @@ from qcompiler.errors import OnnxRuntimeError, ProducedModelError
 from qcompiler.progress import bar
 from qcompiler.quant.calibration.calibrate import make_session
 from qcompiler.quant.core.encoding import Encoding, per_tensor, scalar
+from qcompiler.quant.interop.verdict import verdict_line
 from qcompiler.quant.placement import weight_nodes
 from qcompiler.shorten import short_text
 from qcompiler.sqnr import db_from_powers, powers
@@ -376,16 +377,8 @@ def format_summary(report: dict) -> str:
     for p in report.get("passes", ()):
         for op, why in (p["stats"].get("skipped_op_types") or {}).items():
             lines.append(f"  {p['name']} left alone {op}: {why}")
-    if not wo and c["activations"] == 0:
-        top = max(reasons.items(), key=lambda t: len(t[1]))[0] if reasons else "nothing the target quantizes"
-        lines.append(f"  note: no activation is quantized on {report['target']} (most common reason: {top[:120]}); "
-                     f"--optimize accuracy keeps every quantizer, a --target whose compiler reads the QDQ model "
-                     f"(trt, qnn_htp) keeps them too")
-    size = report.get("size")
-    if size and size.get("float_bytes"):
-        mb = 1 << 20
-        lines.append(f"  file: {size['quantized_bytes'] / mb:.2f} MB against {size['float_bytes'] / mb:.2f} MB float "
-                     f"({size['ratio']:.2f}x)")
+    if verdict_line(report):
+        lines.append(verdict_line(report))
     lat, kern = report.get("latency"), report.get("kernels")
     if lat:
         lines.append(f"  latency: quantized {lat['quant_ms']:.3g} ms, float {lat['float_ms']:.3g} ms "
@@ -419,6 +412,9 @@ def report_fields(report: dict, outcome, floor: float, seconds: float) -> None:
                    "trials": outcome.trials, "samples_per_trial": outcome.samples, "changed": outcome.changed})
         if outcome.note:
             sn["note"] = outcome.note
+        sn.update({"summary": outcome.summary, "budget_seconds": outcome.seconds_budget,
+                   "quantizer_search_db": None if outcome.quantizer_search_db is None
+                   else rounded_db(outcome.quantizer_search_db), "tried": outcome.tried})
         report.setdefault("notes", []).append(
             f"safety net: output SQNR {outcome.before_db:.1f} dB below the floor {floor:g} dB; "
             f"{len(outcome.changed)} quantizers turned float or widened ({outcome.trials} trials), now "

@@ -69,7 +69,7 @@ def place_activations(plan: QuantPlan, g, profile: Profile, opts: PlacementOptio
             elif i in float_outs.get(n.op_type, ()):
                 spec.float_(f"output {i} of {n.op_type} '{n.name}' kept float (recurrent cell state)")
             elif s["keep_float"]:
-                spec.float_(f"node '{n.name}' kept {s['precision']} by config (a rule, --exclude or --op-types)")
+                spec.float_(f"node '{n.name}' kept {s['precision']} by {s['by']}")
             elif not s["output_quantized"]:
                 spec.float_(f"output of '{n.name}' unquantized by config (a rule or --op-types)")
             elif v.name in plan.interior:

@@ -60,6 +60,8 @@ from qcompiler.quant.settings.untrusted import (
 )
 from qcompiler.shorten import did_you_mean, short_key, short_text
 
+# NodeSettings fields that set a weight's grid: a rule that sets one asks for that grid
+WEIGHT_GRID_KEYS = ("weight_bits", "weight_block")
 AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
 PRECISIONS = ("int", "float16", "float32")
 
@@ -83,6 +85,8 @@ class NodeSettings:
     encoding_min: Optional[float] = None   # AIMET encoding_constraints: fixed output range
     encoding_max: Optional[float] = None
     matched_rules: tuple = ()        # indices of our rules that matched, for the report
+    decided_by: str = ""             # the origin of the last matched rule, when not the user's
+    weights_ruled: bool = False      # a matched rule set the weights' grid (a width asked for)
 
     @property
     def keep_float(self) -> bool:
@@ -98,6 +102,7 @@ class Rule:
     names: Optional[tuple] = None
     regex: Optional[object] = None   # a compiled RE2 pattern (see _compile_regex)
     updates: dict = field(default_factory=dict)
+    origin: str = ""                 # who made the rule when not the user (a reason names it: "--max-drop")
 
     def matches(self, node) -> bool:
         if self.op_types is not None and node.op_type not in self.op_types:
@@ -135,12 +140,14 @@ class QuantConfig:
         upd = self.op_type.get(node.op_type)
         if upd:
             s = replace(s, **upd)
-        matched = []
+        matched, by, ruled = [], "", False
         for rule in self.rules:
             if rule.matches(node):
                 s = replace(s, **rule.updates)
                 matched.append(rule.index)
-        return replace(s, matched_rules=tuple(matched))
+                by = rule.origin
+                ruled = ruled or any(k in rule.updates for k in WEIGHT_GRID_KEYS)
+        return replace(s, matched_rules=tuple(matched), decided_by=by, weights_ruled=ruled)
 
 
 # --- file reading ---------------------------------------------------------------------------------------
