@@ -19,8 +19,13 @@ import click
 from qcompiler.cli import main
 from qcompiler.quant.core.switches import SWITCHES
 
-COMMANDS = ("quantize", "run", "inspect", "list-passes", "match")
 WIDTH = 112
+FIRST = ("quantize", "debug", "run", "inspect", "list-passes", "match")   # the order a reader meets them in
+
+
+def commands() -> list:
+    """Every command of `qcompiler`, the common ones first, any other (a new command) after them by name."""
+    return [n for n in FIRST if n in main.commands] + sorted(n for n in main.commands if n not in FIRST)
 
 
 def _cell(text) -> str:
@@ -115,9 +120,9 @@ def reference() -> str:
              "switches of `qcompiler quantize` come from `qcompiler/quant/core/switches.py`); do not edit by "
              "hand: `tests/test_docs.py` checks the file against the commands. `qcompiler COMMAND --help` shows "
              "the same.", ""]
-    lines += [f"- [`qcompiler {n}`](#qcompiler-{n})" for n in COMMANDS]
+    lines += [f"- [`qcompiler {n}`](#qcompiler-{n})" for n in commands()]
     lines.append("")
-    for name in COMMANDS:
+    for name in commands():
         lines += _command(name)
     return re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).rstrip("\n") + "\n"
 

@@ -13,7 +13,7 @@ from qcompiler.passmanager import available_passes
 from qcompiler.patterns import all_patterns
 from qcompiler.quant.core.bitwidths import INT_BITS
 
-COMMANDS = [[], ["quantize"], ["run"], ["inspect"], ["list-passes"], ["match"]]
+COMMANDS = [[]] + [[name] for name in sorted(main.commands)]
 
 
 def _help(cmd) -> str:
@@ -35,7 +35,7 @@ def test_help_has_examples_and_no_stray_percent(cmd):
     passes, patterns = available_passes(), all_patterns()
     for ln in lines:
         argv = shlex.split(ln)
-        assert argv[1] in {"quantize", "run", "inspect", "list-passes", "match"}, ln
+        assert argv[1] in main.commands, ln
         for flag in ("--pipeline", "--recipe"):
             if flag in argv:
                 for name in argv[argv.index(flag) + 1].split(","):
@@ -49,4 +49,5 @@ def test_quantize_help_shows_allowed_bit_widths():
     allowed = "{" + ",".join(map(str, INT_BITS)) + "}"
     for flag in ("--weight-bits", "--act-bits", "--head-bits"):
         assert re.search(rf"{flag} {re.escape(allowed)}", text), flag
-    assert "[accuracy|balanced|latency]" in text
+    from qcompiler.quant.core.switches import OPTIMIZE
+    assert "[" + "|".join(OPTIMIZE) + "]" in text
