@@ -20,7 +20,7 @@ import traceback
 
 import click
 
-from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.cli_instruments import Instruments, examples, first_sample, instrument_options
 from qcompiler.errors import PassError, QCompilerError
 from qcompiler.shorten import MESSAGE_CHARS
 from qcompiler.shorten import one_line as _one_line
@@ -168,13 +168,17 @@ class _Group(click.Group):
             _internal_error(e)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=examples("qcompiler quantize model.onnx --calib calib.npz -o model.qdq.onnx",
+                             "qcompiler inspect model.onnx",
+                             "qcompiler list-passes",
+                             "qcompiler run model.onnx --pipeline fold-batchnorm,canonicalize -o out.onnx"))
 @click.version_option(package_name="qcompiler")
 def main():
     """qcompiler: an ONNX compiler built from graph-rewriting passes; post-training quantization to QDQ."""
 
 
-@main.command("inspect")
+@main.command("inspect", epilog=examples("qcompiler inspect model.onnx", "qcompiler inspect model.onnx --json"))
 @click.argument("model_path", metavar="MODEL")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
 @click.option("--no-patterns", is_flag=True, help="skip pattern matching")
@@ -187,11 +191,14 @@ def inspect_cmd(model_path, as_json, no_patterns):
     click.echo(json.dumps(info, indent=1) if as_json else format_inspect(info))
 
 
-@main.command("run")
+@main.command("run", epilog=examples(
+    "qcompiler run model.onnx --pipeline fold-batchnorm,canonicalize -o out.onnx",
+    "qcompiler run model.onnx --pipeline fold-constants -o out.onnx --verify-each --verify-inputs inputs.npz",
+    "qcompiler run model.onnx --pipeline cle -o out.onnx --time-passes --print-after cle"))
 @click.argument("model_path", metavar="MODEL")
-@click.option("-o", "--output", required=True, help="where to write the transformed model")
-@click.option("--pipeline", required=True, help="comma-separated pass names (see list-passes)")
-@click.option("--verify-inputs", type=click.Path(), help=".npz with inputs for --verify-each (default: random)")
+@click.option("-o", "--output", required=True, metavar="OUT", help="where to write the transformed model")
+@click.option("--pipeline", required=True, metavar="PASS[,PASS...]", help="comma-separated pass names (see list-passes)")
+@click.option("--verify-inputs", type=click.Path(), metavar="FILE", help=".npz with inputs for --verify-each (default: random)")
 @instrument_options
 def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
     """Run a pipeline of passes over MODEL and write the result to OUTPUT."""
@@ -216,7 +223,7 @@ def run_cmd(model_path, output, pipeline, verify_inputs, **flags):
     click.echo(f"wrote {output}", err=True)
 
 
-@main.command("list-passes")
+@main.command("list-passes", epilog=examples("qcompiler list-passes"))
 def list_passes_cmd():
     """List the registered passes (built-in and plug-ins): graph passes for `run`, then the quantization passes
     for `quantize` (the default pipeline in its order, then the optional ones for --recipe)."""
@@ -247,11 +254,12 @@ def list_passes_cmd():
         click.echo(f"qcompiler: warning: plug-in '{name}' failed to load: {why}", err=True)
 
 
-@main.command("match")
+@main.command("match", epilog=examples("qcompiler match model.onnx list", "qcompiler match model.onnx layernorm",
+                                      "qcompiler match model.onnx gelu --explain /mlp/act/Mul"))
 @click.argument("model_path", metavar="MODEL")
 @click.argument("pattern")
 @click.option("--explain", "explain_node", metavar="NODE", help="explain why NODE is or is not the root of a match")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the matches as one JSON list")
 def match_cmd(model_path, pattern, explain_node, as_json):
     """Find the matches of PATTERN (see `qcompiler match MODEL list`) in MODEL."""
     from qcompiler.onnx_io import load_model

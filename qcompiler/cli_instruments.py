@@ -14,6 +14,11 @@ import click
 from qcompiler.errors import ArgumentError
 
 
+def examples(*lines: str) -> str:
+    """A command's --help epilog: its example command lines, kept as written (click's `\b`: no re-wrapping)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {ln}" for ln in lines)
+
+
 def instrument_options(f):
     """Add the shared instrumentation flags to a click command (keyword arguments of the same names)."""
     for opt in reversed((

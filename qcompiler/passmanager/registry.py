@@ -6,6 +6,7 @@ import importlib
 from typing import Dict, Type
 
 from qcompiler.errors import UnknownPassError
+from qcompiler.shorten import did_you_mean, short_text
 from qcompiler.passmanager.base import Pass
 
 ENTRY_POINT_GROUP = "qcompiler.passes"
@@ -96,7 +97,8 @@ def get_pass(name: str) -> Pass:
     if cls is None:
         if name in BROKEN_PLUGINS:
             raise UnknownPassError(f"pass '{name}' is a plug-in that failed to load ({BROKEN_PLUGINS[name]})")
-        raise UnknownPassError(f"unknown pass '{name}'; known passes: {_known()}")
+        raise UnknownPassError(f"unknown pass '{short_text(name)}'{did_you_mean(name, _REGISTRY)}; known passes: "
+                               f"{_known()}")
     return cls()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qcompiler.quant.core.float16 import edge_cast_reason
 from qcompiler.quant.core.plan import QuantPlan, QuantSpec
 from qcompiler.quant.placement.lookup import float_check
 from qcompiler.quant.placement.options import PlacementOptions, node_settings
@@ -60,7 +61,8 @@ def place_activations(plan: QuantPlan, g, profile: Profile, opts: PlacementOptio
             if n.domain not in ("", "ai.onnx"):
                 spec.float_(f"producer '{n.name}' is a custom-domain op ({n.domain}.{n.op_type})")
             elif n.op_type in not_q:
-                spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.name}")
+                spec.float_(edge_cast_reason(n) or
+                            f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.name}")
             elif i in CELL_STATE.get(n.op_type, {}).get("outputs", ()) and wide:
                 spec.bits, spec.widened = int(wide), \
                     f"cell state of {n.op_type} '{n.name}' (it integrates over every time step)"

@@ -37,6 +37,8 @@ must be finite, and no message quotes more than ~60 characters of a value from t
 """
 from __future__ import annotations
 
+import os
+
 import copy
 import math
 from dataclasses import dataclass, field, replace
@@ -49,14 +51,14 @@ from qcompiler.input_files import read_bounded
 from qcompiler.patterns.supergroups import SUPERGROUP_KINDS
 from qcompiler.quant.core.bitwidths import BIAS_BITS, FLOAT_BITS, INT_BITS, check_bits
 from qcompiler.quant.core.schemes import canonical_scheme
-from qcompiler.quant.settings.presets import preset_path
+from qcompiler.quant.settings.presets import preset_path, presets
 from qcompiler.quant.settings.untrusted import (
     decode_text,
     parse_json,
     parse_yaml,
     short,
 )
-from qcompiler.shorten import short_key
+from qcompiler.shorten import did_you_mean, short_key, short_text
 
 # NodeSettings fields that set a weight's grid: a rule that sets one asks for that grid
 WEIGHT_GRID_KEYS = ("weight_bits", "weight_block")
@@ -194,6 +196,9 @@ def load_config(path: str) -> QuantConfig:
     """Read a config file (JSON or YAML), detect its format (AIMET has the six required keys) and parse it.
     A built-in preset's name (qcompiler/quant/settings/presets/NAME.yaml, e.g. `w8a8`) is read from the package."""
     path = preset_path(path)
+    if isinstance(path, str) and not os.path.lexists(path) and os.sep not in path and "." not in path:
+        raise ConfigError(f"{short_text(path)}: no such file, and no built-in preset of that name"
+                          f"{did_you_mean(path, presets())} (presets: {', '.join(presets())})")
     text = _read_text(path, "config")
     if path.lower().endswith(".json") or text.lstrip().startswith("{"):
         data = parse_json_strict(text, path)

@@ -81,6 +81,7 @@ from qcompiler.errors import ConfigError
 from qcompiler.input_files import read_bounded
 from qcompiler.quant.core.bitwidths import check_bits
 from qcompiler.quant.core.objectives import OPTIMIZE
+from qcompiler.shorten import did_you_mean
 from qcompiler.quant.settings.untrusted import (
     decode_text,
     parse_json,
@@ -347,7 +348,8 @@ def _get_profile(target, source: str) -> Profile:
         return _get_profile(data, src)
     if not isinstance(target, str):
         raise ConfigError(f"target must be a profile name, a profile file path or a dict, got {short(target)}")
-    raise ConfigError(f"unknown target {short(target)}; known targets: {', '.join(PROFILES)}")
+    raise ConfigError(f"unknown target {short(target)}{did_you_mean(target, PROFILES)}; known targets: "
+                      f"{', '.join(PROFILES)}")
 
 
 def _key(k) -> str:
