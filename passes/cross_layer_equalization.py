@@ -70,7 +70,6 @@ from qcompiler.errors import DataError
 from qcompiler.ir import Graph, Node, Value
 from qcompiler.ir.annotations import annotation
 from qcompiler.passmanager import Pass, PassResult, register_pass
-from qcompiler.quant.calibration.layer_inputs import stream_values
 
 ROUNDS = 4
 SIGMAS = 3.0   # high-bias absorption: c = max(0, min(mean - SIGMAS * std, observed min)) of the pre-activation
@@ -294,6 +293,9 @@ def _collect(ctx, model, pairs) -> dict:
                                                                                    zip(o[2:], parts[2:])]
 
     # one sample's values at a time, reduced at once (layer_inputs.stream_values: the shared capture path)
+    # NOTE: imported here: the capture path is the calibration stack and onnxruntime, which `qcompiler run` would
+    # otherwise import for every pipeline, since registering the graph passes imports this module
+    from qcompiler.quant.calibration.layer_inputs import stream_values
     wanted = names + [v.name for c1, _, _ in main for v in (c1.outputs[0], c1.inputs[0]) if v.name in inputs]
     for i, feed, arrays in stream_values(model, ctx.samples, wanted, where="cle sample"):
         for c1, act, _ in main:

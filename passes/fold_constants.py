@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 from onnx import helper
-from onnx.reference import ReferenceEvaluator
 
 from qcompiler.onnx_io.exporter import node_attr_protos
 from qcompiler.passmanager import Pass, PassResult, register_pass
@@ -48,6 +47,9 @@ def _evaluate(node, arrays, opset: int):
     out_names = [f"o{k}" if v is not None else "" for k, v in enumerate(node.outputs)]
     p = helper.make_node(node.op_type, in_names, out_names, domain=node.domain)
     p.attribute.extend(node_attr_protos(node))
+    # NOTE: imported on the first fold: onnx's reference evaluator is ~10% of `qcompiler run`'s start-up, and
+    # every pipeline registers this pass
+    from onnx.reference import ReferenceEvaluator
     ev = ReferenceEvaluator(p, opsets={"": opset})
     feeds = {n: a for n, a in zip(in_names, arrays) if n}
     return ev.run(None, feeds)

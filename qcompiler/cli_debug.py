@@ -10,6 +10,8 @@ import json
 
 import click
 
+from qcompiler.cli_instruments import examples
+
 from qcompiler.debugger import config_text, debug
 from qcompiler.errors import ArgumentError
 from qcompiler.html_report import require_html_extra, write_html_report
@@ -18,7 +20,10 @@ from qcompiler.onnx_io.files import check_output_paths
 from qcompiler.shorten import short_path
 
 
-@click.command("debug")
+@click.command("debug", epilog=examples(
+    "qcompiler debug model.onnx model.qdq.onnx --calib calib.npz",
+    "qcompiler debug model.onnx model.qdq.onnx --calib calib.npz --target-sqnr 30 --write-config fix.yaml",
+    "qcompiler debug model.onnx model.qdq.onnx --calib calib.npz --report-html debug.html"))
 @click.argument("float_path", metavar="FLOAT")
 @click.argument("quant_path", metavar="QUANT")
 @click.option("--calib", required=True, help="calibration data (as for quantize)")

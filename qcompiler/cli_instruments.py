@@ -2,6 +2,8 @@
 
 One definition of `--verify-each`, `--print-after`, `--dump-dir`, `--time-passes` and `--stats`, so both
 commands spell, check and print them alike (reports on stderr, after the pipeline).
+The instrumentations and the sample reader are imported when a command makes them: the options are part of the
+command line every start-up builds (`qcompiler --help` imports neither onnx nor numpy).
 """
 from __future__ import annotations
 
@@ -10,14 +12,11 @@ import os
 import click
 
 from qcompiler.errors import ArgumentError
-from qcompiler.passmanager.instrumentation import (
-    DumpONNX,
-    PrintIR,
-    Statistics,
-    Timing,
-    Verifier,
-)
-from qcompiler.quant.calibration.data import input_specs, load_samples
+
+
+def examples(*lines: str) -> str:
+    """A command's --help epilog: its example command lines, kept as written (click's `\b`: no re-wrapping)."""
+    return "Examples:\n\n\b\n" + "\n".join(f"  {ln}" for ln in lines)
 
 
 def instrument_options(f):
@@ -41,6 +40,7 @@ class Instruments:
 
     def __init__(self, passes, inputs, verify_each=False, print_after=(), dump_dir=None, time_passes=False,
                  stats=False, feeds=None, feeds_name=None, feeds_factory=None):
+        from qcompiler.passmanager.instrumentation import PrintIR, Statistics, Timing, Verifier
         self.verifier = Verifier(feeds=feeds, feeds_name=feeds_name, feeds_factory=feeds_factory) \
             if verify_each else None
         self.timing = Timing() if time_passes else None
@@ -54,6 +54,7 @@ class Instruments:
                                     f"({', '.join(p.name for p in passes)})")
             self.list.append(PrintIR(print_after, stream=click.get_text_stream("stdout")))
         if dump_dir:
+            from qcompiler.passmanager.instrumentation import DumpONNX
             self.list.append(DumpONNX(dump_dir, protect=inputs))
 
     @staticmethod
@@ -61,6 +62,7 @@ class Instruments:
         """[("--dump-dir", path)] for every file a dump will write (checked with the other outputs, up front)."""
         if dump_dir is None:
             return []
+        from qcompiler.passmanager.instrumentation import DumpONNX
         return [("--dump-dir", os.path.join(dump_dir, n)) for n in DumpONNX.file_names(passes)]
 
     def report(self) -> None:
@@ -80,5 +82,6 @@ def first_sample(path, what: str):
         return None
 
     def feeds(model):
+        from qcompiler.quant.calibration.data import input_specs, load_samples
         return next(iter(load_samples(path, input_specs(model.graph), limit=1, what=what)))
     return feeds

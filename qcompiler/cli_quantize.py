@@ -18,7 +18,7 @@ import math
 
 import click
 
-from qcompiler.cli_instruments import Instruments, first_sample, instrument_options
+from qcompiler.cli_instruments import Instruments, examples, first_sample, instrument_options
 from qcompiler.debugger import debug
 from qcompiler.errors import ArgumentError
 from qcompiler.html_report import require_html_extra, write_html_report
@@ -31,11 +31,13 @@ from qcompiler.quant.api import quantize, resolve_early
 from qcompiler.quant.core.pipeline import pipeline_for
 from qcompiler.quant.core.switches import api_from_cli, check_switches, cli_switches
 from qcompiler.quant.interop.report import format_summary
+from qcompiler.quant.interop.verdict import verdict_line
 from qcompiler.shorten import short_path
 from qcompiler.quant.settings.selection import warning_text
 
 # the API's warning kinds, named as the command line names them
 FLAG_LABELS = {"exclude": "--exclude", "op_types": "--op-types", "nodes": "node", "config rule": "config rule",
+               "config": "--config",
                "frozen encoding": "--load-encodings entry"}
 
 
@@ -54,12 +56,18 @@ def switch_options(f):
     return f
 
 
-@click.command("quantize")
+@click.command("quantize", epilog=examples(
+    "qcompiler quantize model.onnx --calib calib.npz -o model.qdq.onnx",
+    "qcompiler quantize model.onnx --calib calib.npz -o q.onnx --target trt --report report.json",
+    "qcompiler quantize model.onnx --calib calib.npz -o q.onnx --op-types Conv,MatMul --exclude '^/head/'",
+    "qcompiler quantize model.onnx --calib calib.npz -o q.onnx --encodings q.encodings --config quantsim.json "
+    "--target aimet",
+    "qcompiler quantize decoder.onnx -o decoder.int4.onnx --weight-only --weight-bits 4"))
 @click.argument("model_path", metavar="MODEL")
-@click.option("--calib", help="calibration data: .npz (one key per graph input, samples along axis 0; a sample may "
+@click.option("--calib", metavar="DATA", help="calibration data: .npz (one key per graph input, samples along axis 0; a sample may "
               "carry its own batch dim of 1), .npy (single-input model), or a folder of them; required except "
               "for --weight-only round-to-nearest")
-@click.option("-o", "--output", required=True, help="where to write the QDQ model")
+@click.option("-o", "--output", required=True, metavar="OUT", help="where to write the QDQ model")
 @switch_options
 # --- outputs ---
 @click.option("--encodings", "encodings_path", type=click.Path(), help="also write AIMET encodings JSON here")
@@ -201,7 +209,8 @@ def summary_object(report: dict, output: str, encodings_path=None, report_path=N
            "widened": report.get("widened"), "min_sqnr_db": report.get("min_sqnr_db"),
            "below_floor": report.get("below_floor"), "safety_net": report.get("safety_net"),
            "warnings": [warning_line(w) for w in report.get("warnings", [])],
-           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size")}
+           "notes": report.get("notes"), "seconds": report.get("seconds"), "size": report.get("size"),
+           "kernel_share": report.get("kernel_share"), "verdict": verdict_line(report).strip() or None}
     if report.get("mixed_precision"):
         mp = report["mixed_precision"]
         out["mixed_precision"] = {"budget": mp["budget"], "drop": mp["drop"], "weight_bytes": mp["weight_bytes"],

@@ -12,7 +12,7 @@ import stat
 from typing import BinaryIO, Type
 
 from qcompiler.errors import QCompilerError
-from qcompiler.shorten import file_kind
+from qcompiler.shorten import file_kind, short_path
 
 # One source for how large each kind of input may be (bytes). A model file above protobuf's 2 GB limit cannot
 # parse anyway; larger models keep their tensors in external data, which is read tensor by tensor.
@@ -24,6 +24,9 @@ MAX_BYTES = {
     "calibration data": 64 << 30,
     "verification inputs": 8 << 30,
 }
+
+
+MAX_PATH_CHARS = 4096   # Linux's PATH_MAX; a longer "path" is data passed where a path was meant
 
 
 def _file_noun(what: str) -> str:
@@ -43,7 +46,10 @@ def check_path_text(path, what: str, error: Type[Exception] = QCompilerError) ->
     if not path:
         raise error(f"{what} path is empty")
     if "\x00" in path:
-        raise error(f"{path!r}: {what} path holds a NUL byte")
+        raise error(f"{short_path(repr(path))}: {what} path holds a NUL byte")
+    if len(path) > MAX_PATH_CHARS:
+        raise error(f"{short_path(path)}: {what} path is {len(path)} characters long, more than any file system "
+                    f"allows ({MAX_PATH_CHARS})")
     return path
 
 
@@ -98,4 +104,4 @@ def read_bounded(path, what: str, error: Type[Exception] = QCompilerError, limit
     return data
 
 
-__all__ = ["MAX_BYTES", "check_path_text", "open_regular", "read_bounded"]
+__all__ = ["MAX_BYTES", "MAX_PATH_CHARS", "check_path_text", "open_regular", "read_bounded"]

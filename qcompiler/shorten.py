@@ -16,10 +16,12 @@ tests/io pin them).
   (safe_write.show)
 - `one_line(msg)`: the CLI's last line of defence: the first line of any message, escapes as \\xNN, long tokens
   cut in the middle, at most MESSAGE_CHARS
+- `did_you_mean(name, known)`: " (did you mean 'MatMul'?)" for a mistyped name, the nearest known one
 - `file_kind(mode)`: what a path is when it is not a regular file ("a folder", "a FIFO", "a device", ...)
 """
 from __future__ import annotations
 
+import difflib
 import re
 import stat
 
@@ -105,6 +107,20 @@ def one_line(msg) -> str:
     return line if len(line) <= MESSAGE_CHARS else line[:MESSAGE_CHARS - 3] + "..."
 
 
+def did_you_mean(name, known) -> str:
+    """` (did you mean 'X'?)` naming the known name nearest to a mistyped `name` (the same letters in another
+    case first, then the closest spelling), or "" when none is near."""
+    if not isinstance(name, str):
+        return ""
+    known = [k for k in known if isinstance(k, str)]
+    same_case = [k for k in known if k.lower() == name.lower()]
+    if same_case:
+        return f" (did you mean '{short_text(same_case[0])}'?)"
+    lower = {k.lower(): k for k in known}
+    near = difflib.get_close_matches(name.lower(), list(lower), n=1, cutoff=0.6)
+    return f" (did you mean '{short_text(lower[near[0]])}'?)" if near else ""
+
+
 def file_kind(mode: int) -> str:
     """What a file of this st_mode is, for "is X, not a regular file" messages."""
     if stat.S_ISDIR(mode):
@@ -120,4 +136,4 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
-__all__ = ["short_text", "short_value", "short_key", "short_argument", "short_path", "one_line", "file_kind", "MESSAGE_CHARS"]
+__all__ = ["short_text", "short_value", "short_key", "short_argument", "short_path", "one_line", "did_you_mean", "file_kind", "MESSAGE_CHARS"]

@@ -11,7 +11,7 @@ from qcompiler.quant.calibration.body_probe import has_bodies
 from qcompiler.quant.calibration.calibrate import calibrate
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.interop.report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES
-from qcompiler.quant.placement import observed_body_names, observed_names
+from qcompiler.quant.placement import bulk_names, observed_body_names, observed_names
 from qcompiler.quant.runtime.memory import release
 
 
@@ -33,7 +33,8 @@ class Calibrate(QuantPass):
         ctx.calibration = calibrate(ctx.model, ctx.samples, scheme=s.scheme, bits=s.act_bits, symmetric=sym,
                                     progress=s.progress, names=observed_names(ctx.model, ctx.profile, ctx.options),
                                     keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
-                                    channel_axes=axes or None, bodies=bodies or False)
+                                    channel_axes=axes or None, bodies=bodies or False,
+                                    bulk_names=bulk_names(ctx.model, ctx.profile, s.optimize))
         release()   # the calibration session's freed heap (memory.py)
         cal = ctx.calibration
         stats = {"samples": cal.samples, "observed_values": len(cal.observers)}

@@ -15,7 +15,8 @@ COLLECT_OVER_BYTES = 16 << 20   # below this, a full gc (~15 ms) costs more than
 @register_pass
 class ConvertOpset(QuantPass):
     name = "convert-opset"
-    description = "convert the model to the output opset chosen for its Q/DQ (13; 21 for int4/int16/blocks)"
+    description = ("convert the model to the output opset chosen for its Q/DQ (21 where the target widens to 16 "
+                   "bits or for int4/int16/blocks, else 13)")
     requires = ("quant-context",)
     ensures = ("output-opset",)
 

@@ -48,14 +48,21 @@ def float_weight_jobs(ctx) -> WeightOnlyPlan:
         if any(u.user not in nodes for u in w.uses()):
             continue
         rows_axis = ROWS_AXIS[readers[0][1]]
-        job = WeightJob(weight=name, n=int(w.shape[rows_axis]), k=int(w.shape[1 - rows_axis]), bits=BITS,
-                        block_size=DEFAULT_BLOCK[BITS], symmetric=not form.zero_points,
+        depth = int(w.shape[1 - rows_axis])
+        job = WeightJob(weight=name, n=int(w.shape[rows_axis]), k=depth, bits=BITS,
+                        block_size=block_for(depth), symmetric=not form.zero_points,
                         readers=[(n.name, "gemm" if k == "gemm_t" else k) for n, k, _ in readers],
                         rows_axis=rows_axis, algorithm="rtn")
         if job.stored_bytes() >= job.float_bytes() // 2:   # a small weight: blocks, scales and zero points
             continue                                        # would take more than they save
         plan.jobs[name] = job
     return plan
+
+
+def block_for(k: int) -> int:
+    """Blocks of 128 along the reduction axis, or one block per row (a power of two, at least 16, as MatMulNBits
+    and GatherBlockQuantized take) when the axis is shorter: a 64-wide embedding padded to 128 would not shrink."""
+    return min(DEFAULT_BLOCK[BITS], max(16, 1 << (k - 1).bit_length()))
 
 
 def _on_a_grid(ctx, readers) -> bool:
@@ -88,7 +95,8 @@ class NarrowFloatWeights(QuantPass):
                 del plan.jobs[name]
                 continue
             job.grid = grid_job(job, w, search)
-        if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None:   # int8 activations where the calibration data shows they
+        if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None \
+                and ctx.samples.can_read_again:    # int8 activations where the calibration data shows they
             lower_levels(ctx, list(plan.jobs.values()))   # cost little (fast at one token), float elsewhere
         for job in plan.jobs.values():
             if job.accuracy_level is None:   # not measured: these MatMuls were left float for their

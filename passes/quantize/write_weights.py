@@ -96,6 +96,9 @@ def write_nbits(ctx, job) -> int:
                               [node.outputs[0].name + "_q"], attrs=attrs, name=f"{node.name}_nbits", domain=MS,
                               before=node)
             out = new.outputs[0]
+            macs = ctx.plan.macs if ctx.plan is not None else {}
+            if node.name in macs:       # the summary's integer share follows the node to its new name
+                macs[new.name] = macs.pop(node.name)
             if kind == "gemm":
                 out = _gemm_epilogue(ng, node, out, dt)
             ng.substitute(node.outputs[0], out, remove=[node])

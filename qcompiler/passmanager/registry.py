@@ -6,6 +6,7 @@ import importlib
 from typing import Dict, Type
 
 from qcompiler.errors import UnknownPassError
+from qcompiler.shorten import did_you_mean, short_text
 from qcompiler.passmanager.base import Pass
 
 ENTRY_POINT_GROUP = "qcompiler.passes"
@@ -14,7 +15,7 @@ ENTRY_POINT_GROUP = "qcompiler.passes"
 BUILTIN_MODULES = ("qcompiler.passes", "qcompiler.passes.quantize")
 _REGISTRY: Dict[str, Type[Pass]] = {}
 BROKEN_PLUGINS: Dict[str, str] = {}   # entry-point name -> why it did not load
-_loaded = False
+_loaded = 0   # how many of the stages below have run
 
 
 def _known(limit: int = 400) -> str:
@@ -33,13 +34,23 @@ def register_pass(cls: Type[Pass]) -> Type[Pass]:
     return cls
 
 
-def _load() -> None:
+def _load(stages: int = 3) -> None:
+    """Register passes in stages, up to `stages`: the graph passes, the quantization passes, the plug-ins.
+
+    NOTE: a pipeline of graph passes (`qcompiler run --pipeline canonicalize`) is found in the first stage and
+    never imports the quantizer or onnxruntime; the names each stage adds are the same whatever stage a lookup
+    stops at (a plug-in never replaces a built-in), so stopping early changes no result.
+    """
     global _loaded
-    if _loaded:
-        return
-    _loaded = True
-    for module in BUILTIN_MODULES:   # built-ins register on import
-        importlib.import_module(module)
+    while _loaded < stages:
+        _loaded += 1
+        if _loaded <= len(BUILTIN_MODULES):   # built-ins register on import
+            importlib.import_module(BUILTIN_MODULES[_loaded - 1])
+        else:
+            _load_plugins()
+
+
+def _load_plugins() -> None:
     try:
         from importlib.metadata import entry_points
         eps = entry_points()
@@ -77,12 +88,17 @@ def available_passes() -> Dict[str, Type[Pass]]:
 
 def get_pass(name: str) -> Pass:
     """Instantiate the pass registered as `name`; UnknownPassError lists the known names."""
-    _load()
+    stage = 1
+    _load(stage)
+    while name not in _REGISTRY and stage < 3:
+        stage += 1
+        _load(stage)
     cls = _REGISTRY.get(name)
     if cls is None:
         if name in BROKEN_PLUGINS:
             raise UnknownPassError(f"pass '{name}' is a plug-in that failed to load ({BROKEN_PLUGINS[name]})")
-        raise UnknownPassError(f"unknown pass '{name}'; known passes: {_known()}")
+        raise UnknownPassError(f"unknown pass '{short_text(name)}'{did_you_mean(name, _REGISTRY)}; known passes: "
+                               f"{_known()}")
     return cls()
 
 

@@ -12,12 +12,13 @@ import itertools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import onnx
 
 from qcompiler.arguments import got, require_path
 from qcompiler.errors import ArgumentError
+from qcompiler.input_files import MAX_PATH_CHARS
 from qcompiler.ir.model import Model
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model
 from qcompiler.onnx_io.safe_write import model_input_files
@@ -39,7 +40,14 @@ from qcompiler.quant.core.pipeline import (
 from qcompiler.quant.core.schemes import DEFAULT_SCHEME, canonical_scheme
 from qcompiler.quant.core.switches import BY_NAME, OPTIMIZE, api_doc, check_switches
 from qcompiler.quant.interop.encodings_io import write_encodings
-from qcompiler.quant.interop.report import build_report, output_error_fields, pass_stats, report_fields
+from qcompiler.quant.interop.report import (
+    build_report,
+    format_summary,
+    output_error_fields,
+    pass_stats,
+    report_fields,
+)
+from qcompiler.quant.interop.verdict import integer_share
 from qcompiler.quant.placement import PlacementOptions
 from qcompiler.quant.settings.config import load_config
 from qcompiler.quant.settings.selection import (
@@ -51,31 +59,66 @@ from qcompiler.quant.settings.selection import (
     warning,
 )
 from qcompiler.quant.targets.profiles import get_profile
+from qcompiler.shorten import short_text
 
-__all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE", "OPTIMIZE"]
+if TYPE_CHECKING:
+    from qcompiler.quant.settings.config import QuantConfig
+
+__all__ = ["quantize", "QuantizeResult", "DEFAULT_PIPELINE", "OPTIMIZE", "ModelSource", "CalibSource"]
+
+# what `quantize` reads: a model file, an onnx.ModelProto or a qcompiler Model (never changed: a private copy)
+ModelSource = Union[str, os.PathLike, onnx.ModelProto, Model]
+# calibration data: an .npz/.npy path or a folder of them, feed dicts, or a reader with get_next() (onnxruntime's
+# CalibrationDataReader); None only for weight-only quantization
+CalibSource = Union[str, os.PathLike, Iterable[Mapping[str, Any]], Any, None]
 
 
-@dataclass
+@dataclass(repr=False)
 class QuantizeResult:
-    """The QDQ model (IR), its encodings `{"activations": {...}, "params": {...}}`, the report and stats."""
+    """What `quantize()` returns: the QDQ model (IR), its encodings `{"activations": {...}, "params": {...}}`,
+    the report (a JSON-ready dict: counts, per-output SQNR, what stayed float and why, notes, warnings) and
+    the pipeline's passes with their results. `print(result)` shows a few lines; `result.report` holds the rest.
+    """
 
-    model: object
+    model: Model
     encodings: dict
     report: dict
     stats: dict = field(default_factory=dict)
     plan: object = None
     passes: list = field(default_factory=list)   # [(pass, PassResult)] in pipeline order
 
+    def __repr__(self) -> str:
+        c, sqnr = self.report.get("counts", {}), self.report.get("output_sqnr_db", {})
+        shown = ", ".join(f"{short_text(n, 40)}: {v} dB" for n, v in list(sqnr.items())[:4])
+        more = ", ..." if len(sqnr) > 4 else ""
+        return (f"<QuantizeResult target={self.report.get('target')} activations={c.get('activations', 0)} "
+                f"params={c.get('params', 0)} left_float={c.get('left_float', 0)} output SQNR {{{shown}{more}}}>")
+
+    def __str__(self) -> str:
+        try:
+            return format_summary(self.report)
+        except (KeyError, TypeError, ValueError):   # a report an expert's pipeline left partial
+            return repr(self)
+
     def save(self, path: str, external_data: Optional[bool] = None, protect: tuple = ()) -> None:
         """Write the QDQ model atomically; never over the float model it came from, its external data, or a file
         in `protect` (see `save_model`)."""
         save_model(self.model, path, external_data=external_data, protect=protect)
 
-    def write_encodings(self, path: Optional[str], version: str = "1.0.0", protect: tuple = ()) -> dict:
-        """The encodings document; written atomically to `path` when given, never over the float model it came
-        from, its external data, or a file in `protect`."""
-        if path is not None:
-            protect = tuple(protect) + tuple(model_input_files(self.model))
+    def encodings_document(self, version: str = "1.0.0") -> dict:
+        """The AIMET encodings document (`version` "1.0.0" or "2.0.0") as a dict, without writing it."""
+        return self._encodings(None, version, ())
+
+    def write_encodings(self, path: Optional[str], version: str = "1.0.0", protect: tuple = ()) -> Optional[dict]:
+        """Write the AIMET encodings file atomically to `path`, never over the float model it came from, its
+        external data, or a file in `protect`. (`path=None` returns the document instead, as
+        `encodings_document` does.)"""
+        if path is None:
+            return self.encodings_document(version)
+        self._encodings(path, version, tuple(protect) + tuple(model_input_files(self.model)))
+        return None
+
+    def _encodings(self, path: Optional[str], version: str, protect: tuple) -> dict:
         args = self.report.get("quantizer_args", {})
         return write_encodings(path, self.encodings["activations"], self.encodings["params"], version=version,
                                quantizer_args=args, excluded_layers=sorted(self.report["left_float"]),
@@ -94,16 +137,21 @@ def _load(model_or_path):
     return m
 
 
-def quantize(model_or_path, calib, target=None, scheme: Optional[str] = None, per_channel: Optional[bool] = None,
-             weight_bits: int = 8, act_bits: int = 8, config=None, load_encodings=None,
+def quantize(model_or_path: ModelSource, calib: CalibSource, target: Union[str, dict, None] = None,
+             scheme: Optional[str] = None, per_channel: Optional[bool] = None,
+             weight_bits: int = 8, act_bits: int = 8, config: Union[str, os.PathLike, "QuantConfig", None] = None,
+             load_encodings: Union[str, os.PathLike, None] = None,
              progress: Optional[bool] = None, limit: Optional[int] = None,
              bias_correction: bool = False, weight_block: Optional[int] = None,
-             min_sqnr: Optional[float] = None, exclude=None, op_types=None, nodes=None,
+             min_sqnr: Optional[float] = None, exclude: Optional[Sequence[str]] = None,
+             op_types: Optional[Sequence[str]] = None, nodes: Optional[Sequence[str]] = None,
              act_symmetric: Optional[bool] = None, weight_symmetric: Optional[bool] = None,
-             recipe=None, pipeline=None, opset: Optional[int] = None, measure_latency: bool = False,
+             recipe: Union[str, Sequence[str], None] = None, pipeline: Union[str, Sequence, None] = None,
+             opset: Optional[int] = None, measure_latency: bool = False,
              optimize: str = "balanced", latency_budget_db: Optional[float] = None, untaken_branches: str = "float",
-             smoothquant_alpha: Optional[float] = None, max_drop=None, metric=None, ray: Optional[str] = None,
-             executor=None, weight_only: bool = False, head_bits: Optional[int] = None,
+             smoothquant_alpha: Optional[float] = None, max_drop: Union[float, str, None] = None,
+             metric: Optional[Callable] = None, ray: Optional[str] = None,
+             executor: Optional[Any] = None, weight_only: bool = False, head_bits: Optional[int] = None,
              accuracy_level: Optional[int] = None,
              report_samples: Optional[int] = None, instrumentations: Iterable = ()) -> QuantizeResult:
     """Quantize a float model to QDQ ONNX.
@@ -167,6 +215,9 @@ def _explicit(given: dict) -> set:
 def _check_inputs(model_or_path, calib, weight_only: bool = False) -> None:
     """The model and the data arguments of `quantize`, by type, before any work: one ArgumentError line.
     Weight-only quantization may go without calibration data (round-to-nearest needs none)."""
+    if isinstance(model_or_path, bytes) and (b"\x00" in model_or_path or len(model_or_path) > MAX_PATH_CHARS):
+        raise ArgumentError(f"model is {len(model_or_path)} bytes, and bytes are read as a file path; for a "
+                            f"serialized model pass onnx.load_model_from_string(data)")
     if isinstance(model_or_path, (str, bytes, os.PathLike)):
         require_path(model_or_path, "model")
     elif not isinstance(model_or_path, (onnx.ModelProto, Model)):
@@ -208,6 +259,7 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     if s.config is not None and not hasattr(s.config, "settings_for"):
         s.config = load_config(os.fspath(s.config))
     cfg = s.config
+    aimet_on_default = s.target is None and cfg is not None and cfg.format == "aimet" and not cfg.target
     if s.target is None:
         s.target = cfg.target if cfg is not None and cfg.target else "ort_cpu"
     profile = get_profile(s.target)
@@ -221,6 +273,11 @@ def _context(model_or_path, calib, s: QuantSettings) -> QuantContext:
     sel = s.selection
     check_unmatched(model, sel)     # on the model as loaded: naming a node fold-batchnorm removes is no warning
     sel.warnings.extend(unmatched_config_rules(model, cfg))
+    if aimet_on_default:
+        sel.warnings.append(warning(
+            "config", os.path.basename(cfg.source),
+            f"is an AIMET quantsim config: on the default target ({s.target}) quantizers no integer kernel "
+            f"reads are left out; --target aimet (or qnn_htp) applies it as AIMET does"))
     if s.weight_only:
         opset, fallback = _weight_only_opset(s, profile, model.opset), None
     else:
@@ -271,6 +328,8 @@ def _quantize(model_or_path, calib, pm, s: QuantSettings) -> QuantizeResult:
     for name, t in timing.rows:
         seconds[name] = seconds.get(name, 0.0) + t
     seconds["total"] = time.perf_counter() - t_start
+    # how the data was read (float64 converted, an unnamed member read as the input, a batch dim added)
+    ctx.notes.extend(n for n in getattr(ctx.samples, "notes", ()) if n not in ctx.notes)
     # a loaded file's FLOAT entries have no quantizer; the encodings (and a file written from them) keep them
     encodings = {k: {**getattr(ctx, k), **ctx.float_encodings[k]} if ctx.float_encodings.get(k) else getattr(ctx, k)
                  for k in ("activations", "params")}
@@ -331,6 +390,9 @@ def _report(ctx, seconds: dict, ran: list) -> dict:
     if ctx.latency is not None:
         report["latency"], report["kernels"] = ctx.latency, ctx.kernels
     report["optimize"] = s.optimize
+    if plan is not None:
+        report["kernel_share"] = integer_share(plan, ctx.model, ctx.profile.fusions,
+                                               ctx.kernels["nodes"] if ctx.kernels else None)
     if ctx.smoothquant is not None:
         report["smoothquant"] = ctx.smoothquant
     if ctx.mixed_precision is not None:

@@ -1,4 +1,4 @@
-"""Run the CLI on hostile input in a child process and check the hostile-input promises (README) for every run.
+"""Run the CLI on hostile input in a child process and check the hostile-input promises (docs/promises.md) for every run.
 
 `run_cli(args, inputs=...)` runs `python -m qcompiler ARGS` (or a fork of a pre-imported server, see
 forkserver.py) with RLIMIT_AS and RLIMIT_CPU set in the child, a wall timeout, stdin from /dev/null, and the

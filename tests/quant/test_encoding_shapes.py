@@ -127,7 +127,8 @@ def test_quantize_end_to_end_with_every_form(form, monkeypatch, tmp_path):
     proto = _model()
     rng = np.random.default_rng(1)
     cal = [{"x": rng.normal(0, 1, (1, 2, 4, 4)).astype(np.float32)} for _ in range(16)]
-    res = quantize(proto, cal, per_channel=False, target={"base": "ort_cpu", "prefold_unfused_weight_dq": False})
+    res = quantize(proto, cal, per_channel=False, optimize="accuracy",
+                   target={"base": "ort_cpu", "prefold_unfused_weight_dq": False})
     assert isinstance(res.report["quantized_params"]["bt"]["scale"], float)
     assert np.ndim(res.encodings["params"]["bt"].scale) == 0
     for version in ("1.0.0", "2.0.0"):

@@ -76,8 +76,9 @@ def test_search_never_exceeds_its_budget_on_the_model_it_was_asked_about(budget)
 def test_a_looser_budget_is_cheaper_and_4_bits_cost_more_than_16():
     rng = np.random.default_rng(0)
     proto, feeds = _cnn(rng, outlier=True), _calib(rng)
-    tight = quantize(proto, feeds, max_drop=0.003, executor=SerialExecutor())
-    loose = quantize(proto, feeds, max_drop=0.2, executor=SerialExecutor())
+    # --optimize size: the 16-bit candidates are stored int16 there (ort_cpu offers them under size only)
+    tight = quantize(proto, feeds, max_drop=0.003, executor=SerialExecutor(), optimize="size")
+    loose = quantize(proto, feeds, max_drop=0.2, executor=SerialExecutor(), optimize="size")
     mt, ml = tight.report["mixed_precision"], loose.report["mixed_precision"]
     assert ml["weight_bytes"] <= mt["weight_bytes"]
     for layer in mt["layers"].values():
@@ -128,7 +129,13 @@ def test_a_metric_that_is_not_a_score_is_one_line(metric, needle):
 
 
 def test_candidates_follow_the_profile():
-    names = [c.name for c in legal_candidates(get_profile("ort_cpu"))[0]]
+    # ort_cpu: no integer kernel reads 16-bit activations, so a W8A16/W16A16 layer runs float kernels whose
+    # weights are stored float on their grid (float's size, less exact): offered only under --optimize size,
+    # which stores them int16 + DQ
+    names, skipped = legal_candidates(get_profile("ort_cpu"))
+    assert [c.name for c in names] == ["W4A8", "W8A8", "float16", "float"]
+    assert "no integer kernel for 16-bit activations" in skipped["W16A16"]
+    names = [c.name for c in legal_candidates(get_profile("ort_cpu"), "size")[0]]
     assert names == ["W4A8", "W8A8", "W8A16", "W16A16", "float16", "float"]
     trt, skipped = legal_candidates(get_profile("trt"))
     assert [c.name for c in trt] == ["W4A8", "W8A8", "float16", "float"]
@@ -209,21 +216,23 @@ def test_4bit_conv_feeds_fp16_batchnorm_feeds_8bit_conv_and_runs_in_onnxruntime(
     assert cast.op_type == "Cast" and cast.attribute[0].i == onnx.TensorProto.FLOAT16
     assert types[bn.output[0]] == onnx.TensorProto.FLOAT16
     assert all(inits[i].data_type == onnx.TensorProto.FLOAT16 for i in bn.input[1:])
-    # conv_a reads int4 weights through a DequantizeLinear; conv_b's are on an 8-bit grid (stored float on it:
-    # its input comes from the fp16 island unquantized, so ORT runs a float Conv, storage.py)
+    # conv_a reads int4 weights through a DequantizeLinear; conv_b's are on the 8-bit grid the config asked for
+    # (stored float on it: its input comes from the fp16 island unquantized, so ORT runs a float Conv,
+    # storage.py), and int8 + DQ under --optimize size
     (conv_a,) = [n for n in m.graph.node if n.name == "conv_a"]
     dq = producer[conv_a.input[1]]
     assert dq.op_type == "DequantizeLinear" and inits[dq.input[0]].data_type == onnx.TensorProto.INT4
     params = r.encodings["params"]
     assert params["wa"].bits == 4 and params["wb"].bits == 8
     (conv_b,) = [n for n in m.graph.node if n.name == "conv_b"]
-    wb = numpy_helper.to_array(inits[conv_b.input[1]]) if conv_b.input[1] in inits else None
-    if wb is not None:
-        q = wb / params["wb"].scale.reshape(-1, 1, 1, 1)
-        assert np.allclose(q, np.round(q), atol=1e-3) and np.abs(np.round(q)).max() <= 127
-    else:
-        dq = producer[conv_b.input[1]]
-        assert inits[dq.input[0]].data_type == onnx.TensorProto.INT8
+    wb = numpy_helper.to_array(inits[conv_b.input[1]])
+    q = wb / params["wb"].scale.reshape(-1, 1, 1, 1)
+    assert np.allclose(q, np.round(q), atol=1e-3) and np.abs(np.round(q)).max() <= 127
+    size = model_to_proto(quantize(proto, feeds, config=str(cfg), pipeline=pipeline, min_sqnr=float("-inf"),
+                                   optimize="size").model)
+    size_producer = {o: n for n in size.graph.node for o in n.output}
+    (conv_b,) = [n for n in size.graph.node if n.name == "conv_b"]
+    assert size_producer[conv_b.input[1]].op_type == "DequantizeLinear"
     assert r.report["layers"]["bn"]["float16"].startswith("float16")
     for f in feeds:
         ref, got = run(proto, f)[0], run(m, f)[0]
@@ -286,6 +295,11 @@ def test_ray_executor_on_a_local_instance():
         ex.close()
 
 
+# ort_cpu with a float kernel's weights stored int + DQ under accuracy: the 16-bit candidates stay on offer
+# (as under --optimize size), numerically the same model as their grid stored float
+INT16_WEIGHTS = {"base": "ort_cpu", "float_kernel_weights": {"accuracy": "int"}}
+
+
 def _mean_cosine(outputs, reference):
     v = []
     for o, r in zip(outputs, reference):
@@ -313,7 +327,7 @@ def test_budget_holds_on_fresh_samples_when_the_calibration_set_is_tiny(budget, 
 
     def fresh_drop():
         r = quantize(proto, calib, max_drop=budget, metric=_mean_cosine, executor=SerialExecutor(),
-                     min_sqnr=float("-inf"), optimize="accuracy")
+                     min_sqnr=float("-inf"), optimize="accuracy", target=INT16_WEIGHTS)
         ref, got = _drop_on(proto, r.model, fresh)
         return r.report["mixed_precision"], 1.0 - _mean_cosine(got, ref)
     mp, drop = fresh_drop()

@@ -3,6 +3,8 @@ default session options, and meets an output SQNR floor of 25 dB against the flo
 like the report's SQNR: on calibration samples (fresh samples can exceed the calibrated min/max and clip)."""
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -266,7 +268,7 @@ def test_load_encodings_freezes_and_quantizes_the_rest(tmp_path):
     path = str(tmp_path / "enc.json")
     first.write_encodings(path, "1.0.0")
     # freeze a deliberately different encoding for `x`; everything else is calibrated again
-    import json
+
     doc = json.load(open(path))
     doc["activation_encodings"] = [e for e in doc["activation_encodings"] if e["name"] == "x"]
     doc["param_encodings"] = []
@@ -278,7 +280,8 @@ def test_load_encodings_freezes_and_quantizes_the_rest(tmp_path):
     assert not second.encodings["activations"]["y"].frozen
     check_runs_and_sqnr(proto, second, samples([1, 2, 4, 4], 2), floor=15.0)
     for version in ("1.0.0", "2.0.0"):
-        doc = second.write_encodings(str(tmp_path / f"e{version}.json"), version)
+        second.write_encodings(str(tmp_path / f"e{version}.json"), version)
+        doc = json.loads((tmp_path / f"e{version}.json").read_text())
         assert doc["version"] == version
 
 

@@ -59,10 +59,16 @@ def test_weight_range_is_reduced_only_for_integer_kernels():
 
 def test_16bit_input_matmul_weight_uses_full_grid():
     # an outlier weight in one output channel: 7 bits would leave its small weights ~2 levels; the MatMul runs in
-    # float anyway once its input is 16-bit, so its int8 weight uses all 255 levels
+    # float anyway once its input is 16-bit, so its int8 weight uses all 255 levels (accuracy: on its grid;
+    # balanced and size leave it float in the plan: narrow-float-weights stores it int8 for MatMulNBits)
     proto = _linear_model(outlier=6.0)
-    res = quantize(proto, samples((4, 16)), act_bits=16)
+    res = quantize(proto, samples((4, 16)), act_bits=16, optimize="accuracy")
     assert res.plan.uses[("mm", 1)].range_bits == 8
+    for optimize in ("balanced", "size"):
+        res = quantize(proto, samples((4, 16)), act_bits=16, optimize=optimize)
+        assert res.plan.uses[("mm", 1)].keep_float
+        assert [n.op_type for n in res.model.graph.nodes if n.name == "mm" or n.op_type == "MatMulNBits"] \
+            == ["MatMulNBits"], optimize
 
 
 def _stacked_rnn_model():

@@ -178,7 +178,7 @@ VAD_SHAPES = {"audio": ([1, 2, 16], None), "sr": ((), _int_sr), "gain": ((), _po
 
 
 def test_rank0_inputs_from_npz_as_the_readme_lays_them_out(tmp_path):
-    """README layout: an input of rank r takes an (N, ...) array of rank r+1, so a scalar input takes (N,)."""
+    """The data layout (docs/promises.md): an input of rank r takes an (N, ...) array of rank r+1, so a scalar input takes (N,)."""
     proto = vad_model()
     rows = feeds(VAD_SHAPES, 8)
     path = tmp_path / "calib.npz"
@@ -266,5 +266,5 @@ def test_frozen_weight_encoding_on_the_input_channel_axis_leaves_the_bias_float(
     assert res.encodings["params"]["w"].axis == 1
     assert "b" not in res.encodings["params"]
     reasons = [r for k, r in res.report["left_float"].items() if k.endswith(":input2")]
-    assert reasons == ["bias: bias left float: the weight is quantized along axis 1, not its output-channel axis 0 "
+    assert reasons == ["bias left float: the weight is quantized along axis 1, not its output-channel axis 0 "
                        "(no one weight scale per output channel)"]

@@ -77,7 +77,11 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
 Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
-the other weights at the user's settings; ties are broken on activation bits.
+the other weights at the user's settings; ties are broken on activation bits. A candidate the target would
+store at float's size (16-bit activations on onnxruntime's CPU: no integer kernel reads them, so the layer's
+weights sit float on their grid) is not offered (legal_candidates). Every measured model's real size (the QDQ
+model as lowered, `file_bytes`) is reported; the plain run (every layer at the given settings) is verified last
+and returned when it meets the rule and its file is no larger than the search's choice.
 """
 from __future__ import annotations
 
@@ -124,6 +128,7 @@ HOLDOUT_MIN = 4                   # with this many kept samples or more, every o
 TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tightened this often, then backs off
 VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
+ORIGIN = "the mixed-precision search (--max-drop)"   # the reason a node's precision names
 COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
 
 
@@ -161,11 +166,17 @@ CANDIDATES = (Candidate("W4A8", 4, 8), Candidate("W8A8", 8, 8), Candidate("W8A16
 BY_NAME = {c.name: c for c in CANDIDATES}
 
 
-def legal_candidates(profile) -> Tuple[List[Candidate], Dict[str, str]]:
-    """The candidates `profile` can carry (cheapest first) and {skipped name: why}."""
+def legal_candidates(profile, objective: str = "balanced") -> Tuple[List[Candidate], Dict[str, str]]:
+    """The candidates `profile` can carry (cheapest first) and {skipped name: why}. A candidate whose
+    activation width no integer kernel of the target reads (`integer_weight_kernels`: onnxruntime's CPU has no
+    16-bit ones) runs float kernels; where the target then stores its weights float on their grid (the
+    profile's `float_kernel_weights` under `objective`) it is as large as float and less exact: not a candidate."""
     acts = {profile.activation.bits} | ({profile.wide_activation_bits} if profile.wide_activation_bits else set())
     weights = {profile.weight.bits} | ({4} if 4 in profile.per_block_weight_bits else set()) | \
         ({16} if profile.wide_activation_bits == 16 else set())
+    kernel_bits = {r.act_bits for r in profile.integer_weight_kernels.values()}
+    stored_float = profile.prefold_unfused_weight_dq and \
+        profile.float_kernel_weight_form(objective, "Conv", weight_only=False) != "int"
     out, skipped = [], {}
     for c in CANDIDATES:
         if c.precision == "int":
@@ -174,6 +185,10 @@ def legal_candidates(profile) -> Tuple[List[Candidate], Dict[str, str]]:
                 continue
             if c.weight_bits not in weights:
                 skipped[c.name] = f"{profile.name} has no {c.weight_bits}-bit weights"
+                continue
+            if kernel_bits and c.act_bits not in kernel_bits and stored_float:
+                skipped[c.name] = (f"{profile.name} has no integer kernel for {c.act_bits}-bit activations: the "
+                                   f"weights would be stored float on their grid (float's size, less exact)")
                 continue
         out.append(c)
     return sorted(out, key=lambda c: c.cost), skipped
@@ -272,6 +287,7 @@ class Trial:
     drop: float
     held_out: Optional[float] = None   # verification trials: the drop on the held-out samples alone
     margin: Optional[float] = None     # ... and VERIFY_MARGIN x the standard error of `drop`
+    file_bytes: Optional[int] = None   # the QDQ model as the target stores it (what the file really holds)
 
 
 @dataclass
@@ -298,6 +314,8 @@ class Result:
     margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
     samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
     inferred: Dict[str, List[str]] = field(default_factory=dict)   # layer -> candidates not measured
+    file_bytes: Optional[int] = None            # the chosen assignment's model, as stored
+    plain_file_bytes: Optional[int] = None      # the plain run's (every layer at the given settings)
 
     def to_dict(self) -> dict:
         def num(x):
@@ -315,9 +333,11 @@ class Result:
                 "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
                 "sensitivity_inferred": {k: list(v) for k, v in self.inferred.items()},
                 "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
+                "file_bytes": self.file_bytes, "plain_file_bytes": self.plain_file_bytes,
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
-                "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop)},
+                "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop),
+                                 "file_bytes": t.file_bytes},
                                 **({} if t.margin is None else
                                    {"held_out_drop": None if t.held_out is None else num(t.held_out),
                                     "margin": num(t.margin)}))
@@ -396,14 +416,15 @@ class Search:
         if rest != "base":
             mine = {n for l in layers if l.name in assignment for n in l.nodes}
             rules.append(Rule(index=first, names=frozenset(n for n in self.all_nodes if n not in mine),
-                              updates=REST_LEVELS[rest]))
+                              updates=REST_LEVELS[rest], origin=ORIGIN))
         by_cand: Dict[str, set] = {}
         for l in layers:
             c = assignment.get(l.name)
             if c is not None:
                 by_cand.setdefault(c, set()).update(l.nodes)
         for c, names in by_cand.items():
-            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates()))
+            rules.append(Rule(index=first + len(rules), names=frozenset(names), updates=BY_NAME[c].updates(),
+                              origin=ORIGIN))
         cfg = config_with_rules(opts, self.profile, rules)
         if rest == "float":   # a layer alone: the model inputs' quantizers are nobody's layer either
             cfg.model_input_quantized = False
@@ -505,14 +526,17 @@ class Search:
         first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
         on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
         path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
+        self.last_sizes = []
 
         def items():
             for cfg in configs:
                 if sensitivity and time.perf_counter() > self.deadline:
                     self.timed_out = True
+                    self.last_sizes.append(None)
                     yield None      # past MAX_SENSITIVITY_SECONDS: not measured, never chosen
                     continue
                 b = self.lower(cfg)
+                self.last_sizes.append(None if b is None else len(b))
                 yield None if b is None else (b, path, len(self.input_names))
         before = self.timed_out
         outs = self.executor.map(run_candidate, items()) if configs else []
@@ -540,7 +564,7 @@ class Search:
     def run(self) -> Result:
         t0 = time.perf_counter()
         ctx = self.ctx
-        cands, skipped = legal_candidates(self.profile)
+        cands, skipped = legal_candidates(self.profile, ctx.settings.optimize)
         layers = find_layers(ctx.model, ctx.plan, self.profile, ctx.options)
         self.other_weight_bytes = self._other_weight_bytes(layers)
         names = [c.name for c in cands]
@@ -592,13 +616,13 @@ class Search:
         # is chosen once, and a level the held-out samples break would make every assignment fail
         drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
         rest_drops, guarded = {}, {}
-        for lv, d, outs in zip(levels, drops, self.last_outs):
+        for lv, d, outs, size in zip(levels, drops, self.last_outs, self.last_sizes):
             rest_drops[lv] = d
             se, held = self.spread(outs)
             guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
             res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
-                                    margin=VERIFY_MARGIN * se))
+                                    margin=VERIFY_MARGIN * se, file_bytes=size))
         rest_drops["float"] = guarded["float"] = 0.0
         p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
@@ -625,7 +649,8 @@ class Search:
             tried.append(dict(assignment))
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             res.trials.append(Trial("greedy" if step == 0 else f"rescaled x{scale:.3g}", dict(assignment),
-                                    self.weight_bytes(assignment, layers, level), d))
+                                    self.weight_bytes(assignment, layers, level), d,
+                                    file_bytes=self.last_sizes[0]))
             est = self.estimate(assignment, layers, table, rest)
             fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
                 else 2 * scale
@@ -646,7 +671,8 @@ class Search:
             tried.append(dict(assignment))
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             res.trials.append(Trial(f"back-off {k // 2}", dict(assignment),
-                                    self.weight_bytes(assignment, layers, level), d))
+                                    self.weight_bytes(assignment, layers, level), d,
+                                    file_bytes=self.last_sizes[0]))
             if d <= self.budget:
                 best = (dict(assignment), d)
         if best is not None:
@@ -683,15 +709,18 @@ class Search:
                 what, k = f"verify back-off {k}", k * 2
             else:
                 assignment = nxt
-        # all W8A8 is a plan every user has: never return a costlier one that the same rule would not beat
-        w8 = {l.name: "W8A8" for l in layers}
-        if "W8A8" in names and layers and (not ok or self.weight_bytes(assignment, layers, level) >
-                                           self.weight_bytes(w8, layers, level)):
-            ok8, t8 = self.verify(w8, layers, level)
-            t8.what = "verify all W8A8"
-            res.trials.append(t8)
-            if ok8:
-                ok, t, assignment = True, t8, w8
+        # the plain run (every layer at the given settings, the rest too) is a plan every user has: never
+        # return one whose file is larger when the plain run meets the same rule (the target's real bytes, as
+        # stored: a W16A16 layer on a target without 16-bit kernels is float-sized)
+        plain = f"W{self.ctx.options.weight_bits}A{self.ctx.options.act_bits}"
+        all_plain = {l.name: plain for l in layers}
+        if plain in names and layers and (assignment != all_plain or level != "base"):
+            okp, tp = self.verify(all_plain, layers, "base")
+            tp.what = f"verify all {plain} (the plain run)"
+            res.trials.append(tp)
+            res.plain_file_bytes = tp.file_bytes
+            if okp and (not ok or (tp.file_bytes or 0) <= (t.file_bytes or math.inf)):
+                ok, t, assignment, level = True, tp, all_plain, "base"
         if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
             order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
             for lv in order[order.index(level):]:
@@ -703,6 +732,9 @@ class Search:
                     break
             res.notes.append("mixed precision: the verification backed off to every searched layer float")
         res.assignment, res.drop, res.held_out_drop, res.margin = assignment, t.drop, t.held_out, t.margin
+        res.file_bytes = t.file_bytes
+        if res.plain_file_bytes is None and assignment == all_plain and level == "base":
+            res.plain_file_bytes = t.file_bytes
         res.rest = level
         if self.unresolved:
             res.notes.append(f"mixed precision: the metric moved on none of the {self.n_kept} samples: it cannot "
@@ -724,7 +756,7 @@ class Search:
         d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
         se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
-                  held_out=held, margin=VERIFY_MARGIN * se)
+                  held_out=held, margin=VERIFY_MARGIN * se, file_bytes=self.last_sizes[0])
         if self.metric is not None and se == 0.0 and d == 0.0 and self.n_kept < 3.0 / self.budget and \
                 assignment and any(c != "float" for c in assignment.values()):
             self.unresolved = True
@@ -744,7 +776,8 @@ class Search:
         """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
         a = {l.name: name for l in res.layers}
         d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
-        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d))
+        res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d,
+                                file_bytes=self.last_sizes[0]))
 
     def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
         """From `start` (every layer float): take the move with the most cost saved per estimated drop while
@@ -835,8 +868,11 @@ def format_table(mp: dict) -> str:
     check = (f" + margin {100 * m:.3g} % ({mp.get('margin_k', 1):g} SE, {sum(mp['samples'].values())} samples)"
              if isinstance(m, (int, float)) else "") + \
         (f", held-out {100 * held:.4g} %" if isinstance(held, (int, float)) else "")
+    fb, pb = mp.get("file_bytes"), mp.get("plain_file_bytes")
+    size = f"model {fb} bytes as stored" + (f" (plain run {pb})" if pb and pb != fb else "") if fb else \
+        f"weights {mp['weight_bytes']} bytes"
     lines.append(f"  mixed precision: drop {100 * d:.4g} %{check} (budget {100 * mp['budget']:.4g} %, "
-                 f"{mp['metric']}), weights {mp['weight_bytes']} bytes, {mp['evaluations']} evaluations on "
+                 f"{mp['metric']}), {size}, {mp['evaluations']} evaluations on "
                  f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
                  f"  mixed precision: drop {d}")
     return "\n".join(lines)

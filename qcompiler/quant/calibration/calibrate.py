@@ -19,8 +19,10 @@ from qcompiler.errors import DataError
 from qcompiler.ort_session import create_session
 from qcompiler.progress import bar as progress_bar
 from qcompiler.quant.calibration.body_probe import BodyCalibration, has_bodies
+from qcompiler.quant.calibration.histogram import MagnitudeHistogram
 from qcompiler.quant.calibration.observers import (
     CLIP_WARN_FRACTION,
+    MAGNITUDE_SAMPLE,
     finite_flat,
     make_observer,
     weight_range,
@@ -42,6 +44,7 @@ class CalibrationResult:
         self.samples = 0
         self.seconds = 0.0
         self.bodies = None              # body_probe.BodyCalibration when values inside bodies were observed
+        self.bulk_names: frozenset = frozenset()   # values whose stats add their bulk (widening's cost rule)
 
     def channel_mean(self, name: str) -> Optional[np.ndarray]:
         acc = self.channel_sums.get(name)
@@ -98,11 +101,14 @@ class MinMaxPowerObserver:
 
     scheme = "min_max"
 
-    def __init__(self, bits: int = 8, symmetric: bool = False):
+    def __init__(self, bits: int = 8, symmetric: bool = False, bulk: bool = False):
         self.bits, self.symmetric = bits, symmetric
         self.min, self.max = np.inf, -np.inf
         self.count = self.nonfinite = 0
         self.sum_sq = 0.0
+        # `bulk`: also a magnitude histogram, for `abs_median_nonzero` (what widening's cost rule reads: is the
+        # 8-bit estimate the bulk's or one outlier channel's?); the other stats are the same as without it
+        self.magnitudes = MagnitudeHistogram() if bulk else None
 
     def update(self, x) -> None:
         x, lo, hi, bad = finite_flat(x, np.float32)
@@ -113,20 +119,26 @@ class MinMaxPowerObserver:
         self.count += int(x.size)
         # NOTE: einsum, not np.dot: a BLAS dot spins OpenBLAS threads against onnxruntime's (18x slower)
         self.sum_sq += float(np.einsum("i,i->", x, x, dtype=np.float64))
+        if self.magnitudes is not None:
+            k = max(x.size // MAGNITUDE_SAMPLE // 2, 1)     # every k-th value, counted k times (as RangeObserver)
+            self.magnitudes.update(x[::k], weight=k)
 
     def range(self, bits=None):
         return (0.0, 0.0) if self.count == 0 else (float(self.min), float(self.max))
 
     def stats(self) -> dict:
         c = self.count
-        return {"min": float(self.min) if c else 0.0, "max": float(self.max) if c else 0.0, "count": c,
-                "nonfinite": self.nonfinite, "mean_sq": self.sum_sq / c if c else 0.0, "bits": self.bits,
-                "symmetric": self.symmetric, "scheme": self.scheme}
+        out = {"min": float(self.min) if c else 0.0, "max": float(self.max) if c else 0.0, "count": c,
+               "nonfinite": self.nonfinite, "mean_sq": self.sum_sq / c if c else 0.0, "bits": self.bits,
+               "symmetric": self.symmetric, "scheme": self.scheme}
+        if self.magnitudes is not None and c:
+            out["abs_median_nonzero"] = self.magnitudes.abs_quantile(0.5, skip_zeros=True)
+        return out
 
 
-def _new_observer(scheme, bits, symmetric, opts):
+def _new_observer(scheme, bits, symmetric, opts, bulk: bool = False):
     if scheme == "min_max" and not opts:
-        return MinMaxPowerObserver(bits, symmetric)
+        return MinMaxPowerObserver(bits, symmetric, bulk=bulk)
     return make_observer(scheme, bits, symmetric, **opts)
 
 
@@ -166,7 +178,8 @@ def extra_output_names(model, names) -> list:
 def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric: bool = False,
               keep_samples: int = 4, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
               observer_opts: Optional[dict] = None, names: Optional[list] = None,
-              channel_axes: Optional[Dict[str, int]] = None, bodies=False) -> CalibrationResult:
+              channel_axes: Optional[Dict[str, int]] = None, bodies=False,
+              bulk_names: frozenset = frozenset()) -> CalibrationResult:
     """Run every sample once through a calibration copy of `model`; return observers and dtypes per value.
 
     `names`: the values to observe (default: every candidate). onnxruntime runs sample i+1 on a worker
@@ -174,11 +187,12 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     observe every float value inside If/Loop/Scan bodies too, or the names of the body values to observe,
     each keyed by its (model-wide unique) name (body_probe.py);
     `res.bodies` then holds the probe (`.probe.mapping`, `.probe.minmax_values`) and the branches never taken
-    (`.tally.never_taken()`).
+    (`.tally.never_taken()`). `bulk_names`: values whose min_max stats also give `abs_median_nonzero`.
     """
     t0 = time.perf_counter()
     res = CalibrationResult()
     names = candidate_names(model) if names is None else list(names)
+    res.bulk_names = frozenset(bulk_names)
     res.channel_axes = dict(channel_axes or {})
     names += [n for n in res.channel_axes if n not in set(names)]
     it = iter(samples)
@@ -267,7 +281,8 @@ def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme
         if obs is None and name not in res.dtypes:
             res.dtypes[name] = arr.dtype
             if np.issubdtype(arr.dtype, np.floating):
-                obs = res.observers[name] = _new_observer(scheme, bits, symmetric, opts)
+                obs = res.observers[name] = _new_observer(scheme, bits, symmetric, opts,
+                                                          bulk=name in res.bulk_names)
         if obs is not None:
             obs.update(arr)
             axis = res.channel_axes.get(name)

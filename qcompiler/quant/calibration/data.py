@@ -48,7 +48,7 @@ import onnx
 
 from qcompiler.errors import DataError
 from qcompiler.input_files import check_path_text, open_regular
-from qcompiler.shorten import short_value
+from qcompiler.shorten import short_text, short_value
 
 IGNORED_KEYS = ("labels",)
 POSITIONAL_KEY = "arr_0"           # np.savez(f, x): an unnamed array
@@ -124,6 +124,13 @@ class SampleSet:
             self._files = [(f, self._check_header(f)) for f in files]
             if sum(n for _, n in self._files) == 0:
                 raise DataError(f"{path}: empty sample set (0 samples)")
+        elif isinstance(source, np.ndarray):
+            name = next(iter(self.inputs), "x")
+            accepts = (f"a list of feed dicts ([{{'{short_text(name)}': a}}]) or a file (np.save('calib.npy', a))"
+                       if len(self.inputs) == 1 else
+                       f"a list of feed dicts with one array per input ({_names(self.inputs)}) or an .npz "
+                       f"(np.savez(f, {short_text(name)}=...))")
+            raise DataError(f"samples: a bare numpy array {_shape(source.shape)}; the model takes {accepts}")
         elif isinstance(source, Mapping):
             raise DataError("sample source is one dict; pass a list of feed dicts, an .npz path or a folder")
         elif callable(getattr(source, "get_next", None)):
@@ -152,6 +159,16 @@ class SampleSet:
             raise TypeError("the number of samples of this iterable source is not known")
         return n
 
+    @property
+    def can_read_again(self) -> bool:
+        """Can a later pass iterate the samples once more (files, a list, a reader with rewind(), an iterable
+        that is not its own iterator), or was the one pass calibration's?"""
+        if self._files is not None or isinstance(self._iterable, (list, tuple)) or self._passes == 0:
+            return True
+        if isinstance(self._iterable, _Reader):
+            return self._iterable.can_rewind
+        return iter(self._iterable) is not self._iterable
+
     # --- iteration ----------------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict]:
         count = 0
@@ -170,6 +187,12 @@ class SampleSet:
             count += 1
             if self.limit is not None and count >= self.limit:
                 return
+        if count == 0 and isinstance(self._iterable, _Reader):
+            raise DataError("empty sample set (0 samples): the reader's get_next() returned None at once (a "
+                            "reader already read to its end? call its rewind() first, or make a new one)")
+        if count == 0 and self._iterable is not None and iter(self._iterable) is self._iterable:
+            raise DataError("empty sample set (0 samples): the iterator gave none (a generator is read once: "
+                            "pass a new one, or a list)")
         if count == 0:
             raise DataError("empty sample set (0 samples)")
 
@@ -185,7 +208,7 @@ class SampleSet:
                     yield feed
 
     def _iter_dicts(self) -> Iterator[dict]:
-        for i, sample in enumerate(self._iterable):
+        for i, sample in enumerate(_users(self._iterable)):
             where = "samples"
             if not isinstance(sample, Mapping):
                 raise DataError(f"{where}: sample {i}: expected a dict of input arrays, got {type(sample).__name__}")
@@ -209,10 +232,13 @@ class SampleSet:
             yield feed
 
     # --- checks -------------------------------------------------------------------------------------------
-    def _check_keys(self, where: str, keys: list, sample: str = "") -> None:
+    def _check_keys(self, where: str, keys: list, sample: str = "", held: Optional[list] = None) -> None:
+        """Every model input among `keys`, and no other key; `held`: the keys as the file spells them (named in
+        the missing-input line)."""
         missing = [k for k in self.inputs if k not in keys]
         if missing:
-            raise DataError(f"{where}:{sample} missing input '{missing[0]}' (model inputs: {', '.join(self.inputs)})")
+            raise DataError(f"{where}:{sample} missing input {_key(missing[0])} (model inputs: "
+                            f"{_names(self.inputs)}; {_held(keys if held is None else held, missing[0])})")
         extra = [k for k in keys if k not in self.inputs and k not in IGNORED_KEYS]
         if extra:
             raise DataError(f"{where}:{sample} unknown key '{extra[0]}' (model inputs: {', '.join(self.inputs)})")
@@ -295,7 +321,7 @@ class SampleSet:
                 note = f"{path}: key {_key(key)} read as input {_key(name)}"
                 if note not in self.notes:
                     self.notes.append(note)
-        self._check_keys(path, list(alias) + [k for k in keys if k not in alias.values()])
+        self._check_keys(path, list(alias) + [k for k in keys if k not in alias.values()], held=keys)
         return alias
 
     def _check_dims(self, where: str, name: str, got: tuple, shape: tuple, sample: str = "") -> None:
@@ -342,6 +368,26 @@ class _Reader:
             if feed is None:
                 return
             yield feed
+
+
+def _users(iterable) -> Iterator:
+    """The items of a caller's iterable or reader; an exception it raises becomes a DataError naming it first
+    (its type and message, the sample it stopped at), with the caller's exception as the cause."""
+    it, i = None, 0
+    while True:
+        try:
+            it = iter(iterable) if it is None else it
+            item = next(it)
+        except StopIteration:
+            return
+        except DataError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the caller's own code: its error, named, is the message
+            where = "its get_next()" if isinstance(iterable, _Reader) else "the iterable"
+            raise DataError(f"{type(e).__name__}: {short_text(str(e), 160)} (raised by the calibration data: "
+                            f"{where} failed at sample {i})") from e
+        yield item
+        i += 1
 
 
 def _is_npy(path: str) -> bool:
@@ -408,6 +454,11 @@ def _npz_headers(path: str, what: str = KIND, wanted: "Optional[Mapping]" = None
     except DataError:
         raise
     except Exception as e:  # noqa: BLE001 - BadZipFile, truncated header, bad dtype descr, ...
+        ext = os.path.splitext(path)[1].lower()
+        if ext != ".npz":
+            raise DataError(f"{path}: not an .npz file; calibration data is an .npz (one array per input, "
+                            f"np.savez(f, x=...)), an .npy (a single-input model) or a folder of them"
+                            f"{f', not a {short_text(ext, 12)} file' if ext else ''}") from None
         raise DataError(f"{path}: not a readable .npz file ({_short(e)})") from None
     if not out:
         raise DataError(f"{path}: .npz file holds no arrays")
@@ -567,6 +618,25 @@ def _spellings(name: str) -> set:
 
 
 _key = short_value   # an input name from the data file, quoted (qcompiler/shorten.py)
+
+
+def _names(names, limit: int = 8) -> str:
+    """Input names or file keys for a message: at most `limit`, each cut short."""
+    names = list(names)
+    text = ", ".join(short_text(n, 40) for n in names[:limit])
+    return text + (f", ... ({len(names)} in all)" if len(names) > limit else "")
+
+
+def _held(keys, wanted: str) -> str:
+    """What a data file holds, for the missing-input line; unnamed members (`np.savez(f, a)` writes `arr_0`)
+    get the way to name them."""
+    keys = [k for k in keys if k not in IGNORED_KEYS]
+    if not keys:
+        return "the data holds no array"
+    text = f"the data holds {_names(keys)}"
+    if any(isinstance(k, str) and re.fullmatch(r"arr_\d+", k) for k in keys):
+        text += f"; unnamed arrays: save each under its input name, np.savez(f, {short_text(wanted, 40)}=...)"
+    return text
 
 
 def _shape(shape) -> str:

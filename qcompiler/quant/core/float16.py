@@ -191,12 +191,32 @@ def compute_in_float32(model) -> Dict[str, int]:
     for v in ins:
         uses = [u for u in v.uses() if not u.is_graph_output]     # an input passed straight out stays float16
         if uses:
-            g.insert_after(v, "Cast", attrs={"to": FLOAT}, uses=uses, name=f"{v.name}_to_float32")
+            g.insert_after(v, "Cast", attrs={"to": FLOAT}, uses=uses, name=f"{v.name}{TO_FLOAT32}")
             counts["edge_casts"] += 1
     for i, v in outs:
         if v.is_input:
             continue
         uses = [u for u in v.uses() if u.is_graph_output and u.user is g and u.index == i]
-        g.insert_after(v, "Cast", attrs={"to": FLOAT16}, uses=uses, name=f"{v.name}_to_float16")
+        g.insert_after(v, "Cast", attrs={"to": FLOAT16}, uses=uses, name=f"{v.name}{TO_FLOAT16}")
         counts["edge_casts"] += 1
     return counts
+
+
+TO_FLOAT32, TO_FLOAT16 = "_to_float32", "_to_float16"   # the edge Casts compute_in_float32 adds: their names
+
+
+def edge_cast_reason(node) -> "str | None":
+    """Why the output of an edge Cast `compute_in_float32` added stays float, in terms of the user's graph (the
+    input it copies, the node whose output it casts back), or None for any other node."""
+    if node.op_type != "Cast" or not node.inputs or node.inputs[0] is None:
+        return None
+    src = node.inputs[0]
+    if node.name == f"{src.name}{TO_FLOAT32}" and src.is_input:
+        return f"float32 copy of the float16 input '{src.name}' (qcompiler computes in float32 inside)"
+    out = node.outputs[0]
+    if node.name == f"{out.name}{TO_FLOAT16}":
+        p = src.producer
+        by = f" of '{p.name}' ({p.op_type})" if p is not None else ""
+        return f"float16 output '{out.name}'{by}, cast back from the float32 qcompiler computes in"
+    return None
+

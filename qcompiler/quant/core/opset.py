@@ -8,11 +8,13 @@ of the pipeline. `--opset N` pins it; a pin the settings' grids cannot live in i
 """
 from __future__ import annotations
 
+import onnx
 from onnx import version_converter
 
-from qcompiler.errors import ArgumentError
+from qcompiler.errors import ArgumentError, InvalidModelError
 from qcompiler.onnx_io.rewrite import rewrite_in_place
 from qcompiler.quant.interop.encodings_io import needs_wide_opset
+from qcompiler.shorten import short_text
 
 PER_CHANNEL_OPSET = 13   # DequantizeLinear `axis`
 WIDE_INT_OPSET = 21      # int16/int4 QuantizeLinear in the standard domain, per-block DequantizeLinear
@@ -62,9 +64,34 @@ def convert_in_place(model, opset: int) -> bool:
     every pass and the context keep their reference). False when already there."""
     if model.opset == opset:
         return False
+    check_arity(model)
     rewrite_in_place(model, lambda proto: version_converter.convert_version(proto, opset),
                      f"convert the model's opset {model.opset} to {opset} (needed for per-channel/int16 Q/DQ)")
     return True
+
+
+def check_arity(model) -> None:
+    """Every standard-domain node has as many inputs as its op takes at the model's own opset, or one line naming
+    the node (as onnxruntime would): the opset converter's message for such a model names no node ("Input w is
+    undefined!" for a Gemm without C at opset 7)."""
+    for g in model.graph.all_graphs():
+        for n in g.nodes:
+            if n.domain not in ("", "ai.onnx"):
+                continue
+            try:
+                schema = onnx.defs.get_schema(n.op_type, model.opset, "")
+            except Exception:  # noqa: BLE001 - an op unknown at this opset: the loader's and onnxruntime's to name
+                continue
+            given = list(n.inputs)
+            while given and given[-1] is None:
+                given.pop()
+            lo, hi = schema.min_input, schema.max_input
+            if not lo <= len(given) <= hi:
+                takes = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi < 1 << 20 else f"at least {lo}"
+                raise InvalidModelError(
+                    f"node '{short_text(n.name)}' ({n.op_type}) has {len(given)} input{'s' if len(given) != 1 else ''}"
+                    f", but {n.op_type} at the model's opset {model.opset} (version {schema.since_version}) takes "
+                    f"{takes}: the model is not valid at its own opset")
 
 
 def opset_note(before: int, after: int) -> str:

@@ -13,7 +13,7 @@
     latency-search       take out Q/DQ pairs between float kernels under an SQNR floor (--optimize)
     safety-net           below the SQNR floor: keep float or widen the quantizers that break an output
 
-`--recipe a,b` adds optional passes, each right after the pass named by its `after` (README's table): after
+`--recipe a,b` adds optional passes, each right after the pass named by its `after` (docs/quantization.md's table): after
 convert-opset fold-conv-bias-add; after fuse-hardswish cle, smoothquant; after calibrate mirror-untaken-branches;
 after place load-encodings, mixed-precision; after assign-encodings bias-correction, seq-mse, adaround; after
 safety-net measure-latency. A flag that asks for a pass adds it the same way (SWITCHES, from the `enables` of

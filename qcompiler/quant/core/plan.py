@@ -38,6 +38,7 @@ class QuantSpec:
     source: str = ""                    # why this spec exists (profile rule, config, tie, ...)
     tie_root: Optional[str] = None      # a per-use quantizer with the encoding of this value's tie group
     storage: Storage = INT              # weights and biases: how the lowering writes them
+    asked: bool = False                 # weights: a config rule set this grid (kept even on a float kernel)
     storage_reason: str = ""            # why FLOAT_ON_GRID (the node's float kernel)
     param_name: str = ""                # the name a FLOAT_ON_GRID use's parameter is reported under
     rounded: Optional[object] = None    # weights: learned integers (storage dtype, the weight's shape) that
@@ -91,8 +92,9 @@ class Body:
 class QuantPlan:
     """Per-value specs, per-use overrides, tie groups (union-find) and supergroups."""
 
-    def __init__(self, profile: Profile):
+    def __init__(self, profile: Profile, optimize: str = "balanced"):
         self.profile = profile
+        self.optimize = optimize    # the `--optimize` objective (how float kernels' weights are stored)
         self.values: Dict[str, QuantSpec] = {}                  # activations and weights by value name
         self.uses: Dict[Tuple[str, int], QuantSpec] = {}        # (node name, input slot) overrides
         self.supergroups: List[Supergroup] = []
@@ -107,6 +109,7 @@ class QuantPlan:
         self.narrow_candidates: List[str] = []  # widened values narrowed to 8 bits for an integer kernel (idem)
         self.narrow_weights: Dict[Tuple[str, int], tuple] = {}  # (node, slot) -> (group root, float weight)
         self.node_macs: Dict[str, float] = {}   # multiply-accumulates per call (placement/cost.py size rule)
+        self.macs: Dict[str, float] = {}        # the same for every sized node (the summary's integer share)
 
     # --- specs ------------------------------------------------------------------------------------------
     def spec(self, name: str) -> Optional[QuantSpec]:

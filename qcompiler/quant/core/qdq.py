@@ -261,9 +261,29 @@ def insert_activation_qdq(g, value, enc: Encoding, elem: Optional[int] = None, o
         uses = None
     else:
         x = value
-    q = g.insert_after(x, "QuantizeLinear", [scale, zp], attrs=attrs, uses=uses)
-    dq = g.insert_after(q.outputs[0], "DequantizeLinear", [scale, zp], attrs=attrs)
+    base = value.name
+    q = g.insert_after(x, "QuantizeLinear", [scale, zp], attrs=attrs, uses=uses, name=f"{base}_QuantizeLinear")
+    dq = g.insert_after(q.outputs[0], "DequantizeLinear", [scale, zp], attrs=attrs,
+                        name=f"{base}_DequantizeLinear")
+    # NOTE: names say what a value is: `v_q` (the integers), `v_dq` (what readers read), and, when `v` is a
+    # graph output, the output keeps its name on the last node and the float value the pair quantizes becomes
+    # `v_float` (insert_after's swaps would leave `v_quantizelinear` on the float value). Short suffixes: a
+    # weight's are `_quantized`/`_dequantized` (an initializer and its DQ), so the two never meet.
+    _rename(g, q.outputs[0], f"{base}_q")
+    if dq.outputs[0].name == base:
+        _rename(g, x, f"{base}_float")
+    elif not route.cast:
+        _rename(g, dq.outputs[0], f"{base}_dq")
     return g.insert_after(dq.outputs[0], "Cast", attrs={"to": route.elem}) if route.cast else dq
+
+
+def _rename(g, value, hint: str) -> None:
+    """Give `value` the free name nearest `hint` (`hint`, else `hint_1`, ...)."""
+    if value.name == hint:
+        return
+    name = g.names.fresh(hint)
+    g.names.release(name)
+    g.rename_value(value, name)
 
 
 def cast_ends(q, dq):

@@ -13,15 +13,16 @@ config can set the same thing. Everything else is derived from the table:
 
 `quantize()` keeps its keywords written out, so `help()`, `inspect.signature` and an IDE show them;
 tests/quant/test_switch_table.py checks that they are exactly the table's names and defaults, that each switch
-has a flag (or says why not), a README row and a check, and that a bad value reads the same from each door: the
+has a flag (or says why not), a row in docs/cli.md and a check, and that a bad value reads the same from each door: the
 CLI runs the same `check_switches` before it reads a file, so `--weight-bits 7` and `weight_bits=7` give the same
 line, and a config key sets the same thing with the same words after the file and the key (bit widths, scheme).
 Three flags keep a click type built from the table (`--optimize` and `--untaken-branches`: click.Choice of the
 table's tuple; `--smoothquant-alpha`: the same open range): the command line refuses their bad values while
 parsing, in click's form, naming the flag.
 
-Adding a switch: one entry here, one keyword in `quantize()`'s signature (the test names a missing one), one
-README row; the pass reads it as `ctx.settings.<name>`.
+Adding a switch: one entry here, one keyword in `quantize()`'s signature (the test names a missing one), then
+`python -m qcompiler.cli_reference docs/cli.md` (the command-line reference is written from this table; a test
+checks it); the pass reads it as `ctx.settings.<name>`.
 """
 from __future__ import annotations
 
@@ -42,18 +43,17 @@ from qcompiler.arguments import (
     require_path,
 )
 from qcompiler.errors import ArgumentError
-from qcompiler.quant.core.bitwidths import check_bits
+from qcompiler.quant.core.bitwidths import INT_BITS, check_bits
+from qcompiler.quant.core.objectives import OPTIMIZE
 from qcompiler.quant.core.schemes import canonical_scheme
 from qcompiler.quant.runtime.executor import check_ray
 from qcompiler.quant.settings.selection import check_names
 
-# what placement trades (placement/float_regions.py): every quantizer; none that only costs time at 16 bits
-# (default); none that only costs time at all, and float weights where the kernel is float
-OPTIMIZE = ("accuracy", "balanced", "latency")
 # `--untaken-branches`: what an If branch calibration never took gets (body_probe.py, untaken_branches.py)
 UNTAKEN_BRANCHES = ("float", "mirror")
 
 _SAME = object()   # a Flag's default: the same as the API's
+_BITS = "{" + ",".join(map(str, INT_BITS)) + "}"     # the allowed bit widths, as the help shows them
 
 
 @dataclass(frozen=True)
@@ -317,14 +317,16 @@ SWITCHES: Tuple[Switch, ...] = (
     _switch("config", None, _config,
             "a path or a QuantConfig (when given, its settings replace the per_channel/weight_bits/act_bits "
             "arguments)",
-            Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config", type=_path_type),
+            Flag(("--config",), "AIMET quantsim JSON or qcompiler YAML/JSON config, or a preset's name (w8a8, "
+                 "w4a16)", type=_path_type, metavar="FILE|PRESET"),
             configures=("place", "assign-encodings")),
     # NOTE: before max_drop: two passes a switch adds after the same pass run in table order (load-encodings,
     # then mixed-precision, both after place)
     _switch("load_encodings", None, _optional(_path),
             "an AIMET encodings file whose encodings are frozen; everything else is calibrated (the "
             "`load-encodings` pass)",
-            Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type),
+            Flag(("--load-encodings",), "AIMET encodings to freeze; the rest is calibrated", type=_path_type,
+                 metavar="FILE"),
             enables="load-encodings",
             configures=("load-encodings",)),
     # --- the grid ---
@@ -332,12 +334,12 @@ SWITCHES: Tuple[Switch, ...] = (
             "the target profile: a name (ort_cpu, trt, qnn_htp, aimet), a profile YAML path or a dict; None: the "
             "config's target, else ort_cpu",
             Flag(("--target",), "backend profile: ort_cpu (default), trt, qnn_htp, aimet (encodings for AIMET's "
-                 "default config), or a profile YAML", default=None),
+                 "default config), or a profile YAML", default=None, metavar="NAME|FILE"),
             config_key="target"),
     _switch("scheme", None, _optional(_scheme),
             "the calibration scheme or one of its aliases (qcompiler/quant/core/schemes.py); None: the config's, else min_max",
             Flag(("--scheme",), "min_max (default; aliases post_training_tf, tf), tf_enhanced "
-                 "(post_training_tf_enhanced), percentile, entropy (kl), mse"),
+                 "(post_training_tf_enhanced), percentile, entropy (kl), mse", metavar="NAME"),
             config_key="scheme", setting_default="min_max",
             configures=("calibrate", "assign-encodings", "mixed-precision")),
     _switch("per_channel", None, _optional(_bool),
@@ -349,16 +351,18 @@ SWITCHES: Tuple[Switch, ...] = (
             config_key="weights.per_channel",
             configures=("place", "cle", "plan-weights")),
     _switch("weight_bits", 8, _bits, "weight grid bits (4, 8 or 16; qcompiler/quant/core/bitwidths.py)",
-            Flag(("--weight-bits",), type=int, show_default=True), config_key="weights.bits",
+            Flag(("--weight-bits",), "weight grid bits", type=int, show_default=True, metavar=_BITS),
+            config_key="weights.bits",
             configures=("place", "cle")),
     _switch("act_bits", 8, _bits, "activation grid bits (4, 8 or 16)",
-            Flag(("--act-bits",), type=int, show_default=True), config_key="activations.bits",
+            Flag(("--act-bits",), "activation grid bits", type=int, show_default=True, metavar=_BITS),
+            config_key="activations.bits",
             configures=("calibrate", "place", "cle")),
     _switch("weight_block", None, _optional(_block),
             "per-block weight scales of this many elements along the reduction axis (placement.block_axis; "
             "opset 21)",
             Flag(("--block-size",), "per-block weight scales: this many elements along each weight's reduction "
-                 "axis (MatMul K); opset 21 DequantizeLinear block_size", type=int),
+                 "axis (MatMul K); opset 21 DequantizeLinear block_size", type=int, metavar="N"),
             config_key="weights.per_block",
             configures=("place", "cle")),
     _switch("weight_only", False, _bool,
@@ -376,7 +380,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "weight-only: the bits of the model's ends, the head that writes the logits and the token embedding; "
             "None: 8 when weight_bits is below 8 (they carry most of a 4-bit model's error)",
             Flag(("--head-bits",), "weight-only: bits of the logits head and the token embedding (default: 8 "
-                 "when --weight-bits is 4)", type=int),
+                 "when --weight-bits is 4)", type=int, metavar=_BITS),
             configures=("plan-weights", "measure-head-bits")),
     _switch("accuracy_level", None, _optional(_int(0, 4)),
             "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
@@ -435,11 +439,14 @@ SWITCHES: Tuple[Switch, ...] = (
             "kernel of the target reads or writes (float is more accurate and costs nothing); latency also takes "
             "out, by a measured search (report['latency_search']), the Q/DQ pairs between float kernels and "
             "narrows widened 16-bit values to 8 bits where an integer kernel then runs, while the output SQNR "
-            "stays at most `latency_budget_db` dB below its starting value (passes/quantize/latency_search.py)",
+            "stays at most `latency_budget_db` dB below its starting value (passes/quantize/latency_search.py); "
+            "size places activations as balanced and stores every weight narrow (int8 + DequantizeLinear, or a "
+            "weight-only kernel) wherever that makes the file smaller (docs/optimize.md)",
             Flag(("--optimize",), "accuracy: every quantizer; balanced: no 16-bit quantizer where no integer "
                  "kernel reads or writes it (float is exact and free); latency: a search takes out Q/DQ pairs "
                  "between float kernels and narrows 16-bit values to 8 bits for integer kernels while the output "
-                 "SQNR loses at most --latency-budget-db", type=_choice_type(OPTIMIZE), show_default=True),
+                 "SQNR loses at most --latency-budget-db; size: activations as balanced, every weight stored narrow "
+                 "where the file gets smaller", type=_choice_type(OPTIMIZE), show_default=True),
             configures=("place", "latency-search")),
     _switch("latency_budget_db", None, _latency_budget,
             "with optimize='latency': the output SQNR (dB) the search may give up (default 1)",
@@ -474,7 +481,7 @@ SWITCHES: Tuple[Switch, ...] = (
             "whose drop on the calibration samples stays within it (qcompiler.passes.quantize.mixed_precision.search; "
             "report['mixed_precision'])",
             Flag(("--max-drop",), "mixed precision: the cheapest per-layer precision (W4A8 .. float) whose drop "
-                 "on the calibration samples stays within X%% (relative output error; see "
+                 "on the calibration samples stays within X% (relative output error; see "
                  "qcompiler.passes.quantize.mixed_precision.search); a table is printed, a Pareto PNG written beside --report",
                  metavar="X%"),
             enables="mixed-precision",
@@ -496,12 +503,13 @@ SWITCHES: Tuple[Switch, ...] = (
             api_only="a Python object",
             configures=("mixed-precision", "safety-net")),
     _switch("opset", None, _optional(_int(13, 1 << 16)), "pin the output opset",
-            Flag(("--opset",), "pin the output opset (default: 13, or 21 when int4/int16 grids, per-block "
-                 "weights or the target's 16-bit widening need it)", type=int),
+            Flag(("--opset",), "pin the output opset (default: 21 on a target that may widen activations to 16 "
+                 "bits, as ort_cpu and qnn_htp do, or for int4/int16 grids and per-block weights; else 13; never "
+                 "below the model's own)", type=int, metavar="N"),
             configures=("convert-opset",)),
     # --- the calibration data ---
     _switch("limit", None, _optional(_int(lo=1)), "use at most this many calibration samples",
-            Flag(("--limit",), "use at most this many calibration samples", type=int),
+            Flag(("--limit",), "use at most this many calibration samples", type=int, metavar="N"),
             configures=("calibrate",)),
     _switch("report_samples", None, _optional(_int(lo=1)),
             "measure the report's output SQNR on at most this many calibration samples (default: the samples "

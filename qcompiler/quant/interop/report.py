@@ -13,7 +13,9 @@ from qcompiler.errors import OnnxRuntimeError, ProducedModelError
 from qcompiler.progress import bar
 from qcompiler.quant.calibration.calibrate import make_session
 from qcompiler.quant.core.encoding import Encoding, per_tensor, scalar
+from qcompiler.quant.interop.verdict import verdict_line
 from qcompiler.quant.placement import weight_nodes
+from qcompiler.shorten import short_text
 from qcompiler.sqnr import db_from_powers, powers
 
 
@@ -175,7 +177,9 @@ def build_report(plan, activations: Dict[str, Encoding], params: Dict[str, Encod
     floats = plan.float_values()
     for (node, slot), spec in plan.uses.items():
         if spec.keep_float and spec.kind in ("weight", "bias"):
-            floats[f"{node}:input{slot}"] = f"{spec.kind}: {spec.reason}"
+            reason = spec.reason or ""
+            # a reason that already names the kind ("bias left float") is not prefixed again
+            floats[f"{node}:input{slot}"] = reason if reason.startswith(spec.kind + " ") else f"{spec.kind}: {reason}"
     dtypes = plan.dtypes or calib.dtypes
     integers = sorted(n for n, dt in dtypes.items() if not np.issubdtype(dt, np.floating))
     return {
@@ -329,6 +333,14 @@ def _sqnr_samples_note(used: int, total: int) -> str:
             f"{SQNR_KEEP_BYTES >> 20} MB of kept float outputs)")
 
 
+def _values_named(names: list, show: int = 3) -> str:
+    """The values a summary line speaks of: `'x'` for one, `x5 ('a', 'b', 'c', ...)` for more."""
+    quoted = [f"'{short_text(n, 40)}'" for n in names[:show]]
+    if len(names) == 1:
+        return quoted[0]
+    return f"x{len(names)} ({', '.join(quoted)}{', ...' if len(names) > show else ''})"
+
+
 def format_summary(report: dict) -> str:
     """A few human lines for the CLI."""
     c = report["counts"]
@@ -347,33 +359,26 @@ def format_summary(report: dict) -> str:
                  f"({report['scheme']}, {report.get('calibration_samples', 0)} samples); {c['left_float']} values "
                  f"left float"]
     if c.get("widened"):
-        lines.append(f"  {c['widened']} activations widened to 16 bits (an 8-bit grid would give < 30 dB, or the "
-                     f"safety net found them breaking the output; see report 'widened')")
+        named = _values_named(list(report["widened"])) if report.get("widened") else f"x{c['widened']}"
+        lines.append(f"  widened to 16 bits {named}: an 8-bit grid would give < 30 dB, or the safety net found them "
+                     f"breaking the output (report 'widened' has each reason)")
     maxerr = report.get("output_max_abs_error", {})
     for n, s in report["output_sqnr_db"].items():
         extra = f", max |error| {maxerr[n]:.3g}" if n in maxerr else ""
         if n in report.get("sqnr_masked_outputs", ()):
             extra += ", positions the attention mask keeps"
         lines.append(f"  output '{n}': SQNR {s} dB{extra} ({report.get('sqnr_samples_note', '')})")
-    reasons: Dict[str, int] = {}
-    for r in report["left_float"].values():
+    reasons: Dict[str, list] = {}
+    for name, r in report["left_float"].items():
         key = r.split(":")[0] if r.startswith("inside") else r     # whole: a cut reason reads as a different one
-        reasons[key] = reasons.get(key, 0) + 1
-    for r, k in sorted(reasons.items(), key=lambda t: -t[1])[:8]:
-        lines.append(f"  float x{k}: {r}")
+        reasons.setdefault(key, []).append(name)
+    for r, names in sorted(reasons.items(), key=lambda t: -len(t[1]))[:8]:
+        lines.append(f"  float {_values_named(names)}: {r}")
     for p in report.get("passes", ()):
         for op, why in (p["stats"].get("skipped_op_types") or {}).items():
             lines.append(f"  {p['name']} left alone {op}: {why}")
-    if not wo and c["activations"] == 0:
-        top = max(reasons.items(), key=lambda t: t[1])[0] if reasons else "nothing the target quantizes"
-        lines.append(f"  note: no activation is quantized on {report['target']} (most common reason: {top[:120]}); "
-                     f"--optimize accuracy keeps every quantizer, a --target whose compiler reads the QDQ model "
-                     f"(trt, qnn_htp) keeps them too")
-    size = report.get("size")
-    if size and size.get("float_bytes"):
-        mb = 1 << 20
-        lines.append(f"  file: {size['quantized_bytes'] / mb:.2f} MB against {size['float_bytes'] / mb:.2f} MB float "
-                     f"({size['ratio']:.2f}x)")
+    if verdict_line(report):
+        lines.append(verdict_line(report))
     lat, kern = report.get("latency"), report.get("kernels")
     if lat:
         lines.append(f"  latency: quantized {lat['quant_ms']:.3g} ms, float {lat['float_ms']:.3g} ms "

@@ -40,9 +40,12 @@ from qcompiler.quant.placement.bodies import (
     tie_bodies,
 )
 from qcompiler.quant.placement.body_float_regions import drop_body_float_regions
-from qcompiler.quant.placement.cost import node_macs
+from qcompiler.quant.placement.cost import SIZED_OPS, node_macs
 from qcompiler.quant.placement.dynamic_weights import symmetric_dynamic_weights
-from qcompiler.quant.placement.float_regions import drop_float_region_quantizers
+from qcompiler.quant.placement.float_regions import (
+    ACTIVATIONS_AS_BALANCED,
+    drop_float_region_quantizers,
+)
 from qcompiler.quant.placement.input_quantizers import quantize_inputs
 from qcompiler.quant.placement.kernels import (
     full_range_for_float_kernels,
@@ -59,12 +62,13 @@ from qcompiler.quant.placement.supergroups import (
 )
 from qcompiler.quant.placement.ties import check_tie_spread, tie_values
 from qcompiler.quant.placement.weights import block_axis, place_weights
-from qcompiler.quant.placement.widening import widen_or_float
+from qcompiler.quant.placement.widening import bulk_names, widen_or_float
 from qcompiler.quant.targets.fusions import load_fusions
 from qcompiler.quant.targets.profiles import Profile
 
 __all__ = ["build_plan", "observed_names", "observed_body_names", "PlacementOptions", "block_axis", "nodes_by_name",
-           "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel"]
+           "weight_nodes", "find_supergroups", "SUPERGROUP_KINDS", "decide_storage", "CELL_STATE", "integer_kernel",
+           "bulk_names"]
 
 
 def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict[str, dict],
@@ -76,9 +80,10 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
     """
     opts = opts or PlacementOptions()
     g = model.graph
-    plan = QuantPlan(profile)
+    plan = QuantPlan(profile, opts.optimize)
     plan.nodes = nodes_by_name(g)
     plan.dtypes = propagate_dtypes(g, profile, dtypes)
+    plan.macs = node_macs(g, stats, SIZED_OPS)
     mark_supergroups(plan, g, profile, opts, stats)
     place_weights(plan, g, profile, opts)           # main graph and If/Loop/Scan bodies (field notes §1)
     place_activations(plan, g, profile, opts)
@@ -99,7 +104,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
                                      narrow=fast, cost=opts.optimize)
         # the same rules inside If/Loop/Scan bodies, their boundaries agreeing; the latency search measures
         # main-graph candidates only, so inside bodies `latency` keeps the rule
-        drop_body_float_regions(plan, g, table, everywhere=opts.optimize != "balanced")
+        drop_body_float_regions(plan, g, table, everywhere=opts.optimize not in ACTIVATIONS_AS_BALANCED)
     full_range_for_float_kernels(plan, g)
     record_bodies(plan, g)
     return plan

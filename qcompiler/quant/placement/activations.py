@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from qcompiler.quant.core.float16 import edge_cast_reason
 from qcompiler.quant.core.plan import QuantPlan, QuantSpec
 from qcompiler.quant.placement.lookup import float_check
 from qcompiler.quant.placement.options import PlacementOptions, node_settings
@@ -60,14 +61,15 @@ def place_activations(plan: QuantPlan, g, profile: Profile, opts: PlacementOptio
             if n.domain not in ("", "ai.onnx"):
                 spec.float_(f"producer '{n.name}' is a custom-domain op ({n.domain}.{n.op_type})")
             elif n.op_type in not_q:
-                spec.float_(f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.name}")
+                spec.float_(edge_cast_reason(n) or
+                            f"producer '{n.name}' ({n.op_type}) is not quantizable on {profile.name}")
             elif i in CELL_STATE.get(n.op_type, {}).get("outputs", ()) and wide:
                 spec.bits, spec.widened = int(wide), \
                     f"cell state of {n.op_type} '{n.name}' (it integrates over every time step)"
             elif i in float_outs.get(n.op_type, ()):
                 spec.float_(f"output {i} of {n.op_type} '{n.name}' kept float (recurrent cell state)")
             elif s["keep_float"]:
-                spec.float_(f"node '{n.name}' kept {s['precision']} by config (a rule, --exclude or --op-types)")
+                spec.float_(f"node '{n.name}' kept {s['precision']} by {s['by']}")
             elif not s["output_quantized"]:
                 spec.float_(f"output of '{n.name}' unquantized by config (a rule or --op-types)")
             elif v.name in plan.interior:

@@ -13,7 +13,8 @@ activation), never a graph input or output: tiny models keep their one integer r
 
 Multiply-accumulates per call = output elements per call (calibration's observer count over the number of
 calibration runs, `calls` in the stats) x the reduction length read from the weight's dims (never its values):
-Conv: Cin/group x kh x kw; MatMul: the weight's rows; Gemm: its rows or, with transB, its columns. A node
+Conv: Cin/group x kh x kw; MatMul: the weight's rows; Gemm: its rows or, with transB, its columns; LSTM/GRU/RNN:
+gates x (input + hidden) per element of Y. A node
 without a constant weight (an activation x activation MatMul) or without observed output has no size here
 and is never judged small.
 """
@@ -38,10 +39,20 @@ def _dims(v) -> Optional[tuple]:
     return None
 
 
+# the ops whose size reduction_length reads from their weights' dims (the summary's integer-kernel share)
+RECURRENT = ("LSTM", "GRU", "RNN")
+SIZED_OPS = ("Conv", "MatMul", "Gemm") + RECURRENT
+
+
 def reduction_length(node) -> Optional[int]:
     """How many products sum into one output element of `node` (None: no constant weight to read it from)."""
     if len(node.inputs) < 2:
         return None
+    if node.op_type in RECURRENT:   # per element of Y [seq, dirs, batch, H]: gates x (input + hidden) products
+        w, r = _dims(node.inputs[1]), _dims(node.inputs[2]) if len(node.inputs) > 2 else None
+        if not w or not r or len(w) != 3 or len(r) != 3 or not r[2] or w[1] % r[2]:
+            return None
+        return int(w[1] // r[2] * (w[2] + r[2]))
     dims = _dims(node.inputs[1])
     if not dims or not all(isinstance(d, int) and d > 0 for d in dims):
         return None

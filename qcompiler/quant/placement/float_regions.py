@@ -26,9 +26,10 @@ weights. Measured (onnxruntime 1.32, AVX-512 VNNI, CPU clock): ppocr_cls 1.14x -
 default promises holds: (1) the size rule counts only borders with a float Conv (the NCHWc <-> NHWC layout
 change is what sinks an island; cost.small_regions `layout_only`), never a graph input or output or a float
 Gemm/Flatten/ConvTranspose: a small model whose integer kernels form one region keeps them and their Q/DQ; (2)
-only 8-bit activation quantizers (and widened 16-bit ones) go: a width the user asked for stays; (3) weights stay
-quantized (a float kernel's are stored on their int8 grid, placement/storage.py: no run time), except behind a
-freed 16-bit value as before; LSTM/GRU weights always (test_corpus_targets). Measured (CPU clock, 30 runs,
+only 8-bit activation quantizers (and widened 16-bit ones) go: a width the user asked for stays; (3) a float
+kernel's weights are exact float (the profile's `float_kernel_weights`: on their grid they bought neither size nor
+speed; a MatMul's then go int8 to narrow-float-weights). `--optimize size` places activations as `balanced` and
+keeps those weights int8 + DequantizeLinear (a quarter of the bytes, a DQ at run time). Measured (CPU clock, 30 runs,
 2 runs): ppocr_cls 1.13x -> ~0.77x float (agreement 0.9925 -> 0.995), char_rnn 1.11x -> ~0.99x (the Q/DQ pairs
 around LSTM/GRU gone, weights on their grid; drop -0.02 pt), minilm_l6 1.00x -> ~0.96x (cosine 0.9972 -> 0.9989),
 mobilenet_like 1.35x -> ~0.95x.
@@ -46,6 +47,7 @@ from typing import Dict, Optional
 from qcompiler.quant.core.plan import QuantPlan
 from qcompiler.quant.placement.cost import small_regions
 from qcompiler.quant.placement.kernels import group_bits_table
+from qcompiler.quant.placement.storage import requantized_if_float
 
 ACT_BITS = {"uint8": 8, "int8": 8, "uint16": 16, "int16": 16, "uint4": 4, "int4": 4}
 
@@ -274,18 +276,19 @@ def _enters_a_body(v) -> bool:
     return any(u.user is not None and u.user.subgraphs() for u in v.uses())
 
 
-# recurrent ops: no QDQ integer kernel on ort_cpu, but their weights stay int8 + DQ under `balanced` (the corpus
-# promise: char_rnn's LSTM/GRU weights quantized, where the peers leave them float)
+# objectives that place activations as `balanced` (size differs in how weights are stored, not in quantizers)
+ACTIVATIONS_AS_BALANCED = ("balanced", "size")
 
 
 def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = False, narrow: bool = False,
                                  cost=False) -> int:
     """Mark float the main-graph activation quantizers with no integer-kernel neighbour: those placement widened
     beyond 8 bits (`balanced`: float is more accurate than 16 bits and costs nothing; a width the user asked for
-    stays), or all of them and the weights and
-    biases of main-graph nodes that run float kernels (`everywhere`, `--optimize latency`: on ppocr_cls 1.45x ->
-    1.21x float, agreement 0.9925 -> 0.9875 on its 400 images, where one image is 0.25 points). Returns how many
-    specs it marked."""
+    stays), or all of them (`everywhere`: on ppocr_cls 1.45x -> 1.21x float, agreement 0.9925 -> 0.9875 on its
+    400 images, where one image is 0.25 points); and the weights and biases of main-graph nodes that run float
+    kernels where the profile's `float_kernel_weights` says "float" for `plan.optimize`. `cost` "size" places
+    activations as "balanced". Returns how many specs it marked."""
+    cost = "balanced" if cost in ACTIVATIONS_AS_BALANCED else cost
     if narrow:
         _narrow_widened(plan, g, table, cost)
     k = _Kernels(plan, table, cost).size_rule(g)
@@ -304,36 +307,33 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
                   if (s := plan.spec(v.name)) is not None and s.kind == "activation" and not s.keep_float
                   and candidate(v, s)]
     verdict = {v.name: is_useful(v) for v in candidates}
-    dropped, freed, freed_wide = 0, set(), set()
+    dropped = 0
     for v in candidates:
         if not verdict[v.name]:
             what = "16-bit " if plan.spec(v.name).bits > 8 else ""
-            if what:
-                freed_wide.add(v.name)
             plan.spec(v.name).float_(f"no integer kernel on {plan.profile.name} reads or writes it: a {what}"
                                      f"Q/DQ pair here would only cost time (--optimize accuracy keeps it)")
-            freed.add(v.name)
             dropped += 1
-    if balanced:     # weights stay quantized (stored on their grid for a float kernel: no run time, and the
-        everywhere, freed = False, freed_wide      # width the user asked for), except behind a freed 16-bit value
-    # ... and except the weights of ops that run a float kernel whatever their inputs (the profile's
-    # float_kernel_ops: LSTM/GRU/RNN on onnxruntime's CPU): on their grid they buy neither size (stored float) nor
-    # speed and only cost accuracy (three stacked LSTMs on their 7-bit grid: embedding cosine 0.9998 -> 0.987,
-    # while onnxruntime's own quantizer leaves them float); `--optimize accuracy` keeps them on the grid
-    always_float = set(plan.profile.float_kernel_ops)
-    # a weight of a node that runs a float kernel is multiplied in float whatever its grid: stored on the grid it
-    # buys no speed. `everywhere` frees them all; otherwise those of nodes that now read a float activation this
-    # step freed (minilm_l6's FFN MatMuls behind a widened LayerNorm output: cosine 0.9969 -> 0.9973)
+    # a weight of a node that runs a float kernel is multiplied in float whatever its grid: on the grid it buys
+    # neither size (stored float) nor speed and costs accuracy (three stacked LSTMs on their 7-bit grid: embedding
+    # cosine 0.9998 -> 0.987, where onnxruntime's own quantizer leaves them float). The profile says per objective
+    # whether such a weight is exact float or stored narrow (Profile.float_kernel_weight_form: `size` keeps it
+    # int8 + DQ, a MatMul's goes to narrow-float-weights); `--optimize accuracy` never gets here (on the grid)
+    # A grid the user asked for (a config rule's, not the target's default width, or per-block) stays, with
+    # its node's bias.
+    asked = {n for (n, _), spec in plan.uses.items() if spec.kind == "weight" and not spec.keep_float
+             and (spec.asked or spec.bits != plan.profile.weight.bits or spec.block_size)}
     for (node_name, slot), spec in plan.uses.items():
         node = plan.nodes.get(node_name)
-        if spec.kind not in ("weight", "bias") or spec.keep_float or node is None or node.graph is not g:
+        if spec.kind not in ("weight", "bias") or spec.keep_float or node is None or node.graph is not g \
+                or node_name in asked:
             continue
-        if not everywhere and not any(x is not None and x.name in freed for x in node.inputs) \
-                and node.op_type not in always_float:
+        if plan.profile.float_kernel_weight_form(plan.optimize, node.op_type) != "float":
             continue
-        if not k.integer(node) and not k.weight_only(node, slot, spec):
+        if not k.integer(node) and not k.weight_only(node, slot, spec) and not requantized_if_float(plan, node):
             spec.float_(f"{node.op_type} runs a float kernel on {plan.profile.name}: its {spec.kind} on an "
-                        f"integer grid would only cost accuracy (--optimize accuracy keeps it)")
+                        f"integer grid would only cost accuracy (--optimize accuracy keeps it, --optimize size "
+                        f"stores it int8)")
             dropped += 1
     # what is left with no integer-kernel neighbour: the latency search's candidates (judged with every
     # quantizer still in place, so taking any of them out leaves every integer kernel its Q/DQ)

@@ -21,6 +21,9 @@ class PlacementOptions:
         self.optimize = optimize
 
 
+BY_USER_CONFIG = "config (a rule, --exclude or --op-types)"   # who decided a node's settings, in reasons
+
+
 def node_settings(opts: PlacementOptions, profile: Profile, node):
     """Resolved per-node settings as a dict (config rules when a config is given, else API args + profile)."""
     a, w = profile.activation, profile.weight
@@ -29,7 +32,8 @@ def node_settings(opts: PlacementOptions, profile: Profile, node):
          "weight_symmetric": w.symmetric if opts.weight_symmetric is None else opts.weight_symmetric,
          "weight_per_channel": opts.per_channel, "weight_block": opts.weight_block, "weight_quantized": True,
          "bias_quantized": True, "keep_float": False, "precision": "int", "output_quantized": True,
-         "input_quantized": False, "encoding_min": None, "encoding_max": None}
+         "input_quantized": False, "encoding_min": None, "encoding_max": None,
+         "by": BY_USER_CONFIG, "weights_ruled": False}
     cfg = opts.config
     if cfg is not None and node is not None:
         ns = cfg.settings_for(node)
@@ -39,6 +43,8 @@ def node_settings(opts: PlacementOptions, profile: Profile, node):
             if hasattr(ns, k):
                 s[k] = getattr(ns, k)
         s["keep_float"] = bool(getattr(ns, "keep_float", False))
+        s["by"] = getattr(ns, "decided_by", "") or BY_USER_CONFIG
+        s["weights_ruled"] = bool(getattr(ns, "weights_ruled", False))
     return s
 
 

@@ -112,6 +112,22 @@ def _runtime_requantizes(plan: QuantPlan, node) -> bool:
     return any(_applied(plan.uses.get((u.user.name, u.index))) for u in v.uses() if not u.is_graph_output)
 
 
+def requantized_if_float(plan: QuantPlan, node) -> bool:
+    """Would the runtime re-quantize `node`'s weight itself were it left exact float (`requantizes_float_weights`:
+    a DQ'd activation input and a quantized output), judged from the plan's specs before encodings exist? Such a
+    weight keeps its own grid: the runtime's would be per tensor and coarser."""
+    if node.op_type not in plan.profile.requantizes_float_weights or not node.inputs or node.inputs[0] is None:
+        return False
+
+    def quantized(spec) -> bool:
+        return spec is not None and spec.kind == "activation" and not spec.keep_float
+    if not (quantized(plan.uses.get((node.name, 0))) or quantized(plan.values.get(node.inputs[0].name))):
+        return False
+    v = node.outputs[0] if node.outputs else None
+    return v is not None and (quantized(plan.values.get(v.name)) or any(
+        quantized(plan.uses.get((u.user.name, u.index))) for u in v.uses() if not u.is_graph_output))
+
+
 def _storable_on_grid(spec) -> bool:
     """A grid stored in 8 to 32 bits without blocks (a bias is int32; its encoding comes at QDQ insertion)."""
     if spec.kind == "bias":
@@ -122,8 +138,9 @@ def _storable_on_grid(spec) -> bool:
 
 def decide_storage(plan: QuantPlan, model) -> int:
     """Set `storage` on every quantized weight and bias use of the plan; returns how many are stored on their
-    grid. A use is stored on its grid when the profile asks for it (`prefold_unfused_weight_dq`) and its node
-    runs a float kernel that the runtime would not re-quantize itself; a weight read by fused and unfused nodes
+    grid. A use is stored on its grid when the profile asks for it (`prefold_unfused_weight_dq`), its node
+    runs a float kernel that the runtime would not re-quantize itself and the objective does not store such
+    weights narrow (`float_kernel_weights`: int8 + DQ under `size`); a weight read by fused and unfused nodes
     alike keeps its DQ for the fused ones. Uses are visited weights first, then biases, as the lowered graph
     orders their DQs: a bias of a node whose weight is on its grid reads "weight is not 8-bit"."""
     for spec in plan.uses.values():
@@ -131,6 +148,8 @@ def decide_storage(plan: QuantPlan, model) -> int:
             spec.storage, spec.storage_reason, spec.param_name = INT, "", ""
     if not plan.profile.prefold_unfused_weight_dq:
         return 0
+    int_for = {op for op in plan.profile.weights     # the objective stores float kernels' weights narrow (size)
+               if plan.profile.float_kernel_weight_form(plan.optimize, op, weight_only=False) == "int"}
     by_name = plan.nodes
     done = 0
     for kind in ("weight", "bias"):
@@ -138,7 +157,7 @@ def decide_storage(plan: QuantPlan, model) -> int:
             if spec.kind != kind or spec.keep_float or not _storable_on_grid(spec):
                 continue
             node = by_name.get(node_name)
-            if node is None:
+            if node is None or node.op_type in int_for:
                 continue
             reason = unfused_reason(plan, node)
             if reason is not None and not _runtime_requantizes(plan, node):

@@ -50,7 +50,7 @@ def place_weights(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) 
                 continue
             if s["keep_float"] or not s["weight_quantized"]:
                 plan.set_use(n.name, slot, QuantSpec(kind="weight", source="config").float_(
-                    "weights kept float by config (a rule, --exclude or --op-types)"))
+                    f"weights kept float by {s['by']}"))
                 continue
             dims = v.tensor.dims if getattr(v, "tensor", None) is not None else getattr(arr, "shape", ())
             if 0 in dims:   # a zero dim (MatMul B of shape (4, 0)): no range to take, nothing to gain
@@ -83,7 +83,7 @@ def place_weights(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) 
             range_bits = min(bits, rb) if (rb and bits == 8) else bits
             plan.set_use(n.name, slot, QuantSpec(kind="weight", bits=bits, symmetric=bool(s["weight_symmetric"]),
                                                  signed=True, axis=axis, block_size=block,
-                                                 range_bits=range_bits,
+                                                 range_bits=range_bits, asked=bool(s["weights_ruled"]),
                                                  source=f"profile weights {n.op_type}{fallback}"))
         bslot = profile.bias.get(n.op_type)
         if bslot is not None and bslot < len(n.inputs) and _const(n.inputs[bslot]) is not None \

@@ -7,6 +7,7 @@ import numpy as np
 
 from qcompiler.quant.calibration.calibrate import min_max_step
 from qcompiler.quant.core.plan import QuantPlan
+from qcompiler.quant.placement.float_regions import ACTIVATIONS_AS_BALANCED
 from qcompiler.quant.targets.profiles import Profile
 
 # field notes §6 thresholds: an 8-bit grid keeps the bulk of a tensor useful while max|x| / p99.9|x| stays
@@ -25,6 +26,17 @@ MIN_SQNR8_DB = 30.0
 # relative error e^d - 1 of each probability, whatever the scores' scale (0.25: at most ~13 %, rms ~7 %)
 SOFTMAX_MAX_STEP = 0.25
 EXP_OPS = ("Softmax", "LogSoftmax")
+# what a widening costs: on a target whose integer kernels read only 8-bit activations (onnxruntime's CPU), a
+# value widened to 16 bits turns its Conv/MatMul/Gemm readers into float kernels. When those readers hold at
+# least HEAVY_SHARE of the model's multiply-accumulates and the 8-bit grid still gives MIN_SQNR8_HEAVY_DB on the
+# value (the gain is a few dB: a t(4)-tailed input at 28 dB on 8 bits cost the output 33 -> 27 dB), the value
+# keeps 8 bits and its readers their integer kernels
+# (a pitch tracker's unfused BatchNorm output widened made the next Conv, half the compute, run float: 1.13x
+# float against onnxruntime's 0.71x for 0.35 points). Under `balanced` and `size` only: `accuracy` widens as
+# before, `latency`'s search measures the narrowing; the safety net still widens a value that breaks an output.
+HEAVY_SHARE = 0.25
+MIN_SQNR8_HEAVY_DB = 24.0
+MIN_MEDIAN_STEPS = 2.0
 
 
 def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=None) -> None:
@@ -32,6 +44,7 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
     the graph `g`) a Softmax input whose grid step is too coarse for exp."""
     wide = profile.wide_activation_bits
     exp_inputs = _exp_inputs(g, profile) if g is not None else set()
+    costly = _widening_costs(plan, g, profile) if g is not None and wide else {}
     for name, spec in plan.values.items():
         # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
         if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
@@ -63,12 +76,78 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
             why = f"an 8-bit grid gives ~{st.get('sqnr8_db', 0):.0f} dB (max|x| {absmax:.3g}"
             why += (f", 99.9% of |x| within {st['p999_steps']:.1f} steps)" if "p999_steps" in st else
                     f", rms {np.sqrt(st.get('mean_sq', 0.0)):.3g})")
-            if wide:
+            cost = costly.get(name)
+            if cost and _bulk_spans_the_grid(st) and st.get("sqnr8_db", 0.0) >= MIN_SQNR8_HEAVY_DB:
+                spec.source = (spec.source + "; " if spec.source else "") + \
+                    f"kept 8-bit: {why[:-1]}), but 16 bits would run {cost} float on {profile.name}"
+            elif wide:
                 spec.bits, spec.widened = int(wide), why
             else:
                 spec.float_(why)
         elif st.get("nonfinite", 0):
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
+
+
+def _bulk_spans_the_grid(st: dict) -> bool:
+    """Is the 8-bit SQNR estimate the bulk's, not an outlier's? It counts every value's power, so one value of
+    1000 over ~1s, or one channel 2000x the others, scores 24-28 dB while the bulk sits under one step: the
+    median nonzero |x| must span MIN_MEDIAN_STEPS steps of the 8-bit min/max grid (a 99.9th percentile would
+    not do: an outlier channel of 64 holds 1.6% of the values). Unknown (no magnitude histogram): no."""
+    med, step = st.get("abs_median_nonzero"), min_max_step(st, 8)
+    return med is not None and step > 0 and med / step >= MIN_MEDIAN_STEPS
+
+
+def bulk_names(model, profile: Profile, optimize: str) -> frozenset:
+    """The values whose bulk the cost rule may need (calibration keeps their median |x|): what the
+    Conv/MatMul/Gemm that run integer kernels only at 8 bits read at input 0, the producer behind data movement.
+    Empty where the rule does not apply (see _widening_costs)."""
+    kernels, wide = profile.integer_weight_kernels, profile.wide_activation_bits
+    if optimize not in ACTIVATIONS_AS_BALANCED or not wide or not kernels or \
+            all(r.act_bits == wide for r in kernels.values()):
+        return frozenset()
+    moves = set(profile.shares_input_encoding)
+    out = set()
+    for n in model.graph.nodes:
+        if n.op_type not in kernels or kernels[n.op_type].act_bits == wide or not n.inputs or n.inputs[0] is None:
+            continue
+        v = n.inputs[0]
+        while v.producer is not None and v.producer.op_type in moves and v.producer.inputs \
+                and v.producer.inputs[0] is not None:
+            v = v.producer.inputs[0]
+        out.add(v.name)
+    return frozenset(out)
+
+
+def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
+    """value name -> what widening it would cost ("Conv 'x' (40% of the multiply-accumulates)"), for the
+    main-graph values whose readers, directly or through data movement, run an integer kernel only at 8 bits
+    and hold at least HEAVY_SHARE of the model's multiply-accumulates (plan.macs). Empty for `--optimize
+    accuracy` (every quantizer as asked), `latency` (its search measures the narrowing: latency_search.py) and
+    for targets whose integer kernels take the wide grid (or that list none)."""
+    kernels = profile.integer_weight_kernels
+    wide = profile.wide_activation_bits
+    total = sum(plan.macs.values())
+    if plan.optimize not in ACTIVATIONS_AS_BALANCED or not kernels or not total or \
+            all(r.act_bits == wide for r in kernels.values()):
+        return {}
+    moves = set(profile.shares_input_encoding)
+    out: Dict[str, str] = {}
+    for v in [x for n in g.nodes for x in n.outputs if x is not None] + list(g.inputs):
+        readers, stack = [], [v]
+        while stack:
+            for u in stack.pop().uses():
+                r = u.user
+                if u.is_graph_output or r is None or r.graph is not g:
+                    continue
+                if r.op_type in moves and u.index == 0 and r.outputs and r.outputs[0] is not None:
+                    stack.append(r.outputs[0])
+                elif u.index == 0 and r.op_type in kernels and kernels[r.op_type].act_bits != wide:
+                    readers.append(r)
+        macs = sum(plan.macs.get(r.name, 0.0) for r in readers)
+        if macs >= HEAVY_SHARE * total:
+            names = ", ".join(f"{r.op_type} '{r.name[:40]}'" for r in readers[:2]) + (" ..." if len(readers) > 2 else "")
+            out[v.name] = f"{names} ({100 * macs / total:.0f}% of the multiply-accumulates)"
+    return out
 
 
 def _exp_inputs(g, profile: Profile) -> set:

@@ -37,6 +37,8 @@ must be finite, and no message quotes more than ~60 characters of a value from t
 """
 from __future__ import annotations
 
+import os
+
 import copy
 import math
 from dataclasses import dataclass, field, replace
@@ -49,15 +51,17 @@ from qcompiler.input_files import read_bounded
 from qcompiler.patterns.supergroups import SUPERGROUP_KINDS
 from qcompiler.quant.core.bitwidths import BIAS_BITS, FLOAT_BITS, INT_BITS, check_bits
 from qcompiler.quant.core.schemes import canonical_scheme
-from qcompiler.quant.settings.presets import preset_path
+from qcompiler.quant.settings.presets import preset_path, presets
 from qcompiler.quant.settings.untrusted import (
     decode_text,
     parse_json,
     parse_yaml,
     short,
 )
-from qcompiler.shorten import short_key
+from qcompiler.shorten import did_you_mean, short_key, short_text
 
+# NodeSettings fields that set a weight's grid: a rule that sets one asks for that grid
+WEIGHT_GRID_KEYS = ("weight_bits", "weight_block")
 AIMET_REQUIRED = ("defaults", "params", "op_type", "supergroups", "model_input", "model_output")
 PRECISIONS = ("int", "float16", "float32")
 
@@ -81,6 +85,8 @@ class NodeSettings:
     encoding_min: Optional[float] = None   # AIMET encoding_constraints: fixed output range
     encoding_max: Optional[float] = None
     matched_rules: tuple = ()        # indices of our rules that matched, for the report
+    decided_by: str = ""             # the origin of the last matched rule, when not the user's
+    weights_ruled: bool = False      # a matched rule set the weights' grid (a width asked for)
 
     @property
     def keep_float(self) -> bool:
@@ -96,6 +102,7 @@ class Rule:
     names: Optional[tuple] = None
     regex: Optional[object] = None   # a compiled RE2 pattern (see _compile_regex)
     updates: dict = field(default_factory=dict)
+    origin: str = ""                 # who made the rule when not the user (a reason names it: "--max-drop")
 
     def matches(self, node) -> bool:
         if self.op_types is not None and node.op_type not in self.op_types:
@@ -133,12 +140,14 @@ class QuantConfig:
         upd = self.op_type.get(node.op_type)
         if upd:
             s = replace(s, **upd)
-        matched = []
+        matched, by, ruled = [], "", False
         for rule in self.rules:
             if rule.matches(node):
                 s = replace(s, **rule.updates)
                 matched.append(rule.index)
-        return replace(s, matched_rules=tuple(matched))
+                by = rule.origin
+                ruled = ruled or any(k in rule.updates for k in WEIGHT_GRID_KEYS)
+        return replace(s, matched_rules=tuple(matched), decided_by=by, weights_ruled=ruled)
 
 
 # --- file reading ---------------------------------------------------------------------------------------
@@ -187,6 +196,9 @@ def load_config(path: str) -> QuantConfig:
     """Read a config file (JSON or YAML), detect its format (AIMET has the six required keys) and parse it.
     A built-in preset's name (qcompiler/quant/settings/presets/NAME.yaml, e.g. `w8a8`) is read from the package."""
     path = preset_path(path)
+    if isinstance(path, str) and not os.path.lexists(path) and os.sep not in path and "." not in path:
+        raise ConfigError(f"{short_text(path)}: no such file, and no built-in preset of that name"
+                          f"{did_you_mean(path, presets())} (presets: {', '.join(presets())})")
     text = _read_text(path, "config")
     if path.lower().endswith(".json") or text.lstrip().startswith("{"):
         data = parse_json_strict(text, path)

@@ -14,8 +14,11 @@ such as fold-batchnorm remove nodes), so naming a node that exists is never a wa
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import List, Optional, Sequence
+
+import onnx
 
 from qcompiler.arguments import got
 from qcompiler.errors import ArgumentError
@@ -27,6 +30,7 @@ from qcompiler.quant.settings.config import (
     warning,  # noqa: F401  (one structured warning; selection's callers import it here)
 )
 from qcompiler.quant.settings.untrusted import short
+from qcompiler.shorten import did_you_mean, short_text
 
 
 @dataclass
@@ -72,8 +76,16 @@ def _regex(value: str, what: str):
                             f"expression ({e})") from None
 
 
+@functools.lru_cache(maxsize=1)
+def onnx_op_types() -> frozenset:
+    """Every op type the installed onnx package defines (any domain, any version): an `op_types` entry outside
+    these and the model's own op types is a typo (`matmul`), not an op the model happens to lack."""
+    return frozenset(s.name for s in onnx.defs.get_all_schemas_with_history())
+
+
 def check_unmatched(model, sel: Selection) -> None:
-    """Warnings for selectors that match no node of `model` (call on the model as loaded)."""
+    """Warnings for selectors that match no node of `model` (call on the model as loaded); an op type that is
+    neither an ONNX op nor one of the model's is an ArgumentError naming the nearest."""
     nodes = [n for g in model.graph.all_graphs() for n in g.nodes]
     names = {n.name for n in nodes}
     ops = {n.op_type for n in nodes}
@@ -85,8 +97,12 @@ def check_unmatched(model, sel: Selection) -> None:
         if not any(rx.search(n) for n in names if n):
             sel.warnings.append(warning("exclude", e, "matches no node"))
     for op in sel.op_types or ():
-        if op not in ops:
-            sel.warnings.append(warning("op_types", op, "matches no node"))
+        if op in ops:
+            continue
+        if op not in onnx_op_types():
+            raise ArgumentError(f"op_types: '{short_text(op)}' is no ONNX op type and no node of the model has it"
+                                f"{did_you_mean(op, ops | onnx_op_types())}")
+        sel.warnings.append(warning("op_types", op, "matches no node"))
     for name in sel.nodes or ():
         if name not in names:
             sel.warnings.append(warning("nodes", name, "matches no node"))

@@ -39,6 +39,14 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
   only with a Q on the output, possibly behind `output_q_through` ops); other weighted ops (LSTM/GRU/RNN)
   never do.
   `requantizes_float_weights`: ops whose float weight the runtime re-quantizes itself (keep their DQ).
+- `float_kernel_weights`: `--optimize` objective -> how a weight read by a float kernel is stored: "grid" (float32
+  on its integer grid: the QDQ model's numbers, no DequantizeLinear at run time, no size gained), "float" (exact
+  float: nothing rounded for nothing) or "int" (the integer tensor and a DequantizeLinear: a quarter of the bytes,
+  but onnxruntime runs that DQ on every inference and a Conv fed by it loses the NCHWc layout: a 64-channel 3x3
+  Conv at 56x56 1.32 ms against 1.02 ms). An objective it does not name: "grid" with `prefold_unfused_weight_dq`,
+  else "int". A MatMul weight the target's weight-only kernel takes (`weight_only.matmul` MatMulNBits) is left
+  exact float where the form is "int": narrow-float-weights stores it int8 for that kernel (as small, no DQ).
+  `Profile.float_kernel_weight_form` is the one reader (placement/float_regions.py, placement/storage.py).
 - `float_kernel_ops`: ops that always run a float kernel on the target (they dequantize their inputs): a
   data-movement output read only by them needs no quantizer of its own (it is on its input's grid already).
 - `fusions`: the runtime's QDQ fusion table (qcompiler/quant/targets/fusions.py; a built-in name such as `ort_cpu` or a
@@ -72,6 +80,8 @@ from typing import Dict, Optional, Tuple, Union
 from qcompiler.errors import ConfigError
 from qcompiler.input_files import read_bounded
 from qcompiler.quant.core.bitwidths import check_bits
+from qcompiler.quant.core.objectives import OPTIMIZE
+from qcompiler.shorten import did_you_mean
 from qcompiler.quant.settings.untrusted import (
     decode_text,
     parse_json,
@@ -131,6 +141,8 @@ PROFILES: dict = {
                                    "Gemm": {"act_bits": 8, "output_q": False}},
         "output_q_through": ["Relu", "Clip"],
         "float_kernel_ops": ["LSTM", "GRU", "RNN"],
+        # a float kernel's weights: on the grid only when asked (accuracy), exact float for speed, int8 for size
+        "float_kernel_weights": {"accuracy": "grid", "balanced": "float", "latency": "float", "size": "int"},
         # placement/storage.py: ORT's WeightBiasQuantization
         "requantizes_float_weights": ["Conv", "ConvTranspose", "Gemm"],
         # which QDQ units onnxruntime's CPU EP turns into integer kernels (qcompiler/quant/targets/fusion_tables/ort_cpu.yaml): placement
@@ -281,10 +293,21 @@ class Profile:
     fusions: Optional[str] = None       # the runtime's QDQ fusion table (qcompiler/quant/targets/fusions.py): a name or a YAML path
     float16_compute: str = "float32"    # "float32" | "float16": FLOAT16_COMPUTE
     weight_only: Optional[WeightOnlyForm] = None   # None: the target has no weight-only kernel
+    float_kernel_weights: Dict[str, str] = field(default_factory=dict)   # objective -> FLOAT_KERNEL_WEIGHT_FORMS
 
     def to_dict(self) -> dict:
         """Plain data (JSON-serialisable: tuples become lists)."""
         return asdict(self)
+
+    def float_kernel_weight_form(self, objective: str, op_type: str, weight_only: bool = True) -> str:
+        """How a weight of an `op_type` node that runs a float kernel is stored under `objective` ("grid",
+        "float" or "int"; the `float_kernel_weights` key above). `weight_only` False: the form once Q/DQ are
+        placed (a weight kept for the MatMulNBits route is not re-routed then)."""
+        form = self.float_kernel_weights.get(objective) or ("grid" if self.prefold_unfused_weight_dq else "int")
+        if weight_only and form == "int" and op_type == "MatMul" and self.weight_only is not None \
+                and self.weight_only.matmul == "MatMulNBits" and 8 in self.weight_only.bits:
+            return "float"      # narrow-float-weights: int8 MatMulNBits, as small and no DQ at run time
+        return form
 
 
 def get_profile(target) -> Profile:
@@ -325,7 +348,8 @@ def _get_profile(target, source: str) -> Profile:
         return _get_profile(data, src)
     if not isinstance(target, str):
         raise ConfigError(f"target must be a profile name, a profile file path or a dict, got {short(target)}")
-    raise ConfigError(f"unknown target {short(target)}; known targets: {', '.join(PROFILES)}")
+    raise ConfigError(f"unknown target {short(target)}{did_you_mean(target, PROFILES)}; known targets: "
+                      f"{', '.join(PROFILES)}")
 
 
 def _key(k) -> str:
@@ -389,6 +413,7 @@ class _Check:
 
 
 FLOAT16_COMPUTE = ("float32", "float16")
+FLOAT_KERNEL_WEIGHT_FORMS = ("grid", "float", "int")
 
 _NAME_LISTS = ("per_channel_ops", "float_output_ops", "shares_input_encoding", "tie_inputs_and_output",
                "bias_add_ops", "output_q_through", "float_kernel_ops", "requantizes_float_weights",
@@ -475,6 +500,12 @@ def check_profile(p: dict, source: str = "profile") -> Profile:
                     raise c.err(f"{w}.{_key(k)}", "unknown key (allowed: act_bits, output_q)")
     if p.get("weight_only") is not None:
         p["weight_only"] = _weight_only(c, p["weight_only"])
+    for objective, form in c.mapping(p.get("float_kernel_weights", {}), "float_kernel_weights").items():
+        if objective not in OPTIMIZE:
+            raise c.err(f"float_kernel_weights.{_key(objective)}", f"unknown objective (allowed: {', '.join(OPTIMIZE)})")
+        if form not in FLOAT_KERNEL_WEIGHT_FORMS:
+            raise c.err(f"float_kernel_weights.{objective}", f"expected one of {', '.join(FLOAT_KERNEL_WEIGHT_FORMS)}, "
+                        f"got {short(form)}")
     return _typed(p)
 
 
@@ -520,6 +551,7 @@ def _typed(p: dict) -> Profile:
         integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},
         weight_only=WeightOnlyForm(**dict(p["weight_only"], bits=tuple(p["weight_only"].get("bits", (4, 8)))))
         if p.get("weight_only") is not None else None,
+        float_kernel_weights=dict(p.get("float_kernel_weights", {})),
         **{k: tuple(p[k]) for k in _NAME_LISTS if k in p}, **{k: p[k] for k in _BOOLS if k in p})
 
 
