@@ -16,10 +16,10 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
-    from qcompiler.debugger import DebugResult, debug
-    from qcompiler.ir import Graph, Model, Node, Value, verify
-    from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model
-    from qcompiler.quant.api import QuantizeResult, quantize
+    from qcompiler.debugger import DebugResult, debug  # noqa: F401
+    from qcompiler.ir import Graph, Model, Node, Value, verify  # noqa: F401
+    from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto, save_model  # noqa: F401
+    from qcompiler.quant.api import QuantizeResult, quantize  # noqa: F401
 
 __version__ = "0.1.0"
 

@@ -25,7 +25,8 @@ FIRST = ("quantize", "debug", "run", "inspect", "list-passes", "match")   # the 
 
 def commands() -> list:
     """Every command of `qcompiler`, the common ones first, any other (a new command) after them by name."""
-    return [n for n in FIRST if n in main.commands] + sorted(n for n in main.commands if n not in FIRST)
+    names = main.list_commands(click.Context(main))        # the lazily loaded commands too
+    return [n for n in FIRST if n in names] + sorted(n for n in names if n not in FIRST)
 
 
 def _cell(text) -> str:
@@ -85,7 +86,7 @@ def _examples(cmd: click.Command) -> List[str]:
 
 
 def _command(name: str) -> List[str]:
-    cmd = main.commands[name]
+    cmd = main.get_command(click.Context(main), name)       # loads a lazy command
     ctx = click.Context(cmd, info_name=name)
     switches = {s.name: s for s in SWITCHES}
     is_quantize = name == "quantize"
