@@ -70,7 +70,7 @@ def test_local_processes_give_the_serial_result(spectrum, tmp_path, workers):
     _same_as_serial(spectrum, LocalExecutor(workers), tmp_path)
 
 
-@pytest.mark.slow       # a local Ray instance and two runs of the net: 19 to 36 s on the shared 2-core machine
+@pytest.mark.slow       # a local Ray instance and two runs of the net: 12 to 36 s on the shared 2-core machine
 def test_ray_gives_the_serial_result(spectrum, tmp_path):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'qcompiler[ray]')")
     from qcompiler.quant.runtime.executor import RayExecutor
