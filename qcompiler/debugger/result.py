@@ -105,7 +105,7 @@ class DebugResult:
                          + (f" ({v.node})" if v.node and v.node != v.name else "")
                          + (" [weight]" if v.kind == "weight" else "") + ("" if v.matched else " [no float twin]"))
         if len(self.values) > limit:
-            lines.append(f"    ... {len(self.values) - limit} more (--limit N, --json)")
+            lines.append(f"    ... {len(self.values) - limit} more (--top N shows them, --json lists all)")
         if self.modules:
             lines.append("")
             lines.append(f"{'SQNR dB':>8} {'alone dB':>8} {'quant':>5}  module (alone: output SQNR with only its "
