@@ -37,12 +37,13 @@ class Value:
     __slots__ = ("name", "type", "producer", "index", "_uses", "tensor", "graph", "is_input", "doc_string",
                  "metadata_props", "meta")
 
-    def __init__(self, name: str, graph: "Graph", type: Optional[onnx.TypeProto] = None):
+    def __init__(self, name: str, graph: "Graph", type: Optional[onnx.TypeProto] = None,
+                 producer: Optional["Node"] = None, index: int = -1):
         self.name = name
         self.graph = graph
         self.type = type
-        self.producer: Optional["Node"] = None
-        self.index: int = -1
+        self.producer = producer
+        self.index = index
         self._uses: list[Usage] = []
         self.tensor: Optional[Tensor] = None
         self.is_input = False

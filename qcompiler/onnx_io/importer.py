@@ -242,13 +242,15 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # ListFields, no bytecode per field): per-node Python work is what made importing a 90k-node graph 5x
     # slower than protobuf's parse.
     nps = list(gp.node)
-    nodes = []
+    nodes = []   # the Nodes, in file order (index i is nps[i])
+    graph_nodes = []   # (Node, its proto with attribute tensors inlined) for each node that holds a body
     # NOTE: while every input so far names a value already defined in this graph (the file is sorted), inputs
     # are linked here; from the first one that is not (a forward reference, an outer-scope name that a later
     # node may shadow, a missing name) linking stops and sweep 2 resumes at that node and slot, so uses are
     # appended in node order either way.
     cut = None   # (node position, input slot) where sweep 2 starts
     new_usage = tuple.__new__   # Usage(n, i) without NamedTuple's Python-level __new__
+    new_node = Node.__new__
     # NOTE: the scopes' sets directly: NameScope.__contains__/reserve as Python calls cost ~0.04 s per 90k nodes
     used_node_names = g.node_names._used
     node_names = g.node_names
@@ -260,8 +262,12 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     append_node = nodes.append
     for np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, *extra) in zip(
             nps, map(_NODE_FIELDS, nps)):
-        n = Node(op_type, domain, name)
-        n.graph = g
+        # NOTE: every slot set here once (Node.__init__ would set seven of them twice): ~90k nodes
+        n = new_node(Node)
+        n.op_type, n.domain, n.name, n.graph = op_type, domain, name, g
+        n.doc_string = n.overload = ""
+        n.metadata_props = n.meta = n._source = None
+        n.outputs = n_outputs = []
         if name:
             if name in used_node_names:
                 n.name = node_names.fresh(name)
@@ -294,14 +300,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             n._attrs = {} if has_graph else None
             n._attr_protos = attributes
         else:
-            attributes = []
             n._attrs = None
-            n._attr_protos = attributes
+            n._attr_protos = []
         ins = ins[:]   # NOTE: a slice of a upb container is a C copy, about twice as fast as list()
         if cut is None:
             vs = list(map(local_get, ins))
             if None in vs or empty_defined:
-                vs = n.inputs
+                vs = n.inputs = []
                 for i, iname in enumerate(ins):
                     if not iname:
                         _empty_input(ctx, g, name, op_type, domain, i)
@@ -319,17 +324,19 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 for v in vs:
                     v._uses.append(new_usage(Usage, (n, i)))
                     i += 1
+        else:
+            n.inputs = []
         outs = outs[:]
-        n_outputs = n.outputs
         i = 0
         for oname in outs:
             # NOTE: every name this graph defines (or shadows) is in the model-wide `used_names`, so one set
             # lookup clears the common case; the duplicate and shadow checks run only for a name seen before
             if oname and oname not in used_names:
                 reserve(oname)
-                v = Value(oname, g)
-                values[oname] = v
-                local[oname] = v
+                values[oname] = local[oname] = v = Value(oname, g, None, n, i)
+                n_outputs.append(v)
+                i += 1
+                continue
             elif not oname:
                 n_outputs.append(None)
                 i += 1
@@ -343,11 +350,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             v.index = i
             n_outputs.append(v)
             i += 1
-        append_node((n, np_, has_graph, ins))
-        if not (has_graph or extra or meta):
+        append_node(n)
+        if has_graph:
+            graph_nodes.append((n, np_))
+        elif not (extra or meta):
             # what export compares against to reuse `np_` unchanged (see exporter._node_protos)
             n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
-    all_nodes = [x[0] for x in nodes]
+    all_nodes = nodes
     g._nodes.update(dict.fromkeys(all_nodes))
     by_op = g._by_op
     for n in all_nodes:
@@ -367,26 +376,25 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             from None
     # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
     # sweep 2: subgraphs, then inputs
-    for n, np_, has_graph, _ in nodes:
-        if has_graph:
-            attrs = {}
-            for a in np_.attribute:
-                if a.type == AT.GRAPH:
-                    attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
-                elif a.type == AT.GRAPHS:
-                    attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
-                                         a.ref_attr_name, a.doc_string)
-                else:
-                    attrs[a.name] = _decode_attr(a)
-            n._attrs = attrs
-            n._attr_protos = None
+    for n, np_ in graph_nodes:
+        attrs = {}
+        for a in np_.attribute:
+            if a.type == AT.GRAPH:
+                attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
+            elif a.type == AT.GRAPHS:
+                attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
+                                     a.ref_attr_name, a.doc_string)
+            else:
+                attrs[a.name] = _decode_attr(a)
+        n._attrs = attrs
+        n._attr_protos = None
     forward_ref = False
     if cut is not None:
-        position = {n: i for i, (n, _, _, _) in enumerate(nodes)}
+        position = {n: i for i, n in enumerate(nodes)}
     for here in range(cut[0] if cut is not None else len(nodes), len(nodes)):
-        n, np_, _, ins = nodes[here]
+        n, np_ = nodes[here], nps[here]
         inputs = n.inputs
-        for i, iname in enumerate(ins):
+        for i, iname in enumerate(np_.input[:]):   # read again: only the nodes after a forward reference
             if i < len(inputs):   # linked in sweep 1 (the node where linking stopped)
                 continue
             if not iname:
@@ -412,12 +420,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             p = v.producer
             if p is not None and p.graph is g and position[p] >= here:
                 forward_ref = True
-    bodies = False
-    for n, _, has_graph, _ in nodes:
-        if has_graph:
-            bodies = True
-            for sg in n.subgraphs():
-                _link_subgraph(sg, n, ctx, scope + [local])
+    bodies = bool(graph_nodes)
+    for n, _ in graph_nodes:
+        for sg in n.subgraphs():
+            _link_subgraph(sg, n, ctx, scope + [local])
     # not topologically sorted, or bodies that may capture a value defined later: sort (a cycle is named)
     if forward_ref or bodies:
         g.toposort()
