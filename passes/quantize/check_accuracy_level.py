@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.calibration.weight_inputs import chunks, first_rows, input_groups
+from qcompiler.quant.calibration.weight_inputs import chunks, first_rows, input_groups, rows_session
 from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.core.weight_only import default_accuracy_level
 from qcompiler.sqnr import sqnr_db
 
@@ -43,8 +44,9 @@ def lower_levels(ctx, jobs) -> list:
     than LEVEL4_MIN_DB SQNR on its calibration inputs, level 4 to the others; returns the weights set to 0."""
     groups = input_groups(ctx, jobs)
     lowered = []
+    session = rows_session(ctx, groups) if groups else None
     for names in chunks(groups, lambda n, js: 4 * MAX_ROWS * js[0].k, ROW_BUDGET):
-        rows = first_rows(ctx, names, MAX_ROWS, CHECK_SAMPLES)
+        rows = first_rows(ctx, names, MAX_ROWS, CHECK_SAMPLES, session=session)
         for name in names:
             x = rows[name]
             if x is None or not len(x):
@@ -61,6 +63,8 @@ def lower_levels(ctx, jobs) -> list:
                     lowered.append(job.weight)
                 else:
                     job.accuracy_level = 4
+    del session
+    release(collect=True)
     return lowered
 
 
