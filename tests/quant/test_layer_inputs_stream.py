@@ -126,7 +126,7 @@ def test_a_failed_run_names_the_caller_and_sample():
 
 
 def test_a_large_models_values_come_without_prepacked_weights(monkeypatch):
-    """Over PREPACK_MAX_BYTES the value session keeps no repacked weight copies (memory of a large model's
+    """Over memory.PREPACK_MAX_BYTES the value session keeps no repacked weight copies (memory of a large model's
     capture); the values stay those of the default session within float rounding, and one session made for
     all names serves a stream over a subset of them."""
     from qcompiler.quant.calibration import layer_inputs
@@ -140,7 +140,8 @@ def test_a_large_models_values_come_without_prepacked_weights(monkeypatch):
         seen["prepack"] = k.get("prepack")
         return real(*a, **k)
     monkeypatch.setattr(layer_inputs, "make_session", spy)
-    monkeypatch.setattr(layer_inputs, "PREPACK_MAX_BYTES", 0)
+    from qcompiler.quant.runtime import memory
+    monkeypatch.setattr(memory, "PREPACK_MAX_BYTES", 0)
     session = layer_inputs.value_session(model, names)
     assert seen["prepack"] is False
     got = list(stream_values(model, samples, ["f", "y"], session=session))
@@ -148,6 +149,6 @@ def test_a_large_models_values_come_without_prepacked_weights(monkeypatch):
         assert set(arrays) == {"f", "y"}
         for n in ("f", "y"):
             np.testing.assert_allclose(arrays[n], ref[n], rtol=1e-5, atol=1e-5)
-    monkeypatch.setattr(layer_inputs, "PREPACK_MAX_BYTES", 1 << 40)
+    monkeypatch.setattr(memory, "PREPACK_MAX_BYTES", 1 << 40)
     layer_inputs.value_session(model, names)
     assert seen["prepack"] is True

@@ -29,7 +29,7 @@ from qcompiler.quant.calibration.observers import (
 )
 from qcompiler.quant.core.encoding import Encoding, compute_encoding, scalar
 from qcompiler.quant.core.plan import QuantPlan
-from qcompiler.quant.runtime.memory import drop_cached
+from qcompiler.quant.runtime.memory import drop_cached, prepack_weights
 
 
 class CalibrationResult:
@@ -205,7 +205,7 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
                                      **({} if bodies is True else {"body_names": set(bodies)}))
         sess, out_names = res.bodies, res.bodies.names
     else:
-        sess = make_session(model, extra_outputs=extra_output_names(model, names))
+        sess = make_session(model, extra_outputs=extra_output_names(model, names), prepack=prepack_weights(model))
         out_names = [o.name for o in sess.get_outputs()]
     graph_outputs = [v.name for v in model.graph.outputs]
     input_names = {v.name for v in model.graph.inputs}

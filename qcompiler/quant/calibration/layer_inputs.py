@@ -34,25 +34,23 @@ import onnx
 
 from qcompiler.onnx_io.exporter import model_to_proto
 from qcompiler.ort_session import create_session
-from qcompiler.quant.runtime.memory import release, weight_bytes
+from qcompiler.quant.runtime.memory import prepack_weights, release
 from qcompiler.quant.calibration.calibrate import extra_output_names, make_session
 
 LAYER_OPS = ("MatMul", "Gemm")
 MAX_ROWS = 4096        # rows kept per captured input (x K floats: 64 MB at K = 4096)
 MAX_SAMPLES = 128      # calibration samples the capture runs
 FLOAT_CACHE_BYTES = 512 << 20   # the float model's layer inputs kept from one pass (minilm: 264 MB of them)
-PREPACK_MAX_BYTES = 256 << 20   # larger models' value sessions keep no prepacked weight copies
 
 
 def value_session(model, names, role: str = ""):
-    """The session `stream_values` runs: `model` with `names` (those that are not graph inputs) as extra outputs.
-    Over PREPACK_MAX_BYTES of weights, without prepacked weight copies: a handful of runs read values, and a
-    repacked copy of every weight was a 0.5 B decoder's peak (smaller models keep onnxruntime's default, and
-    their values bit for bit). One session can serve several `stream_values` calls over subsets of `names`."""
+    """The session `stream_values` runs: `model` with `names` (those that are not graph inputs) as extra outputs,
+    prepacked weights only for a small model (memory.prepack_weights). One session can serve several
+    `stream_values` calls over subsets of `names`."""
     graph_inputs = {v.name for v in model.graph.inputs}
     run = [n for n in dict.fromkeys(names) if n not in graph_inputs]
     return make_session(model, extra_outputs=extra_output_names(model, run), role=role,
-                        prepack=weight_bytes(model) <= PREPACK_MAX_BYTES) if run else None
+                        prepack=prepack_weights(model)) if run else None
 
 
 def stream_values(model, samples, names, where: str = "calibration sample", max_samples: Optional[int] = None,
