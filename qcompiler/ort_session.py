@@ -284,14 +284,16 @@ def _is_large(model) -> bool:
 
 
 def create_session(model, role: str = "", opt_level=None, threads: Optional[int] = 1, extra_outputs=(),
-                   optimized_path: Optional[str] = None) -> Session:
+                   optimized_path: Optional[str] = None, prepack: bool = True) -> Session:
     """A quiet CPU session for an IR model, a ModelProto or serialized model bytes.
 
     `role` says which copy the messages talk about ("quantized", "after pass 'x'"); `threads`: intra-op threads
     (None: onnxruntime's default); `extra_outputs`: value names added as graph outputs (IR models only);
     `optimized_path`: onnxruntime writes its optimized graph there (`optimized_model_filepath`), its initializers
     of 1 KiB and more in `<optimized_path>.data` beside it, so the graph reads back without its weights
-    (qcompiler/quant/runtime/kernels.py; the caller owns that folder).
+    (qcompiler/quant/runtime/kernels.py; the caller owns that folder); `prepack=False`: kernels read the weights
+    as loaded instead of keeping a repacked copy (`session.disable_prepacking`), for sessions that only read values
+    out of a few runs: a second copy of every weight is the peak memory of a large model's capture.
     A refusal raises OnnxRuntimeError naming the model and onnxruntime's reason.
 
     NOTE: the model goes to onnxruntime as a file, not as bytes: from bytes it keeps ~90 MB more for minilm (210 vs
@@ -316,6 +318,8 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         so.intra_op_num_threads = threads
     if opt_level is not None:
         so.graph_optimization_level = opt_level
+    if not prepack:
+        so.add_session_config_entry("session.disable_prepacking", "1")
     if optimized_path is not None:
         so.optimized_model_filepath = os.fspath(optimized_path)
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name",

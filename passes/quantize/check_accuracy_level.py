@@ -14,15 +14,17 @@ from __future__ import annotations
 import numpy as np
 
 from qcompiler.passmanager import PassResult, register_pass
-from qcompiler.quant.calibration.weight_inputs import chunks, first_rows, input_groups
+from qcompiler.quant.calibration.weight_inputs import chunks, first_rows, input_groups, rows_session
 from qcompiler.quant.core.context import QuantPass
+from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.core.weight_only import default_accuracy_level
-from qcompiler.sqnr import sqnr_db
+from qcompiler.sqnr import db_from_powers, powers
 
 LEVEL4_MIN_DB = 30.0       # int8 activation rounding must stay this far below the signal (4-bit weights: ~20 dB)
 MAX_ROWS = 2048            # input rows kept per layer group for the check
 CHECK_SAMPLES = 16
 ROW_BUDGET = 256 << 20
+STEP_ROWS = 128            # rows per product in level4_db
 
 
 def emulate_level4(x: np.ndarray, block: int) -> np.ndarray:
@@ -38,13 +40,26 @@ def emulate_level4(x: np.ndarray, block: int) -> np.ndarray:
     return q.reshape(r, nb * block)[:, :k]
 
 
+def level4_db(x: np.ndarray, w: np.ndarray, block: int) -> float:
+    """SQNR of the level-4 product of rows `x` [r, K] with `w` [N, K] against the float-activation product, a
+    few rows at a time (STEP_ROWS): a 32000-wide head's whole products, in float64 for the sums, were 2 GB."""
+    signal = noise = 0.0
+    for i in range(0, len(x), STEP_ROWS):
+        xs = x[i:i + STEP_ROWS]
+        s, n = powers(xs @ w.T, emulate_level4(xs, block) @ w.T)
+        signal += s
+        noise += n
+    return db_from_powers(signal, noise)
+
+
 def lower_levels(ctx, jobs) -> list:
     """Give accuracy_level 0 to each job among `jobs` whose output int8 activations (level 4) would move by more
     than LEVEL4_MIN_DB SQNR on its calibration inputs, level 4 to the others; returns the weights set to 0."""
     groups = input_groups(ctx, jobs)
     lowered = []
+    session = rows_session(ctx, groups) if groups else None
     for names in chunks(groups, lambda n, js: 4 * MAX_ROWS * js[0].k, ROW_BUDGET):
-        rows = first_rows(ctx, names, MAX_ROWS, CHECK_SAMPLES)
+        rows = first_rows(ctx, names, MAX_ROWS, CHECK_SAMPLES, session=session)
         for name in names:
             x = rows[name]
             if x is None or not len(x):
@@ -52,8 +67,7 @@ def lower_levels(ctx, jobs) -> list:
             for job in groups[name]:
                 if job.grid is None or job.accuracy_level == 0:
                     continue
-                w = job.grid.dequantize()
-                db = sqnr_db(x @ w.T, emulate_level4(x, job.block_size) @ w.T)
+                db = level4_db(x, job.grid.dequantize(), job.block_size)
                 if db < LEVEL4_MIN_DB:
                     job.accuracy_level = 0
                     job.notes.append(f"accuracy_level 0: int8 activations would give {db:.1f} dB on its "
@@ -61,6 +75,8 @@ def lower_levels(ctx, jobs) -> list:
                     lowered.append(job.weight)
                 else:
                     job.accuracy_level = 4
+    del session
+    release(collect=True)
     return lowered
 
 

@@ -123,3 +123,32 @@ def test_a_failed_run_names_the_caller_and_sample():
     bad = [{"x": np.zeros((1, 3, 5, 5), F)}, {"x": np.zeros((1, 2, 5, 5), F)}]
     with pytest.raises(DataError, match="cle sample 1"):
         list(stream_values(model, bad, ["c1"], where="cle sample"))
+
+
+def test_a_large_models_values_come_without_prepacked_weights(monkeypatch):
+    """Over memory.PREPACK_MAX_BYTES the value session keeps no repacked weight copies (memory of a large model's
+    capture); the values stay those of the default session within float rounding, and one session made for
+    all names serves a stream over a subset of them."""
+    from qcompiler.quant.calibration import layer_inputs
+    model, samples = _model(), _samples()
+    names = ["c1", "f", "y"]
+    old = _old_path(model, samples, names)
+    seen = {}
+    real = layer_inputs.make_session
+
+    def spy(*a, **k):
+        seen["prepack"] = k.get("prepack")
+        return real(*a, **k)
+    monkeypatch.setattr(layer_inputs, "make_session", spy)
+    from qcompiler.quant.runtime import memory
+    monkeypatch.setattr(memory, "PREPACK_MAX_BYTES", 0)
+    session = layer_inputs.value_session(model, names)
+    assert seen["prepack"] is False
+    got = list(stream_values(model, samples, ["f", "y"], session=session))
+    for (i, _, arrays), ref in zip(got, old):
+        assert set(arrays) == {"f", "y"}
+        for n in ("f", "y"):
+            np.testing.assert_allclose(arrays[n], ref[n], rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(memory, "PREPACK_MAX_BYTES", 1 << 40)
+    layer_inputs.value_session(model, names)
+    assert seen["prepack"] is True

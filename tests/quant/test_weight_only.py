@@ -204,3 +204,17 @@ def test_encodings_file_holds_the_per_block_grids(tmp_path):
     q = params["layers.0.q_proj.weight"]
     assert (q["bw"], q["block_size"], len(q["scale"])) == (4, 32, 64 * 2)    # N=64 rows x 2 blocks of K=64
     assert params["lm_head.weight"]["bw"] == 8
+
+
+def test_level4_check_in_row_steps_equals_the_whole_products():
+    """check-accuracy-level measures a wide head a few rows at a time (bounded memory) with the figure the whole
+    products give."""
+    from qcompiler.passes.quantize.check_accuracy_level import STEP_ROWS, emulate_level4, level4_db
+    from qcompiler.sqnr import sqnr_db
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(3 * STEP_ROWS + 5, 64)).astype(np.float32)
+    x[:, 5] *= 40.0                                   # an outlier channel: level 4 costs something
+    w = rng.normal(size=(300, 64)).astype(np.float32)
+    whole = sqnr_db(x @ w.T, emulate_level4(x, 32) @ w.T)
+    assert np.isfinite(whole) and whole < 60
+    assert abs(level4_db(x, w, 32) - whole) < 1e-6

@@ -29,7 +29,7 @@ from qcompiler.quant.calibration.observers import (
 )
 from qcompiler.quant.core.encoding import Encoding, compute_encoding, scalar
 from qcompiler.quant.core.plan import QuantPlan
-from qcompiler.quant.runtime.memory import drop_cached
+from qcompiler.quant.runtime.memory import drop_cached, prepack_weights
 
 
 class CalibrationResult:
@@ -153,14 +153,16 @@ def candidate_names(model) -> list:
     return names
 
 
-def make_session(model, opt_level=None, threads: int = 1, extra_outputs=(), role: str = ""):
+def make_session(model, opt_level=None, threads: int = 1, extra_outputs=(), role: str = "", prepack: bool = True):
     """A quiet CPU session for an IR model or a ModelProto (qcompiler.ort_session: a refusal is one line naming
     the model and onnxruntime's reason; a failed run one line naming the sample). One intra-op thread: the
     observers run on the other core, and per-run thread wake-ups cost more than they gain on small models
     (char_rnn calibration 0.17 s -> 0.10 s, minilm 5.3 s -> 3.9 s). `extra_outputs`: value names added as graph
-    outputs (IR models only); `role`: which copy the messages name ("quantized").
+    outputs (IR models only); `role`: which copy the messages name ("quantized"); `prepack=False`: no repacked
+    weight copies (create_session).
     """
-    return create_session(model, role=role, opt_level=opt_level, threads=threads, extra_outputs=extra_outputs)
+    return create_session(model, role=role, opt_level=opt_level, threads=threads, extra_outputs=extra_outputs,
+                          prepack=prepack)
 
 
 def extra_output_names(model, names) -> list:
@@ -203,7 +205,7 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
                                      **({} if bodies is True else {"body_names": set(bodies)}))
         sess, out_names = res.bodies, res.bodies.names
     else:
-        sess = make_session(model, extra_outputs=extra_output_names(model, names))
+        sess = make_session(model, extra_outputs=extra_output_names(model, names), prepack=prepack_weights(model))
         out_names = [o.name for o in sess.get_outputs()]
     graph_outputs = [v.name for v in model.graph.outputs]
     input_names = {v.name for v in model.graph.inputs}

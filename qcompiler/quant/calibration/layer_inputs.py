@@ -34,6 +34,7 @@ import onnx
 
 from qcompiler.onnx_io.exporter import model_to_proto
 from qcompiler.ort_session import create_session
+from qcompiler.quant.runtime.memory import prepack_weights, release
 from qcompiler.quant.calibration.calibrate import extra_output_names, make_session
 
 LAYER_OPS = ("MatMul", "Gemm")
@@ -42,25 +43,42 @@ MAX_SAMPLES = 128      # calibration samples the capture runs
 FLOAT_CACHE_BYTES = 512 << 20   # the float model's layer inputs kept from one pass (minilm: 264 MB of them)
 
 
+def value_session(model, names, role: str = ""):
+    """The session `stream_values` runs: `model` with `names` (those that are not graph inputs) as extra outputs,
+    prepacked weights only for a small model (memory.prepack_weights). One session can serve several
+    `stream_values` calls over subsets of `names`."""
+    graph_inputs = {v.name for v in model.graph.inputs}
+    run = [n for n in dict.fromkeys(names) if n not in graph_inputs]
+    return make_session(model, extra_outputs=extra_output_names(model, run), role=role,
+                        prepack=prepack_weights(model)) if run else None
+
+
 def stream_values(model, samples, names, where: str = "calibration sample", max_samples: Optional[int] = None,
-                  role: str = ""):
+                  role: str = "", session=None):
     """Yield `(i, feed, {name: array})` per sample for the values `names` of `model` (an IR model), each
-    computed by ONE onnxruntime session built here (the wanted values are extra graph outputs; graph inputs
-    come from the feed; an unknown name is a KeyError in the caller). The arrays are the session's own; nothing
-    is kept between samples. A failed run is a DataError naming `where` and the sample index.
-    `max_samples`: stop after that many samples."""
+    computed by ONE onnxruntime session (`value_session`: built here unless `session` is one made for a superset
+    of `names`; the wanted values are extra graph outputs; graph inputs come from the feed; an unknown name is a
+    KeyError in the caller). The arrays are the session's own; nothing is kept between samples. A failed run is
+    a DataError naming `where` and the sample index. `max_samples`: stop after that many samples. A session
+    built here is dropped and its memory handed back when the stream ends."""
     names = list(dict.fromkeys(names))
     graph_inputs = {v.name for v in model.graph.inputs}
     run = [n for n in names if n not in graph_inputs]
-    sess = make_session(model, extra_outputs=extra_output_names(model, run), role=role) if run else None
-    for i, feed in enumerate(samples):
-        if max_samples is not None and i >= max_samples:
-            break
-        arrays = dict(zip(run, sess.run(run, feed, where=f"{where} {i}"))) if run else {}
-        for n in names:
-            if n in graph_inputs and n in feed:
-                arrays[n] = feed[n]
-        yield i, feed, arrays
+    own = session is None
+    sess = value_session(model, run, role=role) if own and run else session
+    try:
+        for i, feed in enumerate(samples):
+            if max_samples is not None and i >= max_samples:
+                break
+            arrays = dict(zip(run, sess.run(run, feed, where=f"{where} {i}"))) if run else {}
+            for n in names:
+                if n in graph_inputs and n in feed:
+                    arrays[n] = feed[n]
+            yield i, feed, arrays
+    finally:
+        if own:
+            del sess
+            release(collect=True)
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 from qcompiler.errors import DataError
-from qcompiler.quant.calibration.layer_inputs import stream_values
+from qcompiler.quant.calibration.layer_inputs import stream_values, value_session
 
 LINEAR_KINDS = ("matmul", "gemm", "head")
 DEFAULT_SAMPLES = 128
@@ -64,12 +64,13 @@ def chunks(groups: Dict[str, list], bytes_of: Callable[[str, list], int], budget
 
 
 def stream_rows(ctx, names: List[str], fn: Callable[[str, np.ndarray], None], max_samples: int = DEFAULT_SAMPLES,
-                where: str = "calibration sample") -> int:
+                where: str = "calibration sample", session=None) -> int:
     """Call `fn(name, rows)` for each value in `names` on each calibration sample, rows as float32 [r, K]
-    (every leading axis flattened); returns the samples seen."""
+    (every leading axis flattened); returns the samples seen. `session`: one `rows_session` made for every
+    chunk (else one is built for this call)."""
     seen = 0
     for _, _, arrays in stream_values(ctx.model, ctx.samples, names, where=where, max_samples=max_samples,
-                                      role="float"):
+                                      role="float", session=session):
         for name in names:
             a = np.asarray(arrays[name], dtype=np.float32)
             fn(name, a.reshape(-1, a.shape[-1]))
@@ -77,7 +78,13 @@ def stream_rows(ctx, names: List[str], fn: Callable[[str, np.ndarray], None], ma
     return seen
 
 
-def first_rows(ctx, names: List[str], max_rows: int, max_samples: int) -> Dict[str, np.ndarray]:
+def rows_session(ctx, groups: Dict[str, list]):
+    """One session that returns the inputs of every group, for all of a pass's chunks (one session load instead
+    of one per chunk); each chunk's runs compute only what its own values need."""
+    return value_session(ctx.model, list(groups), role="float")
+
+
+def first_rows(ctx, names: List[str], max_rows: int, max_samples: int, session=None) -> Dict[str, np.ndarray]:
     """The first `max_rows` input rows of each value in `names` over at most `max_samples` calibration samples, as
     float32 [r, K] (None for a value no sample reached): one onnxruntime pass, at most `max_rows` rows kept each."""
     rows: Dict[str, list] = {n: [] for n in names}
@@ -86,5 +93,5 @@ def first_rows(ctx, names: List[str], max_rows: int, max_samples: int) -> Dict[s
         have = sum(len(a) for a in rows[name])
         if have < max_rows:
             rows[name].append(r[:max_rows - have].copy())
-    stream_rows(ctx, names, keep, max_samples=max_samples)
+    stream_rows(ctx, names, keep, max_samples=max_samples, session=session)
     return {n: np.concatenate(r) if r else None for n, r in rows.items()}

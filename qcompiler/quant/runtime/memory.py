@@ -32,6 +32,17 @@ def weight_bytes(model) -> int:
     return sum(v.tensor.nbytes for v in model.graph.initializers.values())
 
 
+PREPACK_MAX_BYTES = 256 << 20   # larger models' calibration and capture sessions keep no prepacked weight copies
+
+
+def prepack_weights(model) -> bool:
+    """Whether a session that reads values out of `model` (calibration, layer-input capture) lets onnxruntime keep
+    a repacked copy of each weight: only up to PREPACK_MAX_BYTES. Above, that second copy was a 0.5 B decoder's
+    peak, for runs that gain little from it; smaller models keep onnxruntime's default, and their values bit
+    for bit."""
+    return weight_bytes(model) <= PREPACK_MAX_BYTES
+
+
 def release(collect: bool = False) -> None:
     """Return freed heap to the OS (glibc malloc_trim; nothing elsewhere); `collect`: run a full gc first."""
     if collect:
