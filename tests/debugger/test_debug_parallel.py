@@ -10,16 +10,7 @@ import qcompiler
 from qcompiler.errors import ArgumentError
 from qcompiler.quant.runtime.executor import LocalExecutor, SerialExecutor
 from tests.debugger.test_debug import outlier  # noqa: F401 - the fixture
-
-
-class Counting:
-    def __init__(self, inner):
-        self.inner, self.items, self.workers = inner, 0, inner.workers
-
-    def map(self, fn, items):
-        items = list(items)
-        self.items += len(items)
-        return self.inner.map(fn, items)
+from tests.quant.test_safety_net_parallel import Counting
 
 
 def _numbers(res) -> dict:
