@@ -106,11 +106,14 @@ def _opset_version(domain: str, version: int) -> int:
 
 
 class _Ctx:
-    __slots__ = ("base_dir", "stubs", "pending", "opset")
+    __slots__ = ("base_dir", "stubs", "pending", "opset", "checked_attrs")
 
     def __init__(self, base_dir, stubs=False, opset=None):
         self.base_dir, self.stubs = base_dir, stubs
         self.opset = opset   # the default domain's version: which schema says what inputs an op requires
+        # (op_type, domain, each AttributeProto serialized) of attribute lists that passed `scan_attributes` with
+        # no body and no external data: the same bytes on the same op pass again (see _fill_graph)
+        self.checked_attrs: set = set()
         # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
         # half way leaves nothing behind)
         self.pending: dict = {}
@@ -189,6 +192,10 @@ _NODE_FIELDS = attrgetter("input", "output", "name", "op_type", "domain", "attri
                           "metadata_props", *(f.name for f in onnx.NodeProto.DESCRIPTOR.fields if f.number > 9))
 
 
+_serialize = onnx.AttributeProto.SerializeToString
+_MEMO_BYTES = 4096   # attribute lists larger than this (tensors, long lists) are checked each time, never kept
+
+
 def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     check_text(g.name, lambda: "graph name")
     check_text(gp.doc_string, lambda: f"doc string of graph '{short(g.name)}'")
@@ -241,7 +248,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # NOTE: every field of every node is read by one C-level map of an attrgetter (no Python loop over
     # ListFields, no bytecode per field): per-node Python work is what made importing a 90k-node graph 5x
     # slower than protobuf's parse.
-    nps = list(gp.node)
+    nps = gp.node[:]   # NOTE: a slice of a upb container is a C copy, about twice as fast as list()
     nodes = []   # the Nodes, in file order (index i is nps[i])
     graph_nodes = []   # (Node, its proto with attribute tensors inlined) for each node that holds a body
     # NOTE: while every input so far names a value already defined in this graph (the file is sorted), inputs
@@ -258,6 +265,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     local_get = local.get
     empty_defined = "" in local   # a graph input named '': an empty input name then needs the slow path
     expected_by_op: dict = {}
+    checked_attrs = ctx.checked_attrs
     base_dir = ctx.base_dir
     append_node = nodes.append
     for np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, *extra) in zip(
@@ -285,18 +293,27 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 meta = n.metadata_props = list(meta)
         has_graph = False
         if attributes:
-            attributes = list(attributes)
-            # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
-            def where(name=name, op_type=op_type):
-                return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
-            expected = expected_by_op.get((op_type, domain), False)
-            if expected is False:
-                expected = expected_by_op[op_type, domain] = (
-                    schema_attribute_types(op_type, ctx.opset) if not domain or domain == "ai.onnx" else None)
-            has_graph, external = scan_attributes(attributes, where, base_dir, expected=expected)
-            if external:
-                np_ = _inlined_node(np_, where, ctx)
-                attributes = list(np_.attribute)
+            attributes = attributes[:]
+            # NOTE: a check's outcome depends only on the attributes' bytes and the op (its schema's types; the
+            # opset is fixed per import), so a list seen before on the same op is not checked again: one C-level
+            # serialization per attribute instead of a ListFields and the checks (an LLM repeats a handful of
+            # attribute lists across its nodes). Only lists that passed with no body and no external data are
+            # kept, and only small ones; a failing list is checked in full each time, so its message is the same.
+            key = (op_type, domain, *map(_serialize, attributes))
+            if key not in checked_attrs:
+                # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
+                def where(name=name, op_type=op_type):
+                    return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
+                expected = expected_by_op.get((op_type, domain), False)
+                if expected is False:
+                    expected = expected_by_op[op_type, domain] = (
+                        schema_attribute_types(op_type, ctx.opset) if not domain or domain == "ai.onnx" else None)
+                has_graph, external = scan_attributes(attributes, where, base_dir, expected=expected)
+                if external:
+                    np_ = _inlined_node(np_, where, ctx)
+                    attributes = list(np_.attribute)
+                elif not has_graph and sum(map(len, key[2:])) <= _MEMO_BYTES:
+                    checked_attrs.add(key)
             n._attrs = {} if has_graph else None
             n._attr_protos = attributes
         else:

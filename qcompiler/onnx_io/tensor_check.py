@@ -138,7 +138,7 @@ def check_tensor(p: TP, where: Callable[[], str], base_dir: Optional[str],
     if spec is None:
         raise InvalidModelError(f"{where()}: element type {dt} ({'UNDEFINED' if dt == 0 else 'unknown'}) is not "
                                 f"a tensor data type; refused")
-    dims = tuple(p.dims)
+    dims = tuple(p.dims[:])   # NOTE: a slice of a upb container is a C copy; tuple() of it iterates at C speed
     if dims:
         if min(dims) < 0:
             raise InvalidModelError(f"{where()}: negative dimension in shape {_shape_text(dims)}; refused")

@@ -88,3 +88,47 @@ def test_attributes_of_the_declared_types_and_custom_ops_import(tmp_path):
     model = load_model(_save(tmp_path, m))
     bn = next(n for n in model.graph if n.name == "bn")
     assert bn.attr("epsilon") == pytest.approx(1e-3)
+
+
+@pytest.mark.parametrize("first_domain,first_op", [("com.example", "BatchNormalization"), ("com.example", "Mystery"),
+                                                   ("", "Identity")])
+def test_attributes_that_passed_on_another_op_are_checked_again(tmp_path, first_domain, first_op):
+    """The importer skips the checks of an attribute list it has already passed on the same op; the same bytes on
+    a different op (or the same op type in another domain) are checked again, and refused where the op's schema
+    says so."""
+    m = _bn()
+    eps = h.make_attribute("epsilon", [1, 2])   # INTS: fine on a custom op (no schema), refused on BatchNormalization
+    first = h.make_node(first_op, ["x"], ["x1"], name="first", domain=first_domain)
+    first.attribute.append(eps)   # Identity: an op whose schema has no 'epsilon' at all, so it passes there
+    m.graph.node.insert(0, first)
+    m.graph.node[1].attribute.append(eps)
+    if first_domain:
+        m.opset_import.append(h.make_opsetid(first_domain, 1))
+    with pytest.raises(InvalidModelError) as ei:
+        load_model(_save(tmp_path, m))
+    msg = str(ei.value)
+    assert "\n" not in msg and "'epsilon'" in msg and "'bn'" in msg and "defines it as FLOAT" in msg
+
+
+def test_repeated_attribute_lists_import_with_their_values(tmp_path):
+    """Nodes sharing an attribute list (checked once) and nodes with lists that differ each keep their own values,
+    and the model runs as onnxruntime runs the file."""
+    x = h.make_tensor_value_info("x", T.FLOAT, [2, 3, 4])
+    nodes, prev = [], "x"
+    for i, perm in enumerate([[0, 2, 1], [0, 2, 1], [1, 0, 2], [0, 2, 1], [1, 0, 2], [1, 0, 2]]):
+        nodes.append(h.make_node("Transpose", [prev], [f"t{i}"], name=f"t{i}", perm=perm))
+        prev = f"t{i}"
+    nodes.append(h.make_node("Softmax", [prev], ["y"], name="sm", axis=1))
+    g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("y", T.FLOAT, None)])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    src = _save(tmp_path, m)
+    model = load_model(src)
+    assert [n.attr("perm") for n in model.graph.nodes if n.op_type == "Transpose"] == \
+        [[0, 2, 1], [0, 2, 1], [1, 0, 2], [0, 2, 1], [1, 0, 2], [1, 0, 2]]
+    out = str(tmp_path / "o.onnx")
+    save_model(model, out)
+    xv = np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.float32)
+    want = ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    got = ort.InferenceSession(out, providers=["CPUExecutionProvider"]).run(None, {"x": xv})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
