@@ -143,7 +143,7 @@ def weight_choices(model, params: dict, profile, source):
 
 def _switch_sites(choices: List[WeightChoice]) -> List[Site]:
     """Switch i after weight i's DequantizeLinear: off reads its alternative (in the DQ's output type)."""
-    return [Site(i, c.dq.outputs[0].name, c.alt.astype(np.asarray(c.dq.inputs[1].const_value()).dtype))
+    return [Site(i, c.dq.outputs[0].name, c.alt.astype(np.asarray(c.dq.inputs[1].const_value()).dtype, copy=False))
             for i, c in enumerate(choices)]
 
 

@@ -22,7 +22,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qcompiler.onnx_io.rewrite import rewritten_copy
+from qcompiler.ir.tensor import Tensor
+from qcompiler.onnx_io.rewrite import STUB_BYTES, rewritten_copy
 
 ON_INPUT = "qcompiler_switch_on"       # bool [switches]: quantized (True) or `off` (False)
 WIDE_INPUT = "qcompiler_switch_wide"   # bool [switches]: the 16-bit alternative, where the switch is on
@@ -85,8 +86,8 @@ def _rename_inputs(graph, rename: Dict[str, str]) -> None:
 
 
 class _Builder:
-    def __init__(self, graph, count: int, wide: bool, wide_over_off: bool, prefix: str):
-        self.main, self.prefix, self.wide_over_off = graph, prefix, wide_over_off
+    def __init__(self, graph, count: int, wide: bool, wide_over_off: bool, prefix: str, arrays: Optional[dict]):
+        self.main, self.prefix, self.wide_over_off, self.arrays = graph, prefix, wide_over_off, arrays
         self.first: list = []      # the switch Gathers: main graph, before every node (a body reads them by name)
         self.inits: list = []
         self.gathered: set = set()
@@ -111,7 +112,13 @@ class _Builder:
         return helper.make_node("Where", [self.switch(which, i), yes, no], [out], name=name)
 
     def const(self, arr, name: str) -> str:
-        self.inits.append(numpy_helper.from_array(np.asarray(arr), name))
+        arr = np.asarray(arr)
+        if self.arrays is not None and arr.nbytes > STUB_BYTES and arr.dtype.kind in "biuf":
+            self.arrays[name] = arr     # a stub here; the caller attaches the array itself
+            self.inits.append(onnx.TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(arr.dtype),
+                                               dims=arr.shape))
+        else:
+            self.inits.append(numpy_helper.from_array(arr, name))
         return name
 
     def graph(self, graph, sites: List[Tuple[int, Site]]) -> None:
@@ -171,13 +178,15 @@ class _Builder:
 
 
 def add_switches(mp: onnx.ModelProto, sites: Sequence[Site], count: int, wide: bool = False,
-                 wide_over_off: bool = False, body_at: Optional[Callable] = None, prefix: str = PREFIX) -> Switches:
+                 wide_over_off: bool = False, body_at: Optional[Callable] = None, prefix: str = PREFIX,
+                 arrays: Optional[dict] = None) -> Switches:
     """Switch the `sites` in `mp` (in place; module docstring): bool inputs ON_INPUT (and WIDE_INPUT with `wide`)
     of `count` entries, site.index picking the entry. A wide alternative counts while its switch is on, or with
     `wide_over_off` whatever the switch says (the debugger widens quantizers it turned off). `body_at(graph,
-    path)`: the body GraphProto of a site's `path` (sites in bodies only)."""
+    path)`: the body GraphProto of a site's `path` (sites in bodies only). `arrays`: constants over STUB_BYTES go
+    into `mp` as stubs (no data) and into this dict by name, for a caller that attaches them (switchable_model)."""
     g = mp.graph
-    b = _Builder(g, count, wide, wide_over_off, prefix)
+    b = _Builder(g, count, wide, wide_over_off, prefix, arrays)
     by_path: Dict[tuple, list] = {}
     for k, s in enumerate(sites):
         by_path.setdefault(tuple(s.path), []).append((k, s))
@@ -197,15 +206,19 @@ def add_switches(mp: onnx.ModelProto, sites: Sequence[Site], count: int, wide: b
 
 
 def switchable_model(model, sites: Sequence[Site], count: int, wide: bool = False):
-    """(IR Model, Switches): `model` with the `sites` switched (add_switches), sharing `model`'s weights (no
-    copy); `model` is unchanged."""
+    """(IR Model, Switches): `model` with the `sites` switched (add_switches), sharing `model`'s weights and the
+    sites' constant arrays (neither is copied); `model` is unchanged."""
     out: list = []
+    arrays: dict = {}
 
     def build(proto):
-        out.append(add_switches(proto, sites, count, wide))
+        out.append(add_switches(proto, sites, count, wide, arrays=arrays))
         return proto
 
-    return rewritten_copy(model, build, "build the switchable copy"), out[0]
+    new = rewritten_copy(model, build, "build the switchable copy")
+    for name, arr in arrays.items():
+        new.graph.initializers[name].tensor = Tensor.from_array(arr)   # the stub's, before anyone reads it
+    return new, out[0]
 
 
 __all__ = ["ON_INPUT", "WIDE_INPUT", "Site", "Switches", "Wide", "add_switches", "switchable_model"]
