@@ -14,23 +14,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcompiler.debugger.quantizers import GraphIndex, Quantizer, body_at, wide_grid
-from qcompiler.quant.runtime.switchable import Site, Wide, add_switches
+from qcompiler.quant.runtime.switchable import Site, Wide, add_switches, rename_reads
 
 MS_DOMAIN = "com.microsoft"   # its QuantizeLinear/DequantizeLinear take 16-bit grids at any opset
-
-
-def _rename_inputs(graph, rename: Dict[str, str]) -> None:
-    """Rename read values in `graph` and in every body below it (a body reads outer values by name)."""
-    for n in graph.node:
-        for s, x in enumerate(n.input):
-            if x in rename:
-                n.input[s] = rename[x]
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                _rename_inputs(a.g, rename)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    _rename_inputs(g, rename)
 
 
 def _float_op(z: Quantizer, weight: str, out: str):
@@ -74,7 +60,7 @@ def _body_off(g, zs: List[Quantizer], float_weights: Dict[str, np.ndarray]) -> N
         else:
             rename[z.out] = z.x
     _rebuild(g, drop, replace)
-    _rename_inputs(g, rename)
+    rename_reads(g, rename)
 
 
 def _by_path(zs) -> Dict[tuple, list]:
@@ -155,7 +141,7 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
     for i, pair in wide_at.items():
         replace[i] = pair[0]
     _rebuild(g, drop - set(replace), replace, {i: pair[1:] for i, pair in wide_at.items()})
-    _rename_inputs(g, rename)
+    rename_reads(g, rename)
     if refill:
         for t in g.initializer:
             if t.name in refill:

@@ -5,13 +5,16 @@ The safety net (activations: passes/quantize/safety_net/trials.py; weights: weig
 are on. One session runs them all when each chosen value is switched on a bool graph input `on` (one entry per
 switch): its readers read `Where(on[i], value, off)`, `off` being what they read with the quantizer out (the
 value the Q read, the float weight, a finer grid). A switch may carry a 16-bit alternative, picked by a second
-input `wide` while the switch is on: `Where(on[i], Where(wide[i], DQ16(Q16(src)), value), off)`. switch_pool.py
-runs the result for many settings on an executor.
+input `wide` while the switch is on: `Where(on[i], Where(wide[i], DQ16(Q16(src)), value), off)` (the debugger's
+fallback widens quantizers it took out: there `wide[i]` wins whatever `on[i]` says). switch_pool.py runs the
+result for many settings on an executor.
 
 `add_switches` edits a ModelProto's graph (and its bodies); `switchable_model` builds the copy of an IR model
 without copying a weight: the builder gets the graph with its large initializers as stubs and the new model
-takes the old Tensor objects back (onnx_io/rewrite.py), so a session over it costs the IR plus the session,
-not the IR, a ModelProto, its serialized bytes and the session.
+takes the old Tensor objects back (onnx_io/rewrite.py), and the sites' large constants (the weights phase's
+float or finer weights) are attached as the caller's arrays. A session over it costs the IR plus the session,
+not the IR, a ModelProto, its serialized bytes and the session, and a model over one protobuf's worth
+(ONE_PROTO_MAX_BYTES) goes to onnxruntime with external data like any other session's.
 """
 from __future__ import annotations
 
@@ -71,7 +74,7 @@ class Switches:
         return feed
 
 
-def _rename_inputs(graph, rename: Dict[str, str]) -> None:
+def rename_reads(graph, rename: Dict[str, str]) -> None:
     """Rename read values in `graph` and in every body below it (a body reads outer values by name)."""
     for n in graph.node:
         for s, x in enumerate(n.input):
@@ -79,15 +82,15 @@ def _rename_inputs(graph, rename: Dict[str, str]) -> None:
                 n.input[s] = rename[x]
         for a in n.attribute:
             if a.type == onnx.AttributeProto.GRAPH:
-                _rename_inputs(a.g, rename)
+                rename_reads(a.g, rename)
             elif a.type == onnx.AttributeProto.GRAPHS:
                 for b in a.graphs:
-                    _rename_inputs(b, rename)
+                    rename_reads(b, rename)
 
 
 class _Builder:
     def __init__(self, graph, count: int, wide: bool, wide_over_off: bool, prefix: str, arrays: Optional[dict]):
-        self.main, self.prefix, self.wide_over_off, self.arrays = graph, prefix, wide_over_off, arrays
+        self.prefix, self.wide_over_off, self.arrays = prefix, wide_over_off, arrays
         self.first: list = []      # the switch Gathers: main graph, before every node (a body reads them by name)
         self.inits: list = []
         self.gathered: set = set()
@@ -167,7 +170,7 @@ class _Builder:
                               self.where(ON_INPUT, s.index, f"{t}_wq", off, out, f"{t}_where")]
             place.extend(nodes)
         if rename:
-            _rename_inputs(graph, rename)    # before the Where nodes that read the old names go in
+            rename_reads(graph, rename)    # before the Where nodes that read the old names go in
         nodes = list(graph.node)
         del graph.node[:]
         graph.node.extend(head)
@@ -221,4 +224,4 @@ def switchable_model(model, sites: Sequence[Site], count: int, wide: bool = Fals
     return new, out[0]
 
 
-__all__ = ["ON_INPUT", "WIDE_INPUT", "Site", "Switches", "Wide", "add_switches", "switchable_model"]
+__all__ = ["ON_INPUT", "WIDE_INPUT", "Site", "Switches", "Wide", "add_switches", "rename_reads", "switchable_model"]
