@@ -28,7 +28,7 @@ from typing import Optional
 
 from qcompiler.errors import DataError, OnnxRuntimeError
 from qcompiler.onnx_io.exporter import ExternalData, write_model
-from qcompiler.onnx_io.files import _total_tensor_bytes
+from qcompiler.onnx_io.files import ONE_PROTO_MAX_BYTES, _total_tensor_bytes
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.onnx_io.safe_write import pid_alive
 
@@ -241,9 +241,6 @@ def _alive(pid: int) -> bool:
     return pid_alive(pid)
 
 
-# NOTE: above this many bytes of initializers a session's model goes to onnxruntime with its weights outside the
-# protobuf (which cannot exceed 2 GB): well under the limit, so a model of 1-2 GB is not first copied into one
-LARGE_MODEL_BYTES = 1 << 30
 DATA_NAME = "model.onnx.data"
 
 
@@ -280,7 +277,7 @@ def _session_data(folder: str, data_file):
 
 
 def _is_large(model) -> bool:
-    return _total_tensor_bytes(model) > LARGE_MODEL_BYTES
+    return _total_tensor_bytes(model) > ONE_PROTO_MAX_BYTES
 
 
 def create_session(model, role: str = "", opt_level=None, threads: Optional[int] = 1, extra_outputs=(),
@@ -302,7 +299,7 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
     external-data location the importer missed resolves to nothing rather than to a file beside it; the folder
     is named by our pid, so a later run removes what a killed one left (`_sweep_leftovers`).
 
-    NOTE: a model with over LARGE_MODEL_BYTES of initializers (protobuf cannot hold 2 GB) goes as a small model
+    NOTE: a model with over ONE_PROTO_MAX_BYTES of initializers (protobuf cannot hold 2 GB) goes as a small model
     file plus external data in the same private folder, written tensor by tensor (`_session_data`). A tensor still
     in the input's external-data file is not copied: that file is hard-linked into the folder (when on the same
     filesystem and linkable; else its bytes are copied) and referred to at its offset, and onnxruntime maps it.
@@ -327,7 +324,7 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     prefix = model_prefix(role)
     if hasattr(model, "SerializeToString") and not isinstance(model, (bytes, bytearray)) \
-            and model.ByteSize() > LARGE_MODEL_BYTES:
+            and model.ByteSize() > ONE_PROTO_MAX_BYTES:
         model = model_from_proto(model)   # too big for one protobuf file: the IR path writes it in parts
     _sweep_leftovers()
     folder = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-")

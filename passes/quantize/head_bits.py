@@ -7,15 +7,15 @@ measures, on the first HEAD_SAMPLES samples, the output SQNR of the whole planne
 grid) with each end at its rule's width and at `--weight-bits`, and keeps the narrower width only where it
 costs less than HEAD_COST_DB of output SQNR; the layer's note in the report gives both figures. It does
 nothing when `--head-bits` or a config rule set the width, under `--max-drop` (that search chooses every
-width, the ends included), without calibration data, or above weight_mixed_precision's MAX_MODEL_BYTES of
+width, the ends included), without calibration data, or above ONE_PROTO_MAX_BYTES (onnx_io/files.py) of
 weights (its evaluation model is one ModelProto: the rule stands, and the notes say so).
 """
 from __future__ import annotations
 
 import math
 
+from qcompiler.onnx_io.files import ONE_PROTO_MAX_BYTES
 from qcompiler.passes.quantize.weight_mixed_precision import (
-    MAX_MODEL_BYTES,
     Evaluator,
     candidate_job,
     dequantized,
@@ -50,7 +50,7 @@ class MeasureHeadBits(QuantPass):
             ctx.notes.append(f"{rule} (no calibration data to measure a {s.weight_bits}-bit head on)")
             return PassResult(False, {"measured": 0})
         if not measurable(ctx):
-            ctx.notes.append(f"{rule} (not measured: over {MAX_MODEL_BYTES >> 20} MiB of weights)")
+            ctx.notes.append(f"{rule} (not measured: over {ONE_PROTO_MAX_BYTES >> 20} MiB of weights)")
             return PassResult(False, {"measured": 0})
         jobs = list(plan.jobs.values())
         samples = first_samples(ctx, HEAD_SAMPLES)

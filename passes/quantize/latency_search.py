@@ -54,16 +54,14 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
-from onnx import helper, numpy_helper
+
 from qcompiler.passes.quantize.safety_net.budget import Clock
 from qcompiler.passes.quantize.safety_net import _left_float
 from qcompiler.passes.quantize.safety_net.trials import (
-    _SWITCH_ON,
-    MAX_WEIGHT_BYTES,
-    _switch_proto,
     _Trials,
     activation_quantizers,
     db,
+    switch_sites,
     worst_sqnr,
 )
 
@@ -75,7 +73,7 @@ from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.core.encoding import dequantize_linear
 from qcompiler.quant.core.qdq import remove_qdq
 from qcompiler.quant.interop.report import output_errors
-from qcompiler.quant.runtime.memory import weight_bytes
+from qcompiler.quant.runtime.switchable import Site, switchable_model
 
 MAX_TRIALS = 96         # minilm_l6: 65 candidates, 20 narrowed groups; 64 stopped it half way
 MAX_SECONDS = 600.0        # a last resort only: a bound in seconds makes the result depend on the load
@@ -139,11 +137,6 @@ def run_latency_search(ctx) -> SearchOutcome:
     if not quants:
         out.note = "no Q/DQ pair between two float kernels and no widened value an integer kernel would read"
         return out
-    if weight_bytes(model) > MAX_WEIGHT_BYTES:
-        out.note = f"skipped: weights over {MAX_WEIGHT_BYTES >> 20} MB"
-        # NOTE: nothing searched: the narrowed values go float, as under `balanced`
-        _apply(ctx, quants, set(), narrow, float("nan"))
-        return out
     out.ran = True
     kept = ctx.calibration.kept
     budget = s.latency_budget_db
@@ -157,8 +150,9 @@ def run_latency_search(ctx) -> SearchOutcome:
     fast: set = set()      # candidates moved to their fast state (trim: off; narrowed: on at 8 bits)
     try:
         unit_of = {("n", ctx.plan.find(z.key)): i for i, z in enumerate(quants) if z.key in narrow}
-        sess = create_session(_with_weight_switches(_switch_proto(model, quants, None), ctx.plan, unit_of),
-                              role="latency search")
+        copy, _ = switchable_model(model, switch_sites(quants, None) + _weight_sites(model, ctx.plan, unit_of), k)
+        sess = create_session(copy, role="latency search")
+        del copy
         trials = _Trials(sess, kept, k, False, MAX_TRIALS, Clock.fixed(MAX_SECONDS))
         if len(kept) > ALL_SAMPLES_UP_TO:
             trials.pick(TRIAL_SAMPLES)
@@ -212,41 +206,19 @@ def run_latency_search(ctx) -> SearchOutcome:
     return out
 
 
-def _with_weight_switches(mp, plan, unit_of: dict):
+def _weight_sites(model, plan, unit_of: dict) -> List[Site]:
     """Where a narrowed value is switched off, the kernel that reads it runs float with the float weight
-    (placement kept it: plan.narrow_weights): a Where on the same switch picks the weight's DQ or that copy."""
+    (placement kept it: plan.narrow_weights): on the same switch, that reader's weight slot reads the weight's DQ
+    or that copy."""
     weights = getattr(plan, "narrow_weights", None) or {}
-    if not weights:
-        return mp
-    nodes = {n.name: n for n in mp.graph.node}
-    extra = []
-    for j, ((node_name, slot), (root, arr)) in enumerate(sorted(weights.items(), key=lambda kv: kv[0])):
+    nodes = {n.name: n for n in model.graph} if weights else {}
+    sites = []
+    for (node_name, slot), (root, arr) in sorted(weights.items(), key=lambda kv: kv[0]):
         node, i = nodes.get(node_name), unit_of.get(("n", root))
-        if node is None or i is None or slot >= len(node.input):
+        if node is None or i is None or slot >= len(node.inputs) or node.inputs[slot] is None:
             continue
-        p = f"qcompiler_ls{j}"
-        mp.graph.initializer.append(numpy_helper.from_array(np.asarray(arr), f"{p}_w"))   # its own float type
-        mp.graph.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}_idx"))
-        extra.append(helper.make_node("Gather", [_SWITCH_ON, f"{p}_idx"], [f"{p}_on"], name=f"{p}_g"))
-        extra.append(helper.make_node("Where", [f"{p}_on", node.input[slot], f"{p}_w"], [f"{p}_sel"],
-                                      name=f"{p}_where"))
-        node.input[slot] = f"{p}_sel"
-    # the Where nodes read graph inputs and constants only (and the weight's DQ): they go first, in a valid order
-    # after the DQs they read, so append them just before their first reader by rebuilding the node list
-    if extra:
-        sel_of = {e.output[0]: e for e in extra}
-        ordered, placed = [], set()
-        for n in list(mp.graph.node):
-            for name in n.input:
-                w = sel_of.get(name)
-                if w is not None and w.output[0] not in placed:
-                    gather = next(e for e in extra if e.output[0] == w.input[0])
-                    ordered += [gather, w]
-                    placed.add(w.output[0])
-            ordered.append(n)
-        del mp.graph.node[:]
-        mp.graph.node.extend(ordered)
-    return mp
+        sites.append(Site(i, node.inputs[slot].name, np.asarray(arr), reader=(node_name, slot)))  # its float type
+    return sites
 
 
 def _apply(ctx, quants, fast: set, narrow: set, floor: float) -> List[str]:

@@ -18,7 +18,7 @@ evaluation feeds the weights it wants (float, or dequantized from a candidate gr
    float is always within. The cheapest verified assignment wins.
 The planned grid (round-to-nearest, or GPTQ's when it ran) is kept at its own width; the other width gets a
 round-to-nearest grid. The search holds the weights in float and one candidate's codes, and its session is one
-ModelProto: models up to MAX_MODEL_BYTES of weights (a larger one is a one-line error). Its measure is at float activations (MatMulNBits
+ModelProto: models up to ONE_PROTO_MAX_BYTES of weights (a larger one is a one-line error). Its measure is at float activations (MatMulNBits
 accuracy_level 0); check-accuracy-level runs after it.
 """
 from __future__ import annotations
@@ -33,6 +33,7 @@ from onnx import helper
 
 from qcompiler.errors import ArgumentError, ConfigError
 from qcompiler.onnx_io import model_to_proto
+from qcompiler.onnx_io.files import ONE_PROTO_MAX_BYTES
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.mixed_precision.search import relative_error
 from qcompiler.passes.quantize.plan_weights import DEFAULT_BLOCK, channel_block, stored_nk, weight_value
@@ -48,13 +49,12 @@ MAX_SAMPLES = 32          # kept calibration samples the search measures on
 HOLDOUT_MIN = 8           # with this many samples or more, every other one is held out of the search
 MAX_VERIFICATIONS = 6
 EPS = 1e-12
-# the evaluation model is one in-memory ModelProto (weights as inputs): protobuf serializes at most 2 GB
-MAX_MODEL_BYTES = 1536 << 20
 
 
 def measurable(ctx) -> bool:
-    """Whether the evaluation model fits one ModelProto (below MAX_MODEL_BYTES of initializers)."""
-    return weight_bytes(ctx.model) <= MAX_MODEL_BYTES
+    """Whether the evaluation model fits one ModelProto (ONE_PROTO_MAX_BYTES of initializers at most: it is one
+    in-memory ModelProto, its weights as inputs)."""
+    return weight_bytes(ctx.model) <= ONE_PROTO_MAX_BYTES
 
 
 def _graphs(gp):
@@ -327,7 +327,7 @@ class WeightMixedPrecision(QuantPass):
             return PassResult(False, {"weights": 0})
         if not measurable(ctx):
             raise ConfigError(f"--max-drop with --weight-only measures on an in-memory copy of the model, up to "
-                              f"{MAX_MODEL_BYTES >> 20} MiB of weights; this one has {weight_bytes(ctx.model) >> 20} "
+                              f"{ONE_PROTO_MAX_BYTES >> 20} MiB of weights; this one has {weight_bytes(ctx.model) >> 20} "
                               f"MiB: give widths by a config rule (weights.bits) or --head-bits instead")
         search = WeightSearch(ctx, s.max_drop)
         res = search.run()

@@ -31,7 +31,7 @@ from qcompiler.debugger.quantizers import (
     find_quantizers,
 )
 from qcompiler.debugger.result import DebugResult, ModuleReport, ValueReport, ranked
-from qcompiler.debugger.variants import SWITCH_INPUT, WIDE_INPUT, switchable, without
+from qcompiler.debugger.variants import switchable, without
 from qcompiler.errors import ArgumentError
 from qcompiler.ir.model import Model
 from qcompiler.onnx_io import load_model, model_from_proto, model_to_proto
@@ -81,6 +81,7 @@ class Runner:
         self.quants, self.widen = quants, widen
         self.trials = 0
         self._switch = None
+        self.switches = None                    # the switch inputs of the switchable copy (_session)
         self.batching: Optional[bool] = None    # None: not checked yet (_batches)
         self.executor = executor                # runs switched_many's settings (None: all here)
         self.pool: Optional[SwitchPool] = None
@@ -139,17 +140,15 @@ class Runner:
 
     def _session(self):
         if self._switch is None:
-            proto = switchable(self.qproto, self.idx, self.quants, self.float_weights, self.widen)
+            proto, self.switches = switchable(self.qproto, self.idx, self.quants, self.float_weights, self.widen)
             self.pool = SwitchPool.of(self.executor, proto)
             self._switch = create_session(proto, role="quantized (switchable)")
         return self._switch
 
     def _switches(self, on, wide=()) -> dict:
         ids, wids = {id(z) for z in on}, {id(z) for z in wide}
-        feed = {SWITCH_INPUT: np.array([id(z) in ids for z in self.quants], bool)}
-        if self.widen:
-            feed[WIDE_INPUT] = np.array([id(z) in wids for z in self.quants], bool)
-        return feed
+        return self.switches.feed(np.array([id(z) in ids for z in self.quants], bool),
+                                  np.array([id(z) in wids for z in self.quants], bool))
 
     def switched_many(self, ons: List[List[Quantizer]], samples: Optional[int] = None) -> List[float]:
         """switched_db(on, samples) of each `on` in `ons`: independent runs, on the executor's workers when the

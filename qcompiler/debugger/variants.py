@@ -14,22 +14,9 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcompiler.debugger.quantizers import GraphIndex, Quantizer, body_at, wide_grid
+from qcompiler.quant.runtime.switchable import Site, Wide, add_switches, rename_reads
 
 MS_DOMAIN = "com.microsoft"   # its QuantizeLinear/DequantizeLinear take 16-bit grids at any opset
-
-
-def _rename_inputs(graph, rename: Dict[str, str]) -> None:
-    """Rename read values in `graph` and in every body below it (a body reads outer values by name)."""
-    for n in graph.node:
-        for s, x in enumerate(n.input):
-            if x in rename:
-                n.input[s] = rename[x]
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                _rename_inputs(a.g, rename)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for g in a.graphs:
-                    _rename_inputs(g, rename)
 
 
 def _float_op(z: Quantizer, weight: str, out: str):
@@ -73,7 +60,7 @@ def _body_off(g, zs: List[Quantizer], float_weights: Dict[str, np.ndarray]) -> N
         else:
             rename[z.out] = z.x
     _rebuild(g, drop, replace)
-    _rename_inputs(g, rename)
+    rename_reads(g, rename)
 
 
 def _by_path(zs) -> Dict[tuple, list]:
@@ -154,7 +141,7 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
     for i, pair in wide_at.items():
         replace[i] = pair[0]
     _rebuild(g, drop - set(replace), replace, {i: pair[1:] for i, pair in wide_at.items()})
-    _rename_inputs(g, rename)
+    rename_reads(g, rename)
     if refill:
         for t in g.initializer:
             if t.name in refill:
@@ -165,96 +152,40 @@ def without(qproto, idx: GraphIndex, off: Iterable[Quantizer], float_weights: Di
     return m
 
 
-SWITCH_INPUT = "qcompiler_debug_on"
-WIDE_INPUT = "qcompiler_debug_wide"
-
-
 def switchable(qproto, idx: GraphIndex, quants: List[Quantizer], float_weights: Dict[str, np.ndarray],
                widen: bool = False):
-    """`qproto` with a switch on each quantizer: `Where(on[i], quantized, float)` where its readers read, `on` a
-    bool graph input of len(quants) (SWITCH_INPUT). One session then measures any set of quantizers turned on
-    (the safety net's construction). A weight with no float counterpart stays quantized either way. `widen`: a
-    second switch `wide[i]` (WIDE_INPUT) puts an activation on its 16-bit grid instead."""
+    """(ModelProto, Switches): `qproto` with a switch on each quantizer (qcompiler/quant/runtime/switchable.py):
+    `Where(on[i], quantized, float)` where its readers read, `on` a bool graph input of len(quants). One session
+    then measures any set of quantizers turned on (the safety net's construction). A weight with no float
+    counterpart stays quantized either way. `widen`: a second switch `wide[i]` puts an activation on its 16-bit
+    grid instead, whether or not on[i] is set (the fallback widens quantizers it took out)."""
     m = onnx.ModelProto()
     m.CopyFrom(qproto)
-    g = m.graph
-    k = len(quants)
-    g.input.append(helper.make_tensor_value_info(SWITCH_INPUT, onnx.TensorProto.BOOL, [k]))
     if widen:
-        g.input.append(helper.make_tensor_value_info(WIDE_INPUT, onnx.TensorProto.BOOL, [k]))
         _ms_opset(m)
-    after: Dict[int, list] = {}
-    first: list = []
-    rename: Dict[str, str] = {}
-    inits = []
-    p = "qcompiler_dbg"
-    nodes = list(g.node)
-    body_after: Dict[tuple, Dict[int, list]] = {}
+    sites: List[Site] = []
     for i, z in enumerate(quants):
-        inits.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}{i}_idx"))
-        gather = helper.make_node("Gather", [SWITCH_INPUT, f"{p}{i}_idx"], [f"{p}{i}_on"], name=f"{p}{i}_g")
-        if "sites" in z.extra:
-            first.append(gather)
-            for path, di, out in z.extra["sites"]:
-                body = body_at(g, path)
-                body.node[di].output[0] = f"{p}{i}_{di}_dq"
-                body_after.setdefault(path, {})[di] = [helper.make_node(
-                    "Where", [f"{p}{i}_on", f"{p}{i}_{di}_dq", z.x], [out], name=f"{p}{i}_{di}_where")]
-            continue
-        if z.path:
-            # the switch is computed in the main graph and read inside the body by name
-            fl = z.x
-            if z.kind == "weight":
-                w = float_weights.get(z.name) if z.matched else None
-                if w is None:
-                    continue
-                fl = f"{p}{i}_f"
-                inits.append(numpy_helper.from_array(np.asarray(w, np.float32), fl))
-            first.append(gather)
-            body = body_at(g, z.path)
-            body.node[z.dq_index].output[0] = f"{p}{i}_dq"
-            body_after.setdefault(z.path, {})[z.dq_index] = [helper.make_node(
-                "Where", [f"{p}{i}_on", f"{p}{i}_dq", fl], [z.out], name=f"{p}{i}_where")]
+        if "sites" in z.extra:      # an activation Q in the main graph, its DQs inside bodies
+            sites += [Site(i, out, z.x, path=path) for path, _, out in z.extra["sites"]]
             continue
         if z.kind == "activation":
-            dq = nodes[z.dq_index]
-            dq.output[0] = f"{p}{i}_dq"
-            tail = [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", z.x],
-                                             [f"{p}{i}_sel" if widen else z.out], name=f"{p}{i}_where")]
-            if widen:
-                tail += _wide_pair(g, z, z.x, f"{p}{i}_dq16", f"{p}{i}") + [
-                    helper.make_node("Gather", [WIDE_INPUT, f"{p}{i}_idx"], [f"{p}{i}_w"], name=f"{p}{i}_gw"),
-                    helper.make_node("Where", [f"{p}{i}_w", f"{p}{i}_dq16", f"{p}{i}_sel"], [z.out],
-                                     name=f"{p}{i}_wwhere")]
-            after[z.dq_index] = tail
+            wide = None
+            if widen and not z.path:
+                scale, zp = wide_grid(z)
+                wide = Wide(z.x, scale, zp, axis=z.axis if np.size(scale) > 1 else None, domain=MS_DOMAIN)
+            sites.append(Site(i, z.out, z.x, wide=wide, path=z.path))
             continue
         w = float_weights.get(z.name) if z.matched else None
         if w is None:
             continue
-        inits.append(numpy_helper.from_array(np.asarray(w, np.float32).astype(
-            numpy_helper.to_array(idx.inits[z.x]).dtype if z.prefolded else np.float32), f"{p}{i}_f"))
-        if z.prefolded:
-            rename[z.x] = f"{p}{i}_w"
-            first += [gather, helper.make_node("Where", [f"{p}{i}_on", z.x, f"{p}{i}_f"], [f"{p}{i}_w"],
-                                               name=f"{p}{i}_where")]
+        if z.path:
+            sites.append(Site(i, z.out, np.asarray(w, np.float32), path=z.path))
+        elif z.prefolded:           # the weight stored on its grid in float: its readers read the switch
+            dtype = helper.tensor_dtype_to_np_dtype(idx.inits[z.x].data_type)
+            sites.append(Site(i, z.x, np.asarray(w, np.float32).astype(dtype)))
         else:
-            dq = nodes[z.dq_index]
-            dq.output[0] = f"{p}{i}_dq"
-            fl = f"{p}{i}_f"
-            extra = []
-            if z.op:
-                extra, fl = [_float_op(z, fl, f"{p}{i}_fo")], f"{p}{i}_fo"
-            after[z.dq_index] = extra + [gather, helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", fl],
-                                                                  [z.out], name=f"{p}{i}_where")]
-    for path, at in sorted(body_after.items(), key=lambda t: -len(t[0])):
-        _rebuild(body_at(g, path), after=at)
-    _rename_inputs(g, rename)
-    nodes = list(g.node)
-    del g.node[:]
-    g.node.extend(first)
-    for i, n in enumerate(nodes):
-        g.node.append(n)
-        g.node.extend(after.get(i, ()))
-    g.initializer.extend(inits)
-    del g.value_info[:]
-    return m
+            op = (lambda f, out, z=z: _float_op(z, f, out)) if z.op else None
+            sites.append(Site(i, z.out, np.asarray(w, np.float32), off_op=op))
+    switches = add_switches(m, sites, len(quants), wide=widen, wide_over_off=True, body_at=body_at,
+                            prefix="qcompiler_dbg")
+    return m, switches

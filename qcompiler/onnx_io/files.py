@@ -43,6 +43,12 @@ from qcompiler.onnx_io.safe_write import (
 from qcompiler.onnx_io.tensor_check import short
 
 TWO_GB = 2 ** 31 - 1
+# NOTE: the most initializer bytes a model may have to be held as ONE ModelProto (or one protobuf's serialized
+# bytes): a session's model up to this goes to onnxruntime as one protobuf, above it tensor by tensor with external
+# data (ort_session); a pass that must build one in-memory ModelProto of the weights (weight_mixed_precision's
+# evaluation model, head_bits' measure) refuses above it. One fact, not one per caller: protobuf refuses messages
+# over TWO_GB, and half of that leaves room for the graph and for the serialized copy a proto is written through
+ONE_PROTO_MAX_BYTES = 1 << 30
 _WRITE_BUFFER = 1 << 20
 
 

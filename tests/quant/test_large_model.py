@@ -3,7 +3,7 @@ weights as external data in its private folder (the input's data file hard-linke
 tensors streamed to the folder's own data file), outputs over the limit go to `NAME.onnx.data` tensor by tensor,
 and a weight still in its external-data file is read one at a time (never all decoded in the IR at once).
 
-The fast tests shrink the thresholds (`ort_session.LARGE_MODEL_BYTES`, `files.TWO_GB`) on small models; the slow
+The fast tests shrink the thresholds (`ort_session.ONE_PROTO_MAX_BYTES`, `files.TWO_GB`) on small models; the slow
 one quantizes a real 2.25 GiB model through the CLI (it is not skipped by default: CI runs it).
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _locations(path):
 @pytest.fixture
 def large(monkeypatch):
     """Every model counts as large for sessions (the path a 2 GB model takes)."""
-    monkeypatch.setattr(ort_session, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(ort_session, "ONE_PROTO_MAX_BYTES", 0)
 
 
 @pytest.mark.parametrize("linkable", [True, False], ids=["hard_link", "other_filesystem"])
@@ -141,7 +141,7 @@ def test_quantize_large_path_matches_the_inline_path(tmp_path, monkeypatch):
     calib = [{"x": RNG.standard_normal((4, 64)).astype(np.float32)} for _ in range(8)]
     small = quantize(path, calib)
     small.save(str(tmp_path / "inline.onnx"))
-    monkeypatch.setattr(ort_session, "LARGE_MODEL_BYTES", 0)
+    monkeypatch.setattr(ort_session, "ONE_PROTO_MAX_BYTES", 0)
     monkeypatch.setattr(files, "TWO_GB", 8 * 1024)
     res = quantize(path, calib)
     assert res.report["output_sqnr_db"] == small.report["output_sqnr_db"]

@@ -128,7 +128,7 @@ def test_models_too_large_to_measure_say_so(monkeypatch):
     from qcompiler.errors import ConfigError
     from qcompiler.passes.quantize import weight_mixed_precision
     model, feeds = decoder(seed=1)
-    monkeypatch.setattr(weight_mixed_precision, "MAX_MODEL_BYTES", 1000)
+    monkeypatch.setattr(weight_mixed_precision, "ONE_PROTO_MAX_BYTES", 1000)
     with pytest.raises(ConfigError, match="in-memory copy of the model"):
         quantize(model, feeds, weight_only=True, weight_bits=4, max_drop=0.05, progress=False)
     res = quantize(model, feeds, weight_only=True, weight_bits=4, progress=False)

@@ -25,8 +25,8 @@ line what was kept and why (`safety_net.summary`). Independent trials (the two h
 candidate regions) run at once on the run's executor (`parallel.py`; `--ray`), with the serial run's result.
 
 NOTE: quantizers inside If/Loop/Scan bodies are not switchable one by one (a Where per quantizer would have to
-bubble its switch into every body). Models whose weights exceed `MAX_WEIGHT_BYTES` are skipped (the switchable
-copy is one protobuf), with a note.
+bubble its switch into every body). The switchable copy shares the model's weights (runtime/switchable.py), so
+a model of any size is searched: its session goes to onnxruntime with external data above one protobuf's worth.
 """
 from __future__ import annotations
 
@@ -36,8 +36,7 @@ import numpy as np
 
 from qcompiler.errors import QCompilerError
 from qcompiler.ir import verify
-from qcompiler.onnx_io import model_to_proto
-from qcompiler.onnx_io.importer import model_from_proto
+from qcompiler.onnx_io.rewrite import rewritten_copy
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.safety_net.budget import Clock, float_nodes
 from qcompiler.passes.quantize.safety_net.parallel import describe, trial_pool
@@ -45,18 +44,15 @@ from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, Regi
 from qcompiler.passes.quantize.safety_net.search import MIN_GAIN_DB, search
 from qcompiler.passes.quantize.safety_net.weights import weight_phase
 from qcompiler.passes.quantize.safety_net.trials import (
-    _SWITCH_ON,
-    _SWITCH_WIDE,
-    MAX_WEIGHT_BYTES,
     RUNS_IN_FLIGHT,
     TRIAL_SAMPLES,
     _Quantizer,
-    _switch_proto,
     _Trials,
     _wide_encoding,
     activation_quantizers,
     db,
     reaching,
+    switch_sites,
     worst_sqnr,
 )
 from qcompiler.passmanager import PassResult, register_pass
@@ -66,6 +62,7 @@ from qcompiler.quant.core.qdq import _qparams, pinned_pairs, remove_qdq
 from qcompiler.quant.interop.report import output_errors, rounded_db
 from qcompiler.quant.runtime.executor import run_executor
 from qcompiler.quant.runtime.memory import weight_bytes
+from qcompiler.quant.runtime.switchable import switchable_model
 
 # NOTE: the default floor. Output SQNR (min over outputs) of the corpus models with the defaults (ort_cpu,
 # min_max), on their calibration samples, before this module: digits_cnn 36.1 dB, char_rnn 36.8 dB, ppocr_cls
@@ -77,8 +74,8 @@ TARGET_MARGIN_DB = 1.5     # the search aims this far above the floor (see run_s
 MAX_PASSES = 2             # switchable sessions at most
 REGIONS = True             # phase 2 (tests turn it off to show what the quantizer search alone reaches)
 
-__all__ = ["MAX_WEIGHT_BYTES", "TRIAL_SAMPLES", "_SWITCH_ON", "_SWITCH_WIDE", "_Quantizer", "_Trials",
-           "_switch_proto", "activation_quantizers", "db", "reaching", "run_safety_net", "worst_sqnr"]
+__all__ = ["TRIAL_SAMPLES", "_Quantizer", "_Trials", "activation_quantizers", "db", "reaching", "run_safety_net",
+           "switch_sites", "worst_sqnr"]
 
 
 def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: float, profile,
@@ -94,9 +91,6 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     if not (out.before_db < floor) or not kept:
         return out, None
     out.triggered = True
-    if weight_bytes(model) > MAX_WEIGHT_BYTES:
-        out.note = f"skipped: weights over {MAX_WEIGHT_BYTES >> 20} MB"
-        return out, None
     wide_bits = profile.wide_activation_bits
     if wide_bits and model.opset < 21:
         wide_bits = None
@@ -211,7 +205,7 @@ def body_fallback(model, plan, acts: dict, kept: list, errors: dict, out: Outcom
     if not quants:
         return None
     before = worst_sqnr(errors)
-    trial = model_from_proto(model_to_proto(model))
+    trial = rewritten_copy(model, lambda proto: proto, "copy the model")   # shares the weights
     _drop_quantizers(body_quantizers(trial, dict(acts)))
     after = worst_sqnr(output_errors(trial, kept))
     del trial
@@ -244,10 +238,10 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
     trials = pool = None
     target = floor + TARGET_MARGIN_DB
     try:
-        proto = _switch_proto(model, quants, wide_bits)
-        pool = trial_pool(executor, proto)
-        sess = create_session(proto, role="safety net")
-        del proto
+        copy, _ = switchable_model(model, switch_sites(quants, wide_bits), len(quants), bool(wide_bits))
+        pool = trial_pool(executor, copy)
+        sess = create_session(copy, role="safety net")
+        del copy
         trials = _Trials(sess, kept, len(quants), bool(wide_bits), trials_left, clock, on_trial, pool)
         if len(kept) > out.samples:
             trials.pick(out.samples)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from qcompiler.passes.quantize.safety_net.trials import _SWITCH_ON, _SWITCH_WIDE
 from qcompiler.quant.runtime.switch_pool import SwitchPool, describe
+from qcompiler.quant.runtime.switchable import ON_INPUT, WIDE_INPUT
 
 
 class TrialPool:
@@ -38,7 +38,7 @@ class TrialPool:
     def run(self, kept, settings):
         """Per (on, wide) in `settings`, per kept sample, the outputs; None: run them here."""
         feeds = self._feeds(kept)
-        return self.pool.run(feeds, [{_SWITCH_ON: on, **({_SWITCH_WIDE: wide} if wide is not None else {})}
+        return self.pool.run(feeds, [{ON_INPUT: on, **({WIDE_INPUT: wide} if wide is not None else {})}
                                      for on, wide in settings])
 
     def _feeds(self, kept):
@@ -50,9 +50,9 @@ class TrialPool:
         self.pool.close()
 
 
-def trial_pool(executor, proto) -> Optional[TrialPool]:
-    """A pool for the switchable model `proto` when `executor` runs work elsewhere (None: serial, one worker)."""
-    pool = SwitchPool.of(executor, proto)
+def trial_pool(executor, model) -> Optional[TrialPool]:
+    """A pool for the switchable `model` (IR or ModelProto) when `executor` runs work elsewhere (None: serial, one worker)."""
+    pool = SwitchPool.of(executor, model)
     return TrialPool(pool) if pool is not None else None
 
 

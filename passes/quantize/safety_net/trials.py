@@ -2,8 +2,9 @@
 
 One onnxruntime session runs every trial: after each switchable quantizer's DequantizeLinear a
 `Where(on[i], DQ, x)` (and, with 16-bit activations, `Where(wide[i], DQ16(Q16(x)), DQ)`) picks the quantized or
-the float value, with `on`/`wide` as bool graph inputs; a trial is one setting of the switches on the kept
-samples with the largest error. `weights.py` builds the same switches over weight DequantizeLinears.
+the float value, with `on`/`wide` as bool graph inputs (qcompiler/quant/runtime/switchable.py builds the copy);
+a trial is one setting of the switches on the kept samples with the largest error. `weights.py` switches
+weight DequantizeLinears the same way.
 """
 from __future__ import annotations
 
@@ -14,17 +15,14 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
-from onnx import TensorProto, helper, numpy_helper
 
-from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.core.encoding import compute_encoding
 from qcompiler.quant.core.qdq import cast_ends, storage_dtype
 from qcompiler.quant.interop.report import OutputError
+from qcompiler.quant.runtime.switchable import ON_INPUT, WIDE_INPUT, Site, Wide
 
-MAX_WEIGHT_BYTES = 1 << 30   # larger models are not searched (the switchable copy is one protobuf)
 RUNS_IN_FLIGHT = 2         # a trial in this process runs this many samples at once (one thread each)
 TRIAL_SAMPLES = 8          # calibration samples per trial: the kept samples with the largest error
-_SWITCH_ON, _SWITCH_WIDE = "qcompiler_safety_net_on", "qcompiler_safety_net_wide"
 
 
 def worst_sqnr(errors: dict) -> float:
@@ -90,50 +88,19 @@ def _wide_encoding(enc, bits: int):
     return e
 
 
-def _switch_proto(model, quants: List[_Quantizer], wide_bits: Optional[int]):
-    """The QDQ model as a ModelProto with a Where switch after each quantizer (see the module docstring)."""
-    mp = model_to_proto(model)
-    g = mp.graph
-    k = len(quants)
-    by_dq = {z.dq.name: (i, z) for i, z in enumerate(quants)}
-    g.input.append(helper.make_tensor_value_info(_SWITCH_ON, TensorProto.BOOL, [k]))
-    if wide_bits:
-        g.input.append(helper.make_tensor_value_info(_SWITCH_WIDE, TensorProto.BOOL, [k]))
-    nodes = list(g.node)
-    del g.node[:]
-    p = "qcompiler_sn"
-    for n in nodes:
-        hit = by_dq.get(n.name) if n.op_type == "DequantizeLinear" else None
-        if hit is None:
-            g.node.append(n)
-            continue
-        i, z = hit
-        out, x = n.output[0], z.q.inputs[0].name
-        dq_out = f"{p}{i}_dq"
-        n.output[0] = dq_out
-        g.node.append(n)
-        g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}{i}_idx"))
-        g.node.append(helper.make_node("Gather", [_SWITCH_ON, f"{p}{i}_idx"], [f"{p}{i}_on"], name=f"{p}{i}_g"))
-        chosen = dq_out
+def switch_sites(quants: List[_Quantizer], wide_bits: Optional[int]) -> List[Site]:
+    """Switch i after quantizer i's DequantizeLinear: off reads the value its Q reads; with `wide_bits`, a
+    grid of that width over the same range is the wide alternative."""
+    sites = []
+    for i, z in enumerate(quants):
+        x, wide = z.q.inputs[0].name, None
         if wide_bits:
             e = _wide_encoding(z.enc, wide_bits)
             s_dtype = np.asarray(z.q.inputs[1].const_value()).dtype      # float16 scales: qdq.float_route
-            g.initializer.append(numpy_helper.from_array(np.asarray(e.scale, np.float32).astype(s_dtype),
-                                                         f"{p}{i}_s16"))
-            g.initializer.append(numpy_helper.from_array(
-                np.asarray(e.zero_point).astype(storage_dtype(e)), f"{p}{i}_z16"))
-            g.node.append(helper.make_node("QuantizeLinear", [x, f"{p}{i}_s16", f"{p}{i}_z16"], [f"{p}{i}_q16"],
-                                           name=f"{p}{i}_q16"))
-            g.node.append(helper.make_node("DequantizeLinear", [f"{p}{i}_q16", f"{p}{i}_s16", f"{p}{i}_z16"],
-                                           [f"{p}{i}_dq16"], name=f"{p}{i}_dq16"))
-            g.node.append(helper.make_node("Gather", [_SWITCH_WIDE, f"{p}{i}_idx"], [f"{p}{i}_w"],
-                                           name=f"{p}{i}_gw"))
-            g.node.append(helper.make_node("Where", [f"{p}{i}_w", f"{p}{i}_dq16", dq_out], [f"{p}{i}_sel"],
-                                           name=f"{p}{i}_ww"))
-            chosen = f"{p}{i}_sel"
-        g.node.append(helper.make_node("Where", [f"{p}{i}_on", chosen, x], [out], name=f"{p}{i}_where"))
-    del mp.graph.value_info[:]   # the DQ outputs were renamed; onnxruntime infers the rest
-    return mp
+            wide = Wide(x, np.asarray(e.scale, np.float32).astype(s_dtype),
+                        np.asarray(e.zero_point).astype(storage_dtype(e)))
+        sites.append(Site(i, z.dq.outputs[0].name, x, wide=wide))
+    return sites
 
 
 class _Trials:
@@ -205,9 +172,9 @@ class _Trials:
         t0 = time.perf_counter()
         if runs is None:
             flags, w = self._flags(on, wide)
-            feedx = {_SWITCH_ON: flags}
+            feedx = {ON_INPUT: flags}
             if w is not None:
-                feedx[_SWITCH_WIDE] = w
+                feedx[WIDE_INPUT] = w
             # NOTE: two single-threaded runs in flight, as report._output_errors (a busy 2-core box)
             with ThreadPoolExecutor(max_workers=max(1, min(RUNS_IN_FLIGHT, os.cpu_count() or 1))) as pool:
                 out = self._reduce(kept, pool.map(lambda item: self.sess.run(self.names, {**item[0], **feedx},

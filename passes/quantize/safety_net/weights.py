@@ -8,7 +8,8 @@ main-graph weight DequantizeLinear gets a finer alternative, the first the targe
   `legal_candidates`) and the model is at opset 21;
 - float.
 
-The alternatives are switched like activation quantizers (one session, `Where(on[i], DQ, alternative)`), searched
+The alternatives are switched like activation quantizers (one session, `Where(on[i], DQ, alternative)`:
+qcompiler/quant/runtime/switchable.py), searched
 by the same bisection (search.py) and, below the floor, the same region search (regions.py); the weights kept
 are rewritten in the model (a new integer tensor and grid, or the float weight) and the plan says why.
 
@@ -23,11 +24,9 @@ from dataclasses import dataclass
 from typing import List, Optional
 
 import numpy as np
-from onnx import helper, numpy_helper
 
 from qcompiler.errors import QCompilerError
 from qcompiler.ir import verify
-from qcompiler.onnx_io import model_to_proto
 from qcompiler.onnx_io.files import load_model
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
@@ -35,10 +34,11 @@ from qcompiler.passes.quantize.mixed_precision.search import legal_candidates
 from qcompiler.passes.quantize.safety_net.parallel import trial_pool
 from qcompiler.passes.quantize.safety_net.regions import MAX_REGION_TRIALS, RegionSearch
 from qcompiler.passes.quantize.safety_net.search import search
-from qcompiler.passes.quantize.safety_net.trials import _SWITCH_ON, _Trials, db, worst_sqnr
+from qcompiler.passes.quantize.safety_net.trials import _Trials, db, worst_sqnr
 from qcompiler.quant.core.encoding import compute_encoding
 from qcompiler.quant.core.qdq import _qparams, _quantize_array, broadcast_qparams, output_axis
 from qcompiler.quant.interop.report import output_errors, rounded_db
+from qcompiler.quant.runtime.switchable import Site, switchable_model
 
 MAX_WEIGHT_TRIALS = 48
 # NOTE: weights aim this far above the floor (the activations aim 1.5 dB above it): a finer weight grid changes
@@ -141,31 +141,10 @@ def weight_choices(model, params: dict, profile, source):
     return out, skipped
 
 
-def _switch_proto(model, choices: List[WeightChoice]):
-    """The model with `Where(on[i], DQ_i, alternative_i)` after each weight DQ."""
-    mp = model_to_proto(model)
-    g = mp.graph
-    g.input.append(helper.make_tensor_value_info(_SWITCH_ON, 9, [len(choices)]))
-    by_dq = {c.dq.name: i for i, c in enumerate(choices)}
-    nodes = list(g.node)
-    del g.node[:]
-    p = "qcompiler_snw"
-    for n in nodes:
-        i = by_dq.get(n.name) if n.op_type == "DequantizeLinear" else None
-        if i is None:
-            g.node.append(n)
-            continue
-        out = n.output[0]
-        n.output[0] = f"{p}{i}_dq"
-        g.node.append(n)
-        alt = choices[i].alt.astype(np.asarray(choices[i].dq.inputs[1].const_value()).dtype)   # the DQ's type
-        g.initializer.append(numpy_helper.from_array(alt, f"{p}{i}_alt"))
-        g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{p}{i}_idx"))
-        g.node.append(helper.make_node("Gather", [_SWITCH_ON, f"{p}{i}_idx"], [f"{p}{i}_on"], name=f"{p}{i}_g"))
-        g.node.append(helper.make_node("Where", [f"{p}{i}_on", f"{p}{i}_dq", f"{p}{i}_alt"], [out],
-                                       name=f"{p}{i}_where"))
-    del mp.graph.value_info[:]
-    return mp
+def _switch_sites(choices: List[WeightChoice]) -> List[Site]:
+    """Switch i after weight i's DequantizeLinear: off reads its alternative (in the DQ's output type)."""
+    return [Site(i, c.dq.outputs[0].name, c.alt.astype(np.asarray(c.dq.inputs[1].const_value()).dtype, copy=False))
+            for i, c in enumerate(choices)]
 
 
 def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, on_trial=None,
@@ -183,10 +162,10 @@ def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, 
         return None
     trials = pool = None
     try:
-        proto = _switch_proto(model, choices)
-        pool = trial_pool(executor, proto)
-        sess = create_session(proto, role="safety net (weights)")
-        del proto
+        copy, _ = switchable_model(model, _switch_sites(choices), len(choices))
+        pool = trial_pool(executor, copy)
+        sess = create_session(copy, role="safety net (weights)")
+        del copy
         trials = _Trials(sess, kept, len(choices), False, MAX_WEIGHT_TRIALS, clock, on_trial, pool)
         if len(kept) > out.samples:
             trials.pick(out.samples)

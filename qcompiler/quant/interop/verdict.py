@@ -15,13 +15,10 @@ from typing import Dict, Optional
 
 from qcompiler.errors import OnnxRuntimeError
 from qcompiler.quant.runtime.kernels import kernel_report
-from qcompiler.quant.runtime.memory import weight_bytes
+from qcompiler.quant.runtime.memory import EXTRA_SESSION_MAX_BYTES, weight_bytes
 from qcompiler.quant.targets.fusions import load_fusions
 
 RUNTIME = "onnxruntime"   # the runtime kernel_report builds sessions of
-# above this many bytes of weights the share is not read (one more optimized session of a model this size costs
-# its bytes again in memory; --measure-latency reads it anyway)
-MAX_WEIGHT_BYTES = 1 << 30
 NEGLIGIBLE = 0.01         # below this share of the compute on integer kernels, nothing runs quantized
 
 
@@ -37,7 +34,7 @@ def integer_share(plan, model, fusions: Optional[str], kernels: Optional[dict] =
         return None
     if kernels is not None:
         integer = {name: row["integer"] for name, row in kernels.items()}
-    elif weight_bytes(model) > MAX_WEIGHT_BYTES:
+    elif weight_bytes(model) > EXTRA_SESSION_MAX_BYTES:   # --measure-latency reads it anyway
         return None
     else:
         try:

@@ -32,6 +32,10 @@ def weight_bytes(model) -> int:
     return sum(v.tensor.nbytes for v in model.graph.initializers.values())
 
 
+# NOTE: a model above this many bytes of weights gets no optional extra session (the summary's integer-kernel
+# share reads onnxruntime's optimized copy: one more session costs the model's bytes again). A memory rule, not
+# protobuf's limit (onnx_io/files.py ONE_PROTO_MAX_BYTES): the same number today, free to move on its own
+EXTRA_SESSION_MAX_BYTES = 1 << 30
 PREPACK_MAX_BYTES = 256 << 20   # larger models' calibration and capture sessions keep no prepacked weight copies
 
 

@@ -2,7 +2,7 @@
 
 The safety net's trials (passes/quantize/safety_net/parallel.py) and `qcompiler debug`'s "alone" runs
 (qcompiler/debugger/engine.py) both measure one switchable copy of a QDQ model under many settings of its bool
-switch inputs. A `SwitchPool` writes that model once to a file and the samples once to an .npz (read back with
+switch inputs (built by switchable.py). A `SwitchPool` writes that model once to a file and the samples once to an .npz (read back with
 allow_pickle=False); each item sent to a worker is (model path, samples path, {switch input: bool array},
 sample indices). The worker builds its session once (kept while the model path stays the same) and returns the
 raw outputs: the caller reduces them exactly as it does its own runs, so the numbers are the serial run's.
@@ -18,6 +18,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from qcompiler.onnx_io.exporter import ExternalData, write_model
+from qcompiler.onnx_io.files import ONE_PROTO_MAX_BYTES, _total_tensor_bytes, load_model
 from qcompiler.ort_session import create_session
 
 _CACHE: dict = {}     # in a worker: model path -> (session, output names, samples path, feeds); one entry
@@ -30,8 +32,11 @@ def run_switched(item) -> List[list]:
     hit = _CACHE.get(model_path)
     if hit is None or hit[2] != samples_path:
         _CACHE.clear()
-        with open(model_path, "rb") as f:
-            sess = create_session(f.read(), role="switchable copy")
+        if os.path.exists(model_path + ".data"):     # written with external data (SwitchPool.__init__)
+            sess = create_session(load_model(model_path), role="switchable copy")
+        else:
+            with open(model_path, "rb") as f:
+                sess = create_session(f.read(), role="switchable copy")
         with np.load(samples_path, allow_pickle=False) as z:
             names = [str(x) for x in z["__names__"]]
             feeds, i = [], 0
@@ -55,23 +60,31 @@ class SwitchPool:
     """One switchable model (written once) and its executor; `run(feeds, settings)` -> per setting, per feed,
     the outputs, or None when the batch could not run there (the caller runs it in process)."""
 
-    def __init__(self, executor, proto):
+    def __init__(self, executor, model):
+        """`model`: the switchable model, IR (switchable.switchable_model: written tensor by tensor, with
+        external data above ONE_PROTO_MAX_BYTES) or a ModelProto."""
         self.executor = executor
         self.workers = max(1, int(getattr(executor, "workers", 2) or 1))
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-switch-")
         self.model_path = os.path.join(self._dir.name, "switchable.onnx")
         with open(self.model_path, "wb") as f:
-            f.write(proto.SerializeToString())
+            if hasattr(model, "SerializeToString"):
+                f.write(model.SerializeToString())
+            elif _total_tensor_bytes(model) > ONE_PROTO_MAX_BYTES:
+                with open(self.model_path + ".data", "wb", buffering=1 << 20) as data:
+                    write_model(model, f, external=ExternalData(data, os.path.basename(self.model_path) + ".data"))
+            else:
+                write_model(model, f)
         self._samples = None        # (the feeds list, its path)
         self.failed = False
         self.runs = 0               # settings run through the executor
 
     @classmethod
-    def of(cls, executor, proto) -> Optional["SwitchPool"]:
+    def of(cls, executor, model) -> Optional["SwitchPool"]:
         """A pool when `executor` runs work elsewhere (None: no executor, or one worker)."""
         if executor is None or int(getattr(executor, "workers", 2) or 1) < 2:
             return None
-        return cls(executor, proto)
+        return cls(executor, model)
 
     def _samples_path(self, feeds) -> Optional[str]:
         if self._samples is not None and self._samples[0] is feeds:
