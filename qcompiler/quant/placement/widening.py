@@ -37,6 +37,9 @@ EXP_OPS = ("Softmax", "LogSoftmax")
 HEAVY_SHARE = 0.25
 MIN_SQNR8_HEAVY_DB = 24.0
 MIN_MEDIAN_STEPS = 2.0
+# a profile's fixed output range (Softmax/Sigmoid [0, 1]) is checked like an observed one, on its own grid:
+# attention probabilities over L keys sit near 1/L, so over 128 tokens most of them are 1-2 steps of a [0, 1]
+# 8-bit grid (~17-27 dB each; a 16-layer decoder's logits 14 dB, 21 with those grids wide)
 
 
 def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=None) -> None:
@@ -45,7 +48,10 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
     wide = profile.wide_activation_bits
     exp_inputs = _exp_inputs(g, profile) if g is not None else set()
     costly = _widening_costs(plan, g, profile) if g is not None and wide else {}
+    fixed = _profile_fixed_ranges(plan, g, profile) if g is not None else {}
     for name, spec in plan.values.items():
+        if name in fixed:
+            _widen_fixed(spec, stats.get(name), fixed[name], wide)
         # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
         if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
             continue
@@ -86,6 +92,53 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
                 spec.float_(why)
         elif st.get("nonfinite", 0):
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
+
+
+def _profile_fixed_ranges(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
+    """value name -> its producer's op, for the 8-bit activations whose fixed range is the profile's
+    (`fixed_output_range`), not one a config gave."""
+    out: Dict[str, str] = {}
+    for n in g.nodes:
+        rng = profile.fixed_output_range.get(n.op_type)
+        for v in n.outputs if rng is not None else ():
+            spec = plan.values.get(v.name) if v is not None else None
+            if spec is not None and spec.kind == "activation" and not spec.keep_float and spec.bits == 8 \
+                    and spec.fixed_range == tuple(float(x) for x in rng):
+                out[v.name] = n.op_type
+    return out
+
+
+def mean_square(st: dict) -> float:
+    """E[x²] of a value: the observer's own, else the one its 8-bit estimate (calibrate.estimated_sqnr_db) used."""
+    if "mean_sq" in st:
+        return float(st["mean_sq"])
+    step, db = min_max_step(st, 8), st.get("sqnr8_db")
+    return 10 ** (db / 10) * step ** 2 / 12 if db is not None and np.isfinite(db) and step > 0 else 0.0
+
+
+def fixed_grid_sqnr_db(st: dict, lo: float, hi: float, bits: int = 8) -> float:
+    """10·log10(E[x²] / (s²/12)) for the grid of `bits` over the fixed range [lo, hi] (as estimated_sqnr_db
+    does for the observed range); inf when the statistics carry no power."""
+    power, step = mean_square(st), (hi - lo) / (2 ** bits - 1)
+    if not power > 0 or not np.isfinite(power) or step <= 0:
+        return float("inf")
+    return float(10 * np.log10(power * 12 / step ** 2))
+
+
+def _widen_fixed(spec, st, op: str, wide) -> None:
+    """Widen (or keep float) a fixed-range output whose 8-bit grid gives its values under MIN_SQNR8_DB."""
+    if not st or not st.get("count"):
+        return
+    lo, hi = spec.fixed_range
+    db = fixed_grid_sqnr_db(st, lo, hi)
+    if db >= MIN_SQNR8_DB:
+        return
+    why = (f"{op} output: an 8-bit grid over its fixed range [{lo:g}, {hi:g}] gives ~{db:.0f} dB (rms "
+           f"{np.sqrt(mean_square(st)):.3g} against steps of {(hi - lo) / 255:.3g})")
+    if wide:
+        spec.bits, spec.widened = int(wide), why
+    else:
+        spec.float_(why)
 
 
 def _bulk_spans_the_grid(st: dict) -> bool:
