@@ -246,6 +246,10 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
                 kept_bytes = _observe(res, arrays, pfeed, names_run, observe_inputs, graph_outputs,
                                       scheme, bits, symmetric, opts, keep_samples, keep_bytes, kept_bytes)
                 bar.update(1)
+                # NOTE: this sample's arrays go now, not when the next one replaces them: held (here and in
+                # its future) while the next two runs filled theirs, a 0.5 B decoder had three samples' values
+                # (~450 MB each) at once
+                arrays = got = fut = pending = None
             if nxt is None:
                 break
             pending = (feed, nxt)
