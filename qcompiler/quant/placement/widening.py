@@ -26,6 +26,12 @@ MIN_SQNR8_DB = 30.0
 # relative error e^d - 1 of each probability, whatever the scores' scale (0.25: at most ~13 %, rms ~7 %)
 SOFTMAX_MAX_STEP = 0.25
 EXP_OPS = ("Softmax", "LogSoftmax")
+# Sin/Cos read their input as an angle: an input error d moves the output by up to d (slope 1) against an output
+# power of 1/2, so the 30 dB of MIN_SQNR8_DB needs steps of at most sqrt(6e-3) ~ 0.077 rad. A decoder's rotary
+# angles (position x inv_freq, up to the sequence length in radians) on 8 bits have steps of 0.5 rad at 128
+# tokens: cos/sin turn to noise for the fast-turning channels of every layer's q and k
+PERIODIC_OPS = ("Sin", "Cos")
+PERIODIC_MAX_STEP = float(np.sqrt(6.0 * 10 ** (-MIN_SQNR8_DB / 10)))
 # what a widening costs: on a target whose integer kernels read only 8-bit activations (onnxruntime's CPU), a
 # value widened to 16 bits turns its Conv/MatMul/Gemm readers into float kernels. When those readers hold at
 # least HEAVY_SHARE of the model's multiply-accumulates and the 8-bit grid still gives MIN_SQNR8_HEAVY_DB on the
@@ -47,6 +53,7 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
     the graph `g`) a Softmax input whose grid step is too coarse for exp."""
     wide = profile.wide_activation_bits
     exp_inputs = _exp_inputs(g, profile) if g is not None else set()
+    angles = _angles(g, profile) if g is not None else set()
     costly = _widening_costs(plan, g, profile) if g is not None and wide else {}
     fixed = _profile_fixed_ranges(plan, g, profile) if g is not None else {}
     for name, spec in plan.values.items():
@@ -69,6 +76,13 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
                    f"{min_max_step(st, spec.bits):.3g} (an additive mask of {st['min']:.3g}?), over "
                    f"{SOFTMAX_MAX_STEP} in exp's units")
             if wide and wide > spec.bits and min_max_step(st, wide) <= SOFTMAX_MAX_STEP:
+                spec.bits, spec.widened = int(wide), why
+            else:
+                spec.float_(why)
+        elif name in angles and min_max_step(st, spec.bits) > PERIODIC_MAX_STEP:
+            why = (f"feeds a Sin/Cos: a {spec.bits}-bit grid over [{st['min']:.3g}, {st['max']:.3g}] has steps of "
+                   f"{min_max_step(st, spec.bits):.3g} rad, over {PERIODIC_MAX_STEP:.3g}")
+            if wide and wide > spec.bits and min_max_step(st, wide) <= PERIODIC_MAX_STEP:
                 spec.bits, spec.widened = int(wide), why
             else:
                 spec.float_(why)
@@ -201,6 +215,25 @@ def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
             names = ", ".join(f"{r.op_type} '{r.name[:40]}'" for r in readers[:2]) + (" ..." if len(readers) > 2 else "")
             out[v.name] = f"{names} ({100 * macs / total:.0f}% of the multiply-accumulates)"
     return out
+
+
+def _angles(g, profile: Profile) -> set:
+    """Names of main-graph values read by a Sin/Cos, directly or through data movement and the ops whose inputs
+    share their output's grid (profile.tie_inputs_and_output: a rotary embedding's Concat(freqs, freqs)). A value
+    other nodes read too is included: a finer grid costs them nothing in accuracy."""
+    found, stack = set(), [n.inputs[0] for n in g.nodes if n.op_type in PERIODIC_OPS and n.inputs and n.inputs[0]]
+    moves, ties = set(profile.shares_input_encoding), set(profile.tie_inputs_and_output)
+    while stack:
+        v = stack.pop()
+        if v is None or v.name in found:
+            continue
+        found.add(v.name)
+        p = v.producer
+        if p is not None and p.op_type in moves and p.inputs:
+            stack.append(p.inputs[0])
+        elif p is not None and p.op_type in ties:
+            stack.extend(x for x in p.inputs if x is not None and not x.is_constant())
+    return found
 
 
 def _exp_inputs(g, profile: Profile) -> set:
