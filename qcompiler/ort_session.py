@@ -284,7 +284,7 @@ def _is_large(model) -> bool:
 
 
 def create_session(model, role: str = "", opt_level=None, threads: Optional[int] = 1, extra_outputs=(),
-                   optimized_path: Optional[str] = None, prepack: bool = True, arena: bool = True) -> Session:
+                   optimized_path: Optional[str] = None, prepack: bool = True) -> Session:
     """A quiet CPU session for an IR model, a ModelProto or serialized model bytes.
 
     `role` says which copy the messages talk about ("quantized", "after pass 'x'"); `threads`: intra-op threads
@@ -320,8 +320,6 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         so.graph_optimization_level = opt_level
     if not prepack:
         so.add_session_config_entry("session.disable_prepacking", "1")
-    if not arena:
-        so.enable_cpu_mem_arena = False
     if optimized_path is not None:
         so.optimized_model_filepath = os.fspath(optimized_path)
         so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
