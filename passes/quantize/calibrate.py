@@ -3,7 +3,8 @@
 What to observe comes from placement's structural rules (`observed_names`: no supergroup interiors, no
 data-movement copies; `observed_body_names`: the same rules inside If/Loop/Scan bodies, observed through
 qcompiler/quant/calibration/body_probe.py) plus what later passes in the pipeline ask for (`QuantPass.calibration_request`: the
-per-channel means bias correction needs), so the data is read once whatever the recipe."""
+per-channel means bias correction needs; `rounding_noise_request`: the layer inputs whose int8 rounding
+narrow-float-weights weighs), so the data is read once whatever the recipe."""
 from __future__ import annotations
 
 from qcompiler.passmanager import PassResult, register_pass
@@ -12,7 +13,7 @@ from qcompiler.quant.calibration.calibrate import calibrate
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.interop.report import SQNR_KEEP_BYTES, SQNR_MAX_SAMPLES
 from qcompiler.quant.placement import bulk_names, observed_body_names, observed_names
-from qcompiler.quant.runtime.memory import release
+from qcompiler.quant.runtime.memory import large_model, release
 
 
 @register_pass
@@ -25,8 +26,10 @@ class Calibrate(QuantPass):
     def run(self, ctx) -> PassResult:
         s = ctx.settings
         axes: dict = {}
+        blocks: dict = {}
         for p in ctx.passes:
             axes.update(p.calibration_request(ctx) if hasattr(p, "calibration_request") else {})
+            blocks.update(p.rounding_noise_request(ctx) if hasattr(p, "rounding_noise_request") else {})
         sym = ctx.profile.activation.symmetric if s.selection.act_symmetric is None \
             else s.selection.act_symmetric
         bodies = observed_body_names(ctx.model, ctx.profile, ctx.options) if has_bodies(ctx.model) else False
@@ -34,7 +37,8 @@ class Calibrate(QuantPass):
                                     progress=s.progress, names=observed_names(ctx.model, ctx.profile, ctx.options),
                                     keep_samples=SQNR_MAX_SAMPLES, keep_bytes=SQNR_KEEP_BYTES,
                                     channel_axes=axes or None, bodies=bodies or False,
-                                    bulk_names=bulk_names(ctx.model, ctx.profile, s.optimize))
+                                    bulk_names=bulk_names(ctx.model, ctx.profile, s.optimize),
+                                    rounding_blocks=blocks, spill=large_model(ctx.model))
         release()   # the calibration session's freed heap (memory.py)
         cal = ctx.calibration
         stats = {"samples": cal.samples, "observed_values": len(cal.observers)}

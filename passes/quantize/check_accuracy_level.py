@@ -8,16 +8,21 @@ replays that rounding in numpy on the layer's float inputs from the calibration 
 compares the output with the float-activation product on the same narrow weights: a layer whose output SQNR
 at level 4 falls below `LEVEL4_MIN_DB` gets level 0 (float activations), with the figures in the report.
 Without calibration data nothing is measured and the profile's level stays (the report says so).
+Where calibration already gathered the inputs' level-4 rounding noise (narrow-float-weights asks for it:
+qcompiler/quant/calibration/rounding_noise.py), `lower_levels` reads the figure from there instead of running
+the model again; layers it has nothing on are captured as above.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from qcompiler.passmanager import PassResult, register_pass
+from qcompiler.quant.calibration.rounding_noise import emulate_level4
 from qcompiler.quant.calibration.weight_inputs import chunks, first_rows, input_groups, rows_session
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.core.weight_only import default_accuracy_level
+from qcompiler.quant.placement.widening import mean_square
 from qcompiler.sqnr import db_from_powers, powers
 
 LEVEL4_MIN_DB = 30.0       # int8 activation rounding must stay this far below the signal (4-bit weights: ~20 dB)
@@ -25,19 +30,6 @@ MAX_ROWS = 2048            # input rows kept per layer group for the check
 CHECK_SAMPLES = 16
 ROW_BUDGET = 256 << 20
 STEP_ROWS = 128            # rows per product in level4_db
-
-
-def emulate_level4(x: np.ndarray, block: int) -> np.ndarray:
-    """`x` [r, K] as accuracy_level 4 sees it: symmetric int8 per block of `block` along K, scale max|x|/127."""
-    r, k = x.shape
-    nb = -(-k // block)
-    pad = np.zeros((r, nb * block), np.float32)
-    pad[:, :k] = x
-    b = pad.reshape(r, nb, block)
-    scale = np.abs(b).max(axis=2, keepdims=True) / 127.0
-    scale[scale == 0] = 1.0
-    q = np.clip(np.rint(b / scale), -127, 127) * scale
-    return q.reshape(r, nb * block)[:, :k]
 
 
 def level4_db(x: np.ndarray, w: np.ndarray, block: int) -> float:
@@ -52,11 +44,49 @@ def level4_db(x: np.ndarray, w: np.ndarray, block: int) -> float:
     return db_from_powers(signal, noise)
 
 
+def _decide(job, db: float, lowered: list) -> None:
+    if db < LEVEL4_MIN_DB:
+        job.accuracy_level = 0
+        job.notes.append(f"accuracy_level 0: int8 activations would give {db:.1f} dB on its "
+                         f"output (< {LEVEL4_MIN_DB:g} dB)")
+        lowered.append(job.weight)
+    else:
+        job.accuracy_level = 4
+
+
+def _from_calibration(ctx, groups: dict, lowered: list) -> dict:
+    """Decide the jobs whose input's rounding noise calibration gathered; returns the groups left to capture."""
+    cal = ctx.calibration
+    noise = getattr(cal, "rounding_noise", None) or {}
+    if not noise:
+        return groups
+    nodes = {n.name: n for n in ctx.model.graph.nodes}
+    left = {}
+    for name, jobs in groups.items():
+        acc = noise.get(name)
+        rest = []
+        for job in jobs:
+            if job.grid is None or job.accuracy_level == 0:
+                continue
+            out = [nodes[r].outputs[0] for r, _ in job.readers if r in nodes and nodes[r].outputs]
+            obs = cal.observers.get(out[0].name) if len(out) == 1 and out[0] is not None else None
+            mean_sq = mean_square(obs.stats()) if obs is not None and getattr(obs, "count", 0) else None
+            db = acc.output_db(job.grid.dequantize(), mean_sq) if acc is not None and acc.block == job.block_size \
+                else None
+            if db is None:
+                rest.append(job)
+            else:
+                _decide(job, db, lowered)
+        if rest:
+            left[name] = rest
+    return left
+
+
 def lower_levels(ctx, jobs) -> list:
     """Give accuracy_level 0 to each job among `jobs` whose output int8 activations (level 4) would move by more
     than LEVEL4_MIN_DB SQNR on its calibration inputs, level 4 to the others; returns the weights set to 0."""
-    groups = input_groups(ctx, jobs)
-    lowered = []
+    lowered: list = []
+    groups = _from_calibration(ctx, input_groups(ctx, jobs), lowered)
     session = rows_session(ctx, groups) if groups else None
     for names in chunks(groups, lambda n, js: 4 * MAX_ROWS * js[0].k, ROW_BUDGET):
         rows = first_rows(ctx, names, MAX_ROWS, CHECK_SAMPLES, session=session)
@@ -67,14 +97,7 @@ def lower_levels(ctx, jobs) -> list:
             for job in groups[name]:
                 if job.grid is None or job.accuracy_level == 0:
                     continue
-                db = level4_db(x, job.grid.dequantize(), job.block_size)
-                if db < LEVEL4_MIN_DB:
-                    job.accuracy_level = 0
-                    job.notes.append(f"accuracy_level 0: int8 activations would give {db:.1f} dB on its "
-                                     f"output (< {LEVEL4_MIN_DB:g} dB)")
-                    lowered.append(job.weight)
-                else:
-                    job.accuracy_level = 4
+                _decide(job, level4_db(x, job.grid.dequantize(), job.block_size), lowered)
     del session
     release(collect=True)
     return lowered

@@ -82,9 +82,31 @@ class NarrowFloatWeights(QuantPass):
     preserves_semantics = False
     requires = ("quant-context", "qdq")
 
+    @staticmethod
+    def _applies(ctx) -> bool:
+        form = ctx.profile.weight_only
+        return form is not None and form.matmul == "MatMulNBits" and BITS in form.bits \
+            and ctx.settings.optimize != "accuracy"
+
+    def rounding_noise_request(self, ctx) -> dict:
+        """Every linear layer's input -> its block (calibration gathers its level-4 rounding noise): which of
+        them stay float is known only after placement, and the noise costs two numbers per input channel."""
+        if not self._applies(ctx) or default_accuracy_level(ctx.settings, ctx.profile.weight_only) != 4:
+            return {}
+        out = {}
+        for w, node, kind, why in weight_reads(ctx.model.graph, bodies=False):
+            x = node.inputs[0]
+            if why or kind == "gather" or x is None or w.shape is None or len(w.shape) != 2 or \
+                    (node.op_type == "Gemm" and node.attr("transA", 0)):
+                continue
+            depth = w.shape[1 - ROWS_AXIS[kind]]
+            if isinstance(depth, int) and depth > 0:
+                out.setdefault(x.name, block_for(depth))
+        return out
+
     def run(self, ctx) -> PassResult:
         form = ctx.profile.weight_only
-        if form is None or form.matmul != "MatMulNBits" or BITS not in form.bits or ctx.settings.optimize == "accuracy":
+        if not self._applies(ctx):
             return PassResult(False, {"weights": 0})
         plan = float_weight_jobs(ctx)
         g = ctx.model.graph

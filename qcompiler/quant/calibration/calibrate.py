@@ -27,6 +27,8 @@ from qcompiler.quant.calibration.observers import (
     make_observer,
     weight_range,
 )
+from qcompiler.quant.calibration.rounding_noise import RoundingNoise
+from qcompiler.quant.calibration.spill import SpillFile
 from qcompiler.quant.core.encoding import Encoding, compute_encoding, scalar
 from qcompiler.quant.core.plan import QuantPlan
 from qcompiler.quant.runtime.memory import drop_cached, prepack_weights
@@ -39,12 +41,14 @@ class CalibrationResult:
         self.observers: Dict[str, object] = {}
         self.dtypes: Dict[str, np.dtype] = {}
         self.kept: list = []            # [(feed, {output name: float array})]
+        self.spill = None               # spill.SpillFile holding the kept outputs (large models), else None
         self.channel_sums: Dict[str, list] = {}   # name -> [sum per channel, count] (bias correction)
         self.channel_axes: Dict[str, int] = {}
         self.samples = 0
         self.seconds = 0.0
         self.bodies = None              # body_probe.BodyCalibration when values inside bodies were observed
         self.bulk_names: frozenset = frozenset()   # values whose stats add their bulk (widening's cost rule)
+        self.rounding_noise: Dict[str, RoundingNoise] = {}   # value -> level-4 rounding noise (rounding_noise.py)
 
     def channel_mean(self, name: str) -> Optional[np.ndarray]:
         acc = self.channel_sums.get(name)
@@ -181,7 +185,8 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
               keep_samples: int = 4, keep_bytes: int = 64 << 20, progress: Optional[bool] = None,
               observer_opts: Optional[dict] = None, names: Optional[list] = None,
               channel_axes: Optional[Dict[str, int]] = None, bodies=False,
-              bulk_names: frozenset = frozenset()) -> CalibrationResult:
+              bulk_names: frozenset = frozenset(),
+              rounding_blocks: Optional[Dict[str, int]] = None, spill: bool = False) -> CalibrationResult:
     """Run every sample once through a calibration copy of `model`; return observers and dtypes per value.
 
     `names`: the values to observe (default: every candidate). onnxruntime runs sample i+1 on a worker
@@ -190,13 +195,18 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
     each keyed by its (model-wide unique) name (body_probe.py);
     `res.bodies` then holds the probe (`.probe.mapping`, `.probe.minmax_values`) and the branches never taken
     (`.tally.never_taken()`). `bulk_names`: values whose min_max stats also give `abs_median_nonzero`.
+    `rounding_blocks`: value name -> block; `res.rounding_noise` gathers what MatMulNBits' int8 activations of
+    that block would add to it (rounding_noise.py). `spill`: the kept float outputs go to a temporary file,
+    read back when indexed (spill.py).
     """
     t0 = time.perf_counter()
     res = CalibrationResult()
     names = candidate_names(model) if names is None else list(names)
     res.bulk_names = frozenset(bulk_names)
     res.channel_axes = dict(channel_axes or {})
-    names += [n for n in res.channel_axes if n not in set(names)]
+    res.spill = SpillFile() if spill else None
+    res.rounding_noise = {n: RoundingNoise(b) for n, b in (rounding_blocks or {}).items()}
+    names += [n for n in list(res.channel_axes) + list(res.rounding_noise) if n not in set(names)]
     it = iter(samples)
     first = next(it, None) if bodies is not False and bodies is not None and has_bodies(model) else None
     if first is not None:   # the probe copy's symbolic sizes and learnt shapes come from the first sample
@@ -236,6 +246,10 @@ def calibrate(model, samples, scheme: str = "min_max", bits: int = 8, symmetric:
                 kept_bytes = _observe(res, arrays, pfeed, names_run, observe_inputs, graph_outputs,
                                       scheme, bits, symmetric, opts, keep_samples, keep_bytes, kept_bytes)
                 bar.update(1)
+                # NOTE: this sample's arrays go now, not when the next one replaces them: held (here and in
+                # its future) while the next two runs filled theirs, a 0.5 B decoder had three samples' values
+                # (~450 MB each) at once
+                arrays = got = fut = pending = None
             if nxt is None:
                 break
             pending = (feed, nxt)
@@ -285,6 +299,9 @@ def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme
             if np.issubdtype(arr.dtype, np.floating):
                 obs = res.observers[name] = _new_observer(scheme, bits, symmetric, opts,
                                                           bulk=name in res.bulk_names)
+        noise = res.rounding_noise.get(name)
+        if noise is not None:
+            noise.update(arr)
         if obs is not None:
             obs.update(arr)
             axis = res.channel_axes.get(name)
@@ -297,8 +314,12 @@ def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme
                     acc[0] += sums
                     acc[1] += arr.size // max(arr.shape[ax], 1)
     if len(res.kept) < keep_samples and kept_bytes < keep_bytes:
-        outs = {n: by_name[n] for n in graph_outputs if n in by_name}
+        # copies: onnxruntime's arrays live in its session's memory arena, which a kept one holds whole (growth-2,
+        # 16 kept logits of 16 MB: 120 MB more after calibration; a 0.5 B decoder's ~1 GB)
+        outs = {n: np.array(by_name[n], copy=True) for n in graph_outputs if n in by_name}
         kept_bytes += sum(a.nbytes for a in outs.values()) + sum(np.asarray(a).nbytes for a in feed.values())
+        if res.spill is not None:
+            outs = res.spill.outputs(outs)
         res.kept.append((dict(feed), outs))
     res.samples += 1
     return kept_bytes

@@ -310,9 +310,11 @@ def drop_float_region_quantizers(plan: QuantPlan, g, table, everywhere: bool = F
     dropped = 0
     for v in candidates:
         if not verdict[v.name]:
-            what = "16-bit " if plan.spec(v.name).bits > 8 else ""
-            plan.spec(v.name).float_(f"no integer kernel on {plan.profile.name} reads or writes it: a {what}"
-                                     f"Q/DQ pair here would only cost time (--optimize accuracy keeps it)")
+            spec = plan.spec(v.name)
+            what = "16-bit " if spec.bits > 8 else ""
+            why = f" (widened: {spec.widened})" if spec.widened and spec.bits > 8 else ""
+            spec.float_(f"no integer kernel on {plan.profile.name} reads or writes it: a {what}"
+                        f"Q/DQ pair here would only cost time (--optimize accuracy keeps it){why}")
             dropped += 1
     # a weight of a node that runs a float kernel is multiplied in float whatever its grid: on the grid it buys
     # neither size (stored float) nor speed and costs accuracy (three stacked LSTMs on their 7-bit grid: embedding

@@ -26,6 +26,12 @@ MIN_SQNR8_DB = 30.0
 # relative error e^d - 1 of each probability, whatever the scores' scale (0.25: at most ~13 %, rms ~7 %)
 SOFTMAX_MAX_STEP = 0.25
 EXP_OPS = ("Softmax", "LogSoftmax")
+# Sin/Cos read their input as an angle: an input error d moves the output by up to d (slope 1) against an output
+# power of 1/2, so the 30 dB of MIN_SQNR8_DB needs steps of at most sqrt(6e-3) ~ 0.077 rad. A decoder's rotary
+# angles (position x inv_freq, up to the sequence length in radians) on 8 bits have steps of 0.5 rad at 128
+# tokens: cos/sin turn to noise for the fast-turning channels of every layer's q and k
+PERIODIC_OPS = ("Sin", "Cos")
+PERIODIC_MAX_STEP = float(np.sqrt(6.0 * 10 ** (-MIN_SQNR8_DB / 10)))
 # what a widening costs: on a target whose integer kernels read only 8-bit activations (onnxruntime's CPU), a
 # value widened to 16 bits turns its Conv/MatMul/Gemm readers into float kernels. When those readers hold at
 # least HEAVY_SHARE of the model's multiply-accumulates and the 8-bit grid still gives MIN_SQNR8_HEAVY_DB on the
@@ -37,6 +43,9 @@ EXP_OPS = ("Softmax", "LogSoftmax")
 HEAVY_SHARE = 0.25
 MIN_SQNR8_HEAVY_DB = 24.0
 MIN_MEDIAN_STEPS = 2.0
+# a profile's fixed output range (Softmax/Sigmoid [0, 1]) is checked like an observed one, on its own grid:
+# attention probabilities over L keys sit near 1/L, so over 128 tokens most of them are 1-2 steps of a [0, 1]
+# 8-bit grid (~17-27 dB each; a 16-layer decoder's logits 14 dB, 21 with those grids wide)
 
 
 def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=None) -> None:
@@ -44,8 +53,12 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
     the graph `g`) a Softmax input whose grid step is too coarse for exp."""
     wide = profile.wide_activation_bits
     exp_inputs = _exp_inputs(g, profile) if g is not None else set()
+    angles = _angles(g, profile) if g is not None else set()
     costly = _widening_costs(plan, g, profile) if g is not None and wide else {}
+    fixed = _profile_fixed_ranges(plan, g, profile) if g is not None else {}
     for name, spec in plan.values.items():
+        if name in fixed:
+            _widen_fixed(spec, stats.get(name), fixed[name], wide)
         # NOTE: wide grids are checked too: a -3.4e38 mask destroys an int16 grid as surely as an int8 one
         if spec.keep_float or spec.kind != "activation" or spec.fixed_range is not None:
             continue
@@ -63,6 +76,13 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
                    f"{min_max_step(st, spec.bits):.3g} (an additive mask of {st['min']:.3g}?), over "
                    f"{SOFTMAX_MAX_STEP} in exp's units")
             if wide and wide > spec.bits and min_max_step(st, wide) <= SOFTMAX_MAX_STEP:
+                spec.bits, spec.widened = int(wide), why
+            else:
+                spec.float_(why)
+        elif name in angles and min_max_step(st, spec.bits) > PERIODIC_MAX_STEP:
+            why = (f"feeds a Sin/Cos: a {spec.bits}-bit grid over [{st['min']:.3g}, {st['max']:.3g}] has steps of "
+                   f"{min_max_step(st, spec.bits):.3g} rad, over {PERIODIC_MAX_STEP:.3g}")
+            if wide and wide > spec.bits and min_max_step(st, wide) <= PERIODIC_MAX_STEP:
                 spec.bits, spec.widened = int(wide), why
             else:
                 spec.float_(why)
@@ -86,6 +106,53 @@ def widen_or_float(plan: QuantPlan, stats: Dict[str, dict], profile: Profile, g=
                 spec.float_(why)
         elif st.get("nonfinite", 0):
             spec.float_(f"calibration saw {st['nonfinite']} non-finite values")
+
+
+def _profile_fixed_ranges(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
+    """value name -> its producer's op, for the 8-bit activations whose fixed range is the profile's
+    (`fixed_output_range`), not one a config gave."""
+    out: Dict[str, str] = {}
+    for n in g.nodes:
+        rng = profile.fixed_output_range.get(n.op_type)
+        for v in n.outputs if rng is not None else ():
+            spec = plan.values.get(v.name) if v is not None else None
+            if spec is not None and spec.kind == "activation" and not spec.keep_float and spec.bits == 8 \
+                    and spec.fixed_range == tuple(float(x) for x in rng):
+                out[v.name] = n.op_type
+    return out
+
+
+def mean_square(st: dict) -> float:
+    """E[x²] of a value: the observer's own, else the one its 8-bit estimate (calibrate.estimated_sqnr_db) used."""
+    if "mean_sq" in st:
+        return float(st["mean_sq"])
+    step, db = min_max_step(st, 8), st.get("sqnr8_db")
+    return 10 ** (db / 10) * step ** 2 / 12 if db is not None and np.isfinite(db) and step > 0 else 0.0
+
+
+def fixed_grid_sqnr_db(st: dict, lo: float, hi: float, bits: int = 8) -> float:
+    """10·log10(E[x²] / (s²/12)) for the grid of `bits` over the fixed range [lo, hi] (as estimated_sqnr_db
+    does for the observed range); inf when the statistics carry no power."""
+    power, step = mean_square(st), (hi - lo) / (2 ** bits - 1)
+    if not power > 0 or not np.isfinite(power) or step <= 0:
+        return float("inf")
+    return float(10 * np.log10(power * 12 / step ** 2))
+
+
+def _widen_fixed(spec, st, op: str, wide) -> None:
+    """Widen (or keep float) a fixed-range output whose 8-bit grid gives its values under MIN_SQNR8_DB."""
+    if not st or not st.get("count"):
+        return
+    lo, hi = spec.fixed_range
+    db = fixed_grid_sqnr_db(st, lo, hi)
+    if db >= MIN_SQNR8_DB:
+        return
+    why = (f"{op} output: an 8-bit grid over its fixed range [{lo:g}, {hi:g}] gives ~{db:.0f} dB (rms "
+           f"{np.sqrt(mean_square(st)):.3g} against steps of {(hi - lo) / 255:.3g})")
+    if wide:
+        spec.bits, spec.widened = int(wide), why
+    else:
+        spec.float_(why)
 
 
 def _bulk_spans_the_grid(st: dict) -> bool:
@@ -148,6 +215,25 @@ def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
             names = ", ".join(f"{r.op_type} '{r.name[:40]}'" for r in readers[:2]) + (" ..." if len(readers) > 2 else "")
             out[v.name] = f"{names} ({100 * macs / total:.0f}% of the multiply-accumulates)"
     return out
+
+
+def _angles(g, profile: Profile) -> set:
+    """Names of main-graph values read by a Sin/Cos, directly or through data movement and the ops whose inputs
+    share their output's grid (profile.tie_inputs_and_output: a rotary embedding's Concat(freqs, freqs)). A value
+    other nodes read too is included: a finer grid costs them nothing in accuracy."""
+    found, stack = set(), [n.inputs[0] for n in g.nodes if n.op_type in PERIODIC_OPS and n.inputs and n.inputs[0]]
+    moves, ties = set(profile.shares_input_encoding), set(profile.tie_inputs_and_output)
+    while stack:
+        v = stack.pop()
+        if v is None or v.name in found:
+            continue
+        found.add(v.name)
+        p = v.producer
+        if p is not None and p.op_type in moves and p.inputs:
+            stack.append(p.inputs[0])
+        elif p is not None and p.op_type in ties:
+            stack.extend(x for x in p.inputs if x is not None and not x.is_constant())
+    return found
 
 
 def _exp_inputs(g, profile: Profile) -> set:

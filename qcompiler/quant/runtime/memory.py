@@ -44,7 +44,13 @@ def prepack_weights(model) -> bool:
     a repacked copy of each weight: only up to PREPACK_MAX_BYTES. Above, that second copy was a 0.5 B decoder's
     peak, for runs that gain little from it; smaller models keep onnxruntime's default, and their values bit
     for bit."""
-    return weight_bytes(model) <= PREPACK_MAX_BYTES
+    return not large_model(model)
+
+
+def large_model(model) -> bool:
+    """Over PREPACK_MAX_BYTES of weights: its sessions keep no prepacked copies, and calibration's kept float
+    outputs wait in a temporary file (calibration/spill.py) rather than in memory."""
+    return weight_bytes(model) > PREPACK_MAX_BYTES
 
 
 def release(collect: bool = False) -> None:
