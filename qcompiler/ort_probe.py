@@ -24,6 +24,7 @@ session's first run goes to the child too, and a death there raises DataError (e
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -152,6 +153,7 @@ class _Child:
         env.pop("PYTHONSTARTUP", None)
         self.proc = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._err, env=env, close_fds=True)
+        self.owner = os.getpid()   # a fork of this process (a fork server's worker) must start its own child
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -167,6 +169,9 @@ class _Child:
             line = self.proc.stdout.readline()
         except (BrokenPipeError, OSError, ValueError):
             line = b""
+        except BaseException:   # interrupted mid-request: its reply would answer the next one, so end the child
+            self.proc.kill()
+            raise
         if line:
             try:
                 return json.loads(line)
@@ -210,6 +215,8 @@ _loads = 0
 
 def _get_child() -> Optional[_Child]:
     global _child
+    if _child is not None and _child.owner != os.getpid():
+        _child = None   # the parent's, inherited through a fork: its pipes are not ours to use or close
     if _child is not None and not _child.alive():
         _child.close()
         _child = None
@@ -219,6 +226,18 @@ def _get_child() -> Optional[_Child]:
         except OSError:
             return None
     return _child
+
+
+def _at_exit() -> None:
+    """Our exit closes the child's stdin, which ends it; nothing to wait for."""
+    if _child is not None and _child.owner == os.getpid():
+        try:
+            _child.proc.stdin.close()
+        except OSError:
+            pass
+
+
+atexit.register(_at_exit)
 
 
 class Probe:
