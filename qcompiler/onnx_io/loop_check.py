@@ -1,7 +1,7 @@
 """Refuse a Loop that can never end, at import, with one line naming its graph, node and inputs.
 
 A Loop stops when its trip count M runs out or when its body's first output (the condition) turns false. With
-M left empty and a condition that is true on entry and that the body only passes on (its condition output is
+M left empty and a condition that is true on entry (or left empty) and that the body only passes on (its condition output is
 its condition input, through Identity nodes at most, or a constant true), nothing can ever stop it. ONNX allows
 the form (the spec's `input ("", cond)` while loop), but such a model cannot be run: each run spins until the
 run timeout, and calibration, which stacks body values over the iterations (calibration/body_probe.py), grows
@@ -59,9 +59,9 @@ def _never_ends(node, body: Graph) -> str:
     if _input(node, 0) is not None:
         return ""
     cond = _input(node, 1)
-    if cond is None:
-        return "input 0 (M, the trip count) and input 1 (cond) are both empty"
-    if not _always_true(cond):
+    # NOTE: with cond empty too the spec calls the body's condition "ignored" (an endless loop), but onnxruntime
+    # stops on it all the same: an empty cond counts as true, and the body's condition decides, as there
+    if cond is not None and not _always_true(cond):
         return ""
     if not body.outputs or len(body.inputs) < 2:
         return ""
@@ -73,6 +73,7 @@ def _never_ends(node, body: Graph) -> str:
             break
         v = p.inputs[0]
     if v is body.inputs[1] or _always_true(v):
-        return (f"input 0 (M, the trip count) is empty, input 1 '{short(cond.name)}' is constant true and the body "
-                f"passes its condition on unchanged")
+        start = "is empty" if cond is None else f"'{short(cond.name)}' is constant true"
+        return (f"input 0 (M, the trip count) is empty, input 1 (cond) {start} and the body passes its condition "
+                f"on unchanged")
     return ""
