@@ -14,11 +14,12 @@ session's first run goes to the child too, and a death there raises DataError (e
   first run, and drops it at the next request. A child that cannot start or dies without a signal just means
   no probe: the user's run goes on as before. It inherits our resource limits, so a memory limit hits it
   as it would hit us.
-- **Which models** ($QCOMPILER_ORT_PROBE): `auto` (default) probes models with a body (If, Loop, Scan), a local
-  function or a node outside the default ONNX domain (contrib and custom ops): where onnxruntime's aborts have
-  been found, and where the importer's checks (tensor sizes against shapes, external data, element types,
-  required inputs, loops that never end) say least about what a kernel will meet. A plain graph of default-
-  domain ops skips the probe, as every corpus model does. `always` probes every session; `never` none.
+- **Which models** ($QCOMPILER_ORT_PROBE): `auto` (default) probes models with a body (If, Loop, Scan) or a
+  local function: where onnxruntime's abort was found, and where the importer's checks (tensor sizes against
+  shapes, external data, element types, required inputs, loops that never end) say least about what a kernel
+  will meet (iteration counts, per-iteration shapes). A graph without bodies skips the probe, as every corpus
+  model and its quantized output do. `always` probes every session (contrib ops in an input included); `never`
+  none.
 - **Every session, not once per input**: the sessions of one run are on different models derived from the
   input (calibration's copy with body values stacked over the iterations is the one that aborted), so each
   risky one is probed; the child is started once and reused.
@@ -109,8 +110,11 @@ def probe_mode() -> str:
 
 
 def is_risky(model) -> bool:
-    """Does `model` (IR Model, ModelProto or serialized bytes) hold a body, a local function or a node outside
-    the default domain? Bodies nest under main-graph nodes, so the main graph's nodes decide."""
+    """Does `model` (IR Model, ModelProto or serialized bytes) hold a body (If, Loop, Scan) or a local function?
+    Bodies nest under main-graph nodes, so the main graph's nodes decide.
+
+    NOTE: not nodes of other domains: qcompiler's own outputs hold com.microsoft MatMulNBits and
+    GatherBlockQuantized (weight-only), and probing those sessions cost minilm_l6's quantize a third more CPU."""
     if isinstance(model, (bytes, bytearray)):
         if len(model) > BYTES_PARSE_LIMIT:
             return False
@@ -122,12 +126,8 @@ def is_risky(model) -> bool:
         if len(model.functions):
             return True
         graph_types = (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-        return any(n.domain not in ("", "ai.onnx") or any(a.type in graph_types for a in n.attribute)
-                   for n in model.graph.node)
-    if getattr(model, "functions", None):
-        return True
-    graph = model.graph
-    return bool(graph.subgraphs(False)) or any(n.domain not in ("", "ai.onnx") for n in graph.nodes)
+        return any(a.type in graph_types for n in model.graph.node for a in n.attribute)
+    return bool(getattr(model, "functions", None)) or bool(model.graph.subgraphs(False))
 
 
 def wants_probe(risky: bool) -> bool:

@@ -13,8 +13,8 @@ sample) and onnxruntime's reason, with the C++ source locations, signatures and 
 onnxruntime's own log lines (`[E:onnxruntime:...]`, `[W:onnxruntime:...]`) would reach the terminal ahead of
 our line: the default logger, every session and every run are set to FATAL only.
 
-onnxruntime aborts the process on some hostile models (signal 6 or 11) instead of raising: a risky model (a body,
-a local function, a non-default domain; $QCOMPILER_ORT_PROBE) is first loaded and first run in a child process
+onnxruntime aborts the process on some hostile models (signal 6 or 11) instead of raising: a risky model (a body
+or a local function; $QCOMPILER_ORT_PROBE) is first loaded and first run in a child process
 (qcompiler/ort_probe.py), and a child killed by a signal becomes one line: OnnxRuntimeError "onnxruntime crashed
 (signal 6, SIGABRT) loading FILE: ..." or DataError "onnxruntime crashed (...) running FILE on sample 0: ...".
 """
@@ -388,8 +388,8 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
         if risky:
             # NOTE: onnxruntime's CPU arena aborts (bfc_arena.cc assertion, signal 6) when an allocation fails
             # after many small ones, as in a long Loop whose per-iteration outputs pile up; without the arena
-            # the same failure is a std::bad_alloc that comes back as an error. Only for models with bodies
-            # (ort_probe.is_risky): plain graphs keep the arena's speed.
+            # the same failure is a std::bad_alloc that comes back as an error. Only for models with bodies or
+            # local functions (ort_probe.is_risky): other graphs keep the arena's speed.
             so.enable_cpu_mem_arena = False
         if ort_probe.wants_probe(risky):
             try:
