@@ -12,6 +12,11 @@ sample) and onnxruntime's reason, with the C++ source locations, signatures and 
 
 onnxruntime's own log lines (`[E:onnxruntime:...]`, `[W:onnxruntime:...]`) would reach the terminal ahead of
 our line: the default logger, every session and every run are set to FATAL only.
+
+onnxruntime aborts the process on some hostile models (signal 6 or 11) instead of raising: a risky model (a body
+or a local function; $QCOMPILER_ORT_PROBE) is first loaded and first run in a child process
+(qcompiler/ort_probe.py), and a child killed by a signal becomes one line: OnnxRuntimeError "onnxruntime crashed
+(signal 6, SIGABRT) loading FILE: ..." or DataError "onnxruntime crashed (...) running FILE on sample 0: ...".
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import tempfile
 import threading
 from typing import Optional
 
+from qcompiler import ort_probe
 from qcompiler.errors import DataError, OnnxRuntimeError
 from qcompiler.onnx_io.exporter import ExternalData, write_model
 from qcompiler.onnx_io.files import ONE_PROTO_MAX_BYTES, _total_tensor_bytes
@@ -165,8 +171,9 @@ class Session:
     Same `get_inputs`/`get_outputs`/`run(names, feed)` as onnxruntime's, so callers need not know the wrapper.
     """
 
-    def __init__(self, sess, prefix: str, role: str = ""):
+    def __init__(self, sess, prefix: str, role: str = "", probe=None):
         self._sess, self._prefix, self._role = sess, prefix, role
+        self._probe = probe   # ort_probe.Probe: the first run goes to the child first
 
     def get_inputs(self):
         return self._sess.get_inputs()
@@ -185,6 +192,15 @@ class Session:
         ro = run_options if run_options is not None else ort.RunOptions()
         ro.log_severity_level = LOG_FATAL_ONLY
         limit = run_timeout()
+        if self._probe is not None:
+            probe, self._probe = self._probe, None
+            try:
+                probe.first_run(output_names, feed, limit)
+            except ort_probe.Crash as c:
+                err = DataError(f"onnxruntime crashed ({_crash(c)}) running {self._what()}"
+                                f"{f' on {where}' if where else ''}{_said(c)}")
+                err.reason = f"onnxruntime crashed ({_crash(c)}){_said(c)}"
+                raise err from None
         # NOTE: a Loop whose condition never turns false (or a trip count of 2^62) runs forever; a timer sets
         # onnxruntime's terminate flag, which every kernel checks, so one run is bounded in wall time
         timer = threading.Timer(limit, _terminate, (ro,))
@@ -210,6 +226,28 @@ class Session:
         err = DataError(f"{self._prefix}onnxruntime failed{at}: {reason}")
         err.reason = reason
         raise err
+
+    def _what(self) -> str:
+        return _model_words(self._prefix, self._role)
+
+
+def _model_words(prefix: str, role: str) -> str:
+    """The model a crash line names: its path (and role) when labelled, else "the (role) model"."""
+    if prefix:
+        return prefix[:-2]
+    return f"the {role} model" if role else "the model"
+
+
+def _crash(c) -> str:
+    name = c.signal_name()
+    return f"signal {c.signal}, {name}" if name else f"signal {c.signal}"
+
+
+def _said(c) -> str:
+    """onnxruntime's last words before the crash, cleaned like its refusals (or nothing)."""
+    if not c.what:
+        return ""
+    return ": " + ort_reason(Exception(c.what))
 
 
 SESSION_PREFIX = "qcompiler-session-"
@@ -330,23 +368,40 @@ def create_session(model, role: str = "", opt_level=None, threads: Optional[int]
     folder = tempfile.mkdtemp(prefix=f"{SESSION_PREFIX}{os.getpid()}-")
     try:
         path = os.path.join(folder, "model.onnx")
+        large = False
         with open(path, "wb") as f:
             if isinstance(model, (bytes, bytearray)):
                 f.write(model)
             elif hasattr(model, "SerializeToString"):
                 f.write(model.SerializeToString())
             else:
-                if _is_large(model):
+                large = _is_large(model)
+                if large:
                     with open(os.path.join(folder, DATA_NAME), "wb", buffering=1 << 20) as data:
                         write_model(model, f, extra_outputs, external=_session_data(folder, data))
                 else:
                     write_model(model, f, extra_outputs)
+        probe, risky = None, ort_probe.is_risky(model)
+        if risky:
+            # NOTE: onnxruntime's CPU arena aborts (bfc_arena.cc assertion, signal 6) when an allocation fails
+            # after many small ones, as in a long Loop whose per-iteration outputs pile up; without the arena
+            # the same failure is a std::bad_alloc that comes back as an error. Only for models with bodies or
+            # local functions (ort_probe.is_risky): other graphs keep the arena's speed.
+            so.enable_cpu_mem_arena = False
+        if ort_probe.wants_probe(risky):
+            try:
+                probe = ort_probe.load(path, threads, opt_level, prepack, arena=not risky, keep=not large)
+            except ort_probe.Crash as c:
+                err = OnnxRuntimeError(f"onnxruntime crashed ({_crash(c)}) loading {_model_words(prefix, role)}"
+                                       f"{_said(c)}")
+                err.reason = f"onnxruntime crashed ({_crash(c)}){_said(c)}"
+                raise err from None
         try:
             sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
         except ort_errors() as e:
             reason = ort_reason(e)
         else:
-            return Session(sess, prefix, role)
+            return Session(sess, prefix, role, probe)
         what = "the model" if prefix or not role else f"the {role} model"
         err = OnnxRuntimeError(f"{prefix}onnxruntime refuses {what}: {reason}")
         err.reason = reason   # onnxruntime's reason alone, for callers that word their own line

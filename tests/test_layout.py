@@ -34,7 +34,7 @@ LAYERS = (
               "qcompiler.input_files")),
     ("ir", ("qcompiler.ir",)),
     ("patterns", ("qcompiler.patterns",)),
-    ("onnx_io", ("qcompiler.onnx_io", "qcompiler.ort_session", "qcompiler.arguments")),
+    ("onnx_io", ("qcompiler.onnx_io", "qcompiler.ort_session", "qcompiler.ort_probe", "qcompiler.arguments")),
     ("passmanager", ("qcompiler.passmanager",)),
     ("quant", ("qcompiler.quant",)),
     ("passes", ("qcompiler.passes",)),

@@ -21,6 +21,7 @@ from qcompiler.ir.node import AT, Attr, Node, _decode_attr
 from qcompiler.ir.tensor import Tensor
 from qcompiler.ir.value import Usage, Value
 from qcompiler.onnx_io.gc_pause import gc_paused
+from qcompiler.onnx_io.loop_check import check_loops_end
 from qcompiler.onnx_io.tensor_check import (
     check_sparse,
     check_tensor,
@@ -58,6 +59,7 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
             _fill_graph(graph, proto.graph, ctx, [])
         _check_names(names._used, "value")
         _check_names(node_names._used, "node")
+    check_loops_end(graph)
     model = Model(graph, opsets, proto.ir_version)
     model.producer_name = proto.producer_name
     model.producer_version = proto.producer_version
