@@ -85,7 +85,7 @@ def test_loop_that_never_ends_is_refused(tmp_path, trips, cond, body_cond):
     for args in (["inspect", path], ["quantize", path, "--calib", calib, "-o", tmp_path / "q.onnx"]):
         r = run_cli(args, inputs=[path, calib])
         assert r.rc == 2 and not problems(r, (2,), word="never ends"), r.describe()
-        assert str(path) in r.stderr and "node 'loop' (Loop)" in r.stderr and "input 0" in r.stderr, r.stderr
+        assert path.name in r.stderr and "node 'loop' (Loop)" in r.stderr and "input 0" in r.stderr, r.stderr
     assert not (tmp_path / "q.onnx").exists()
 
 
@@ -150,7 +150,7 @@ def test_arena_abort_becomes_one_line(tmp_path):
         lines = ours.stderr.splitlines()
         assert ours.returncode == 2, f"limit {limit >> 20} MB: rc={ours.returncode}\n{ours.stderr[-2000:]}"
         assert len(lines) == 1 and "Traceback" not in ours.stderr, ours.stderr[-2000:]
-        assert str(path) in lines[0] and "sample 0" in lines[0], lines[0]
+        assert path.name in lines[0] and "sample 0" in lines[0], lines[0]
 
 
 CRASH_ON_LOAD = "import os, sys\nsys.stdin.buffer.readline()\nos.abort()\n"
