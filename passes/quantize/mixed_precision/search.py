@@ -97,15 +97,18 @@ import numpy as np
 import onnx
 
 from qcompiler.arguments import got
-from qcompiler.errors import ArgumentError
+from qcompiler.errors import ArgumentError, QCompilerError
 from qcompiler.onnx_io import model_from_proto, model_to_proto
 from qcompiler.ort_session import create_session
 from qcompiler.quant.calibration.calibrate import assign_encodings
 from qcompiler.quant.core.float16 import apply_float16, float16_nodes
 from qcompiler.quant.core.qdq import apply_plan, assign_block_encodings
 from qcompiler.quant.placement import build_plan, decide_storage
+from qcompiler.quant.placement.kernels import float_macs
 from qcompiler.quant.placement.options import config_with_rules, node_settings
 from qcompiler.quant.runtime.memory import release
+from qcompiler.quant.runtime.switch_pool import SwitchPool
+from qcompiler.passes.quantize.mixed_precision.switched import layer_switches, run_settings, switch_proto
 from qcompiler.quant.settings.config import Rule
 
 MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
@@ -129,7 +132,10 @@ TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tig
 VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 ORIGIN = "the mixed-precision search (--max-drop)"   # the reason a node's precision names
-COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
+COLLECT_OVER_BYTES = 16 << 20
+# with every switch off, the switchable model must give the float outputs to this relative error (else the
+# round is measured one model per layer)
+SWITCH_OFF_TOLERANCE = 1e-4     # above this, each candidate's IR model is collected at once (memory.release)
 
 
 @dataclass(frozen=True)
@@ -254,7 +260,7 @@ def run_candidate(item) -> Optional[list]:
         try:
             sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
             outs = [o.name for o in sess.get_outputs()]
-            return [dict(zip(outs, sess.run(outs, f))) for f in feeds]
+            return [dict(zip(outs, r)) for r in sess.run_each(outs, feeds)]
         except Exception:   # noqa: BLE001 - a candidate onnxruntime cannot run is not chosen
             continue
     return None
@@ -288,6 +294,7 @@ class Trial:
     held_out: Optional[float] = None   # verification trials: the drop on the held-out samples alone
     margin: Optional[float] = None     # ... and VERIFY_MARGIN x the standard error of `drop`
     file_bytes: Optional[int] = None   # the QDQ model as the target stores it (what the file really holds)
+    float_macs: Optional[float] = None  # multiply-accumulates per call the cost model puts on float kernels
 
 
 @dataclass
@@ -337,7 +344,8 @@ class Result:
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
                 "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop),
-                                 "file_bytes": t.file_bytes},
+                                 "file_bytes": t.file_bytes,
+                                 "float_macs": None if t.float_macs is None else int(t.float_macs)},
                                 **({} if t.margin is None else
                                    {"held_out_drop": None if t.held_out is None else num(t.held_out),
                                     "margin": num(t.margin)}))
@@ -366,6 +374,8 @@ class Search:
             self.n_search = len(kept)
         self.n_kept = len(kept)
         self.float_outs = [dict(o) for _, o in kept]
+        self.feeds = [dict(f) for f, _ in kept]
+        self.switched_rounds = 0     # sensitivity rounds measured on one switchable model (switched.py)
         self.input_names = list(kept[0][0]) if kept else []
         self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
@@ -435,8 +445,9 @@ class Search:
         o.config = config
         return o
 
-    def lower(self, config) -> Optional[bytes]:
-        """The QDQ model for `config` (serialized), built from the calibrated model as the pipeline would."""
+    def lower_model(self, config):
+        """(the QDQ IR model for `config`, the cost model's float multiply-accumulates of its plan), built from
+        the calibrated model as the pipeline would; None when the plan needs a later opset."""
         m = model_from_proto(onnx.load_from_string(self.base_bytes))
         cal = self.ctx.calibration
         plan = build_plan(m, self.profile, cal.dtypes, self.stats, self.options_for(config))
@@ -447,11 +458,22 @@ class Search:
         assign_block_encodings(plan, m, scheme)
         f16 = float16_nodes(m, config, plan.dtypes)
         decide_storage(plan, m)
+        fm = float_macs(plan)
         apply_plan(m, plan)
         if f16:
             apply_float16(m, f16, probe_ort=self.profile.name.startswith("ort"))
+        return m, fm
+
+    def lower(self, config) -> Optional[bytes]:
+        """The QDQ model for `config` (serialized); its float MACs go to self.last_float_macs."""
+        lowered = self.lower_model(config)
+        if lowered is None:
+            self.last_float_macs.append(None)
+            return None
+        m, fm = lowered
+        self.last_float_macs.append(fm)
         out = model_to_proto(m).SerializeToString()
-        del m, plan, f16
+        del m, lowered
         if len(self.base_bytes) > COLLECT_OVER_BYTES:
             release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
         return out
@@ -526,13 +548,14 @@ class Search:
         first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
         on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
         path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
-        self.last_sizes = []
+        self.last_sizes, self.last_float_macs = [], []
 
         def items():
             for cfg in configs:
                 if sensitivity and time.perf_counter() > self.deadline:
                     self.timed_out = True
                     self.last_sizes.append(None)
+                    self.last_float_macs.append(None)
                     yield None      # past MAX_SENSITIVITY_SECONDS: not measured, never chosen
                     continue
                 b = self.lower(cfg)
@@ -551,6 +574,42 @@ class Search:
             self.last_errors.append(drops[-1] if self.metric is None or o is None else
                                     relative_error(self.float_outs[:len(o)], o))
         return drops
+
+    def measure_switched(self, c: str, todo: List[Layer], layers: List[Layer]):
+        """(drops, relative errors) of each layer of `todo` alone at candidate `c`, from one switchable model
+        (switched.py), or None where that model cannot stand in for the per-layer ones."""
+        if BY_NAME[c].precision != "int" or time.perf_counter() > self.deadline:
+            return None
+        lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
+        if lowered is None:
+            return None
+        m = lowered[0]
+        sw = layer_switches(m, self.ctx.model, todo)
+        if not sw:
+            return None
+        proto = switch_proto(m, sw, len(todo))
+        del m, lowered
+        feeds = self.feeds[:self.sensitivity_samples]
+        settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in range(len(todo))]
+        pool = SwitchPool.of(self.executor, proto)
+        try:
+            runs = run_settings(proto, feeds, settings, pool)
+        except QCompilerError:
+            return None
+        finally:
+            if pool is not None:
+                pool.close()
+        if runs is None or relative_error(self.float_outs[:len(feeds)], runs[0]) > SWITCH_OFF_TOLERANCE:
+            return None
+        drops, errors = [], []
+        for outs in runs[1:]:
+            drops.append(self.drop_of(outs))
+            errors.append(drops[-1] if self.metric is None else relative_error(self.float_outs[:len(outs)], outs))
+            if self.on_model is not None:
+                self.on_model()
+        self.evaluations += len(todo)
+        self.switched_rounds += 1
+        return drops, errors
 
     # --- the search -----------------------------------------------------------------------------------------
     def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base") -> int:
@@ -595,9 +654,12 @@ class Search:
                     todo.append(l)
                     continue
                 inferred.setdefault(l.name, []).append(c)
-            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
-                                 sensitivity=True)
-            for l, d, e in zip(todo, drops, self.last_errors):
+            measured = self.measure_switched(c, todo, layers) if todo else None
+            if measured is None:     # no switchable form (float16 islands): one model per layer
+                drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
+                                     sensitivity=True)
+                measured = drops, self.last_errors
+            for l, d, e in zip(todo, *measured):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
         res.inferred = inferred
@@ -616,13 +678,13 @@ class Search:
         # is chosen once, and a level the held-out samples break would make every assignment fail
         drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
         rest_drops, guarded = {}, {}
-        for lv, d, outs, size in zip(levels, drops, self.last_outs, self.last_sizes):
+        for lv, d, outs, size, fm in zip(levels, drops, self.last_outs, self.last_sizes, self.last_float_macs):
             rest_drops[lv] = d
             se, held = self.spread(outs)
             guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
             res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
-                                    margin=VERIFY_MARGIN * se, file_bytes=size))
+                                    margin=VERIFY_MARGIN * se, file_bytes=size, float_macs=fm))
         rest_drops["float"] = guarded["float"] = 0.0
         p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
@@ -650,7 +712,7 @@ class Search:
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             res.trials.append(Trial("greedy" if step == 0 else f"rescaled x{scale:.3g}", dict(assignment),
                                     self.weight_bytes(assignment, layers, level), d,
-                                    file_bytes=self.last_sizes[0]))
+                                    file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
             est = self.estimate(assignment, layers, table, rest)
             fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
                 else 2 * scale
@@ -672,7 +734,7 @@ class Search:
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             res.trials.append(Trial(f"back-off {k // 2}", dict(assignment),
                                     self.weight_bytes(assignment, layers, level), d,
-                                    file_bytes=self.last_sizes[0]))
+                                    file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
             if d <= self.budget:
                 best = (dict(assignment), d)
         if best is not None:
@@ -756,7 +818,7 @@ class Search:
         d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
         se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
-                  held_out=held, margin=VERIFY_MARGIN * se, file_bytes=self.last_sizes[0])
+                  held_out=held, margin=VERIFY_MARGIN * se, file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0])
         if self.metric is not None and se == 0.0 and d == 0.0 and self.n_kept < 3.0 / self.budget and \
                 assignment and any(c != "float" for c in assignment.values()):
             self.unresolved = True
@@ -777,7 +839,7 @@ class Search:
         a = {l.name: name for l in res.layers}
         d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d,
-                                file_bytes=self.last_sizes[0]))
+                                file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
 
     def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
         """From `start` (every layer float): take the move with the most cost saved per estimated drop while
