@@ -103,12 +103,19 @@ from qcompiler.ort_session import create_session
 from qcompiler.quant.calibration.calibrate import assign_encodings
 from qcompiler.quant.core.float16 import apply_float16, float16_nodes
 from qcompiler.quant.core.qdq import apply_plan, assign_block_encodings
+from qcompiler.quant.interop.verdict import runs_on_onnxruntime
 from qcompiler.quant.placement import build_plan, decide_storage
 from qcompiler.quant.placement.kernels import float_macs
 from qcompiler.quant.placement.options import config_with_rules, node_settings
+from qcompiler.quant.runtime.latency import time_interleaved
 from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.runtime.switch_pool import SwitchPool
-from qcompiler.passes.quantize.mixed_precision.switched import layer_switches, run_settings, switch_proto
+from qcompiler.passes.quantize.mixed_precision.switched import (
+    float16_switch_proto,
+    layer_switches,
+    run_settings,
+    switch_proto,
+)
 from qcompiler.quant.settings.config import Rule
 
 MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
@@ -135,7 +142,10 @@ ORIGIN = "the mixed-precision search (--max-drop)"   # the reason a node's preci
 COLLECT_OVER_BYTES = 16 << 20
 # with every switch off, the switchable model must give the float outputs to this relative error (else the
 # round is measured one model per layer)
-SWITCH_OFF_TOLERANCE = 1e-4     # above this, each candidate's IR model is collected at once (memory.release)
+SWITCH_OFF_TOLERANCE = 1e-4
+# the choice may run this much slower than the plain run before the plain run is returned (timing noise)
+LATENCY_TOLERANCE = 0.05
+LATENCY_RUNS = 30     # above this, each candidate's IR model is collected at once (memory.release)
 
 
 @dataclass(frozen=True)
@@ -241,6 +251,32 @@ def find_layers(model, plan, profile, options) -> List[Layer]:
     return layers
 
 
+STORED_THROUGH = ("DequantizeLinear", "Cast")   # a weight's stored form may sit behind these
+
+
+def stored_bytes(model, layers: List[Layer]) -> Dict[str, int]:
+    """layer name -> bytes of the constants its nodes read in `model` (a lowered candidate: int8 weights and
+    their scales behind a DQ, float16 behind a Cast, or the float tensor): what the file holds for it."""
+    owner = {n: l.name for l in layers for n in l.nodes}
+    out = {l.name: 0 for l in layers}
+
+    def size(v) -> int:
+        return v.tensor.nbytes if v is not None and v.tensor is not None and not v.is_input else 0
+    for node in model.graph.nodes:
+        name = owner.get(node.name)
+        if name is None:
+            continue
+        for v in node.inputs:
+            if v is None:
+                continue
+            p = v.producer
+            if v.tensor is None and p is not None and p.op_type in STORED_THROUGH:
+                out[name] += sum(size(x) for x in p.inputs)
+            else:
+                out[name] += size(v)
+    return out
+
+
 # --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
 def run_candidate(item) -> Optional[list]:
     """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
@@ -321,7 +357,10 @@ class Result:
     margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
     samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
     inferred: Dict[str, List[str]] = field(default_factory=dict)   # layer -> candidates not measured
+    rounds: Dict[str, str] = field(default_factory=dict)     # candidate -> how its sensitivity was measured
     file_bytes: Optional[int] = None            # the chosen assignment's model, as stored
+    latency: Optional[dict] = None              # plan_ms, plain_ms (CPU clock) on a target timed here
+    float_macs: Optional[dict] = None           # plan, plain: multiply-accumulates on float kernels (cost model)
     plain_file_bytes: Optional[int] = None      # the plain run's (every layer at the given settings)
 
     def to_dict(self) -> dict:
@@ -339,8 +378,10 @@ class Result:
                 "search_drop": num(self.search_drop),
                 "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
                 "sensitivity_inferred": {k: list(v) for k, v in self.inferred.items()},
+                "sensitivity_rounds": dict(self.rounds),
                 "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
                 "file_bytes": self.file_bytes, "plain_file_bytes": self.plain_file_bytes,
+                "latency": self.latency, "float_macs": self.float_macs,
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
                 "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop),
@@ -375,7 +416,8 @@ class Search:
         self.n_kept = len(kept)
         self.float_outs = [dict(o) for _, o in kept]
         self.feeds = [dict(f) for f, _ in kept]
-        self.switched_rounds = 0     # sensitivity rounds measured on one switchable model (switched.py)
+        self.rounds: Dict[str, str] = {}    # candidate -> how its sensitivity round was measured
+        self.layer_bytes: Dict[str, Dict[str, int]] = {}   # layer -> candidate -> bytes as stored (stored_bytes)
         self.input_names = list(kept[0][0]) if kept else []
         self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
@@ -578,37 +620,56 @@ class Search:
     def measure_switched(self, c: str, todo: List[Layer], layers: List[Layer]):
         """(drops, relative errors) of each layer of `todo` alone at candidate `c`, from one switchable model
         (switched.py), or None where that model cannot stand in for the per-layer ones."""
-        if BY_NAME[c].precision != "int" or time.perf_counter() > self.deadline:
+        if BY_NAME[c].precision == "float32" or time.perf_counter() > self.deadline:
             return None
-        lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
-        if lowered is None:
-            return None
-        m = lowered[0]
-        sw = layer_switches(m, self.ctx.model, todo)
-        if not sw:
-            return None
-        proto = switch_proto(m, sw, len(todo))
-        del m, lowered
+        if BY_NAME[c].precision == "float16":   # emulated: float16 roundings, not a lowered island
+            proto = float16_switch_proto(self.ctx.model, todo)
+            for l in todo:
+                self.layer_bytes.setdefault(l.name, {})[c] = self.layer_bytes.get(l.name, {}).get("float", 0) // 2
+        else:
+            lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
+            if lowered is None:
+                self.rounds[c] = "one model per layer (the plan needs a later opset)"
+                return None
+            m = lowered[0]
+            for name, b in stored_bytes(m, todo).items():
+                self.layer_bytes.setdefault(name, {})[c] = b
+            sw = layer_switches(m, self.ctx.model, todo)
+            proto = switch_proto(m, sw, len(todo))
+            del m, lowered
         feeds = self.feeds[:self.sensitivity_samples]
-        settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in range(len(todo))]
+        # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
+        # Convs) drops what the model with every switch off drops
+        has = sorted({i for i, _ in sw.values()}) if c != "float16" else list(range(len(todo)))
+        settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in has]
         pool = SwitchPool.of(self.executor, proto)
         try:
             runs = run_settings(proto, feeds, settings, pool)
-        except QCompilerError:
+            if runs is not None and relative_error(self.float_outs[:len(feeds)], runs[0]) > SWITCH_OFF_TOLERANCE:
+                runs = run_settings(proto, feeds, settings, None, batch=False)   # a model that mixes samples
+        except QCompilerError as e:
+            self.rounds[c] = f"one model per layer (switchable model: {str(e)[:120]})"
             return None
         finally:
             if pool is not None:
                 pool.close()
-        if runs is None or relative_error(self.float_outs[:len(feeds)], runs[0]) > SWITCH_OFF_TOLERANCE:
+        off = relative_error(self.float_outs[:len(feeds)], runs[0]) if runs is not None else math.inf
+        if off > SWITCH_OFF_TOLERANCE:
+            self.rounds[c] = f"one model per layer (switchable model off: {off:.3g} from float)"
             return None
+        def measured(outs):
+            d = self.drop_of(outs)
+            return d, d if self.metric is None else relative_error(self.float_outs[:len(outs)], outs)
+        per = dict(zip(has, runs[1:]))
         drops, errors = [], []
-        for outs in runs[1:]:
-            drops.append(self.drop_of(outs))
-            errors.append(drops[-1] if self.metric is None else relative_error(self.float_outs[:len(outs)], outs))
+        for i in range(len(todo)):
+            d, e = measured(per.get(i, runs[0]))
+            drops.append(d)
+            errors.append(e)
             if self.on_model is not None:
                 self.on_model()
         self.evaluations += len(todo)
-        self.switched_rounds += 1
+        self.rounds[c] = "one switchable model"
         return drops, errors
 
     # --- the search -----------------------------------------------------------------------------------------
@@ -632,7 +693,9 @@ class Search:
                      skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
                      executor=getattr(self.executor, "name", "serial"),
                      samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
-        # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
+        for name, b in stored_bytes(ctx.model, layers).items():
+            self.layer_bytes.setdefault(name, {})["float"] = b
+        # 1. sensitivity: round by round over the candidates, every layer at once (one switchable model a round)
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
         self.deadline = t0 + MAX_SENSITIVITY_SECONDS
@@ -655,7 +718,7 @@ class Search:
                     continue
                 inferred.setdefault(l.name, []).append(c)
             measured = self.measure_switched(c, todo, layers) if todo else None
-            if measured is None:     # no switchable form (float16 islands): one model per layer
+            if measured is None:     # no switchable form: one model per layer
                 drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
                                      sensitivity=True)
                 measured = drops, self.last_errors
@@ -663,6 +726,7 @@ class Search:
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
         res.inferred = inferred
+        res.rounds = dict(self.rounds)
         if self.timed_out:
             res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
                              f"s: candidates not measured are not chosen")
@@ -677,14 +741,15 @@ class Search:
         # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
         # is chosen once, and a level the held-out samples break would make every assignment fail
         drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
-        rest_drops, guarded = {}, {}
+        rest_drops, guarded, rest_trials = {}, {}, {}
         for lv, d, outs, size, fm in zip(levels, drops, self.last_outs, self.last_sizes, self.last_float_macs):
             rest_drops[lv] = d
             se, held = self.spread(outs)
             guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
-            res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+            rest_trials[lv] = Trial(f"layers float, rest {lv}", dict(all_float),
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
-                                    margin=VERIFY_MARGIN * se, file_bytes=size, float_macs=fm))
+                                    margin=VERIFY_MARGIN * se, file_bytes=size, float_macs=fm)
+            res.trials.append(rest_trials[lv])
         rest_drops["float"] = guarded["float"] = 0.0
         p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
@@ -776,13 +841,26 @@ class Search:
         # stored: a W16A16 layer on a target without 16-bit kernels is float-sized)
         plain = f"W{self.ctx.options.weight_bits}A{self.ctx.options.act_bits}"
         all_plain = {l.name: plain for l in layers}
+        options = [(t, dict(assignment), level)] if ok else []
+        plain_option = None
         if plain in names and layers and (assignment != all_plain or level != "base"):
             okp, tp = self.verify(all_plain, layers, "base")
             tp.what = f"verify all {plain} (the plain run)"
             res.trials.append(tp)
             res.plain_file_bytes = tp.file_bytes
-            if okp and (not ok or (tp.file_bytes or 0) <= (t.file_bytes or math.inf)):
-                ok, t, assignment, level = True, tp, all_plain, "base"
+            plain_option = (tp, all_plain, "base")
+            if okp:
+                options.append(plain_option)
+        elif ok and assignment == all_plain and level == "base":
+            plain_option = options[0]
+        # every layer float at the rest's level was measured under the same rule: on a target that stores a
+        # float kernel's weights exact, it can be the smallest file of all
+        rt = rest_trials.get(level)
+        if rt is not None and guarded.get(level, math.inf) <= self.budget and layers:
+            options.append((rt, dict(all_float), level))
+        if options:
+            ok = True
+            t, assignment, level = self.choose(options, plain_option, layers, res)
         if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
             order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
             for lv in order[order.index(level):]:
@@ -811,6 +889,60 @@ class Search:
         res.seconds["total"] = time.perf_counter() - t0
         res.evaluations = self.evaluations
         return res
+
+    def choose(self, options, plain_option, layers, res):
+        """The option (trial, assignment, rest level) to return, all within the rule: the smallest file, or under
+        `--optimize latency` the fewest multiply-accumulates on float kernels (the cost model), bytes breaking
+        ties. When the plain run is an option, no option the cost model puts on more float MACs than the plain
+        run is taken under the bytes objective. Then, on a target whose runtime is this machine's onnxruntime,
+        the choice and the plain run are timed interleaved (CPU clock): a choice slower than the plain run
+        within the rule by more than LATENCY_TOLERANCE gives way to it; under latency the faster one wins."""
+        latency = self.ctx.settings.optimize == "latency"
+
+        def num(x):
+            return math.inf if x is None else x
+
+        def key(o):
+            fb, fm = num(o[0].file_bytes), num(o[0].float_macs)
+            return (fm, fb) if latency else (fb, fm)
+        plain_ok = plain_option is not None and any(o[0] is plain_option[0] for o in options)
+        if plain_ok and not latency:
+            cap = num(plain_option[0].float_macs) * (1 + LATENCY_TOLERANCE)
+            options = [o for o in options if num(o[0].float_macs) <= cap or o[0] is plain_option[0]]
+        best = min(options, key=key)
+        if runs_on_onnxruntime(self.profile.fusions):
+            timed = [best] + ([plain_option] if plain_option is not None and plain_option[0] is not best[0]
+                              else [])
+            ms = self.time_options(timed, layers)
+            if ms is not None:
+                res.latency = {"clock": "cpu", "threads": 1, "plan_ms": round(ms[0], 4),
+                               "plain_ms": round(ms[-1], 4)}
+                if len(timed) > 1 and plain_ok and (ms[0] > ms[1] * (1 + LATENCY_TOLERANCE) or
+                                                    (latency and ms[1] < ms[0])):
+                    res.notes.append(f"mixed precision: the search's choice ran {ms[0]:.3g} ms against the "
+                                     f"plain run's {ms[1]:.3g} ms: the plain run is returned")
+                    best = plain_option
+                    res.latency["plan_ms"] = res.latency["plain_ms"]
+        if best[0].float_macs is not None:
+            res.float_macs = {"plan": int(best[0].float_macs)}
+            if plain_option is not None and plain_option[0].float_macs is not None:
+                res.float_macs["plain"] = int(plain_option[0].float_macs)
+        return best
+
+    def time_options(self, options, layers) -> Optional[List[float]]:
+        """Median CPU milliseconds of each option's QDQ model, timed interleaved on the first kept sample."""
+        models = {}
+        for i, (_, assignment, level) in enumerate(options):
+            b = self.lower(self.config_for(assignment, layers, rest=level))
+            if b is None:
+                return None
+            models[i] = b
+        try:
+            ms = time_interleaved(models, self.feeds[0] if self.feeds else None, runs=LATENCY_RUNS,
+                                  threads=1, clock="cpu")
+        except QCompilerError:
+            return None
+        return [ms[i] for i in range(len(options))]
 
     def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
         """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
@@ -863,7 +995,7 @@ class Search:
                     delta = scale * max(0.0, d) ** p - d_now
                     if est + delta > budget:
                         continue
-                    saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
+                    saved = self.saved_bytes(l, now, c)
                     err = self.errors.get(l.name, {})
                     tie = 0.0 if self.metric is None else \
                         TIE_WEIGHT * max(0.0, err.get(c, math.inf) - err.get(now, 0.0))
@@ -875,6 +1007,17 @@ class Search:
             name, c, delta = best
             cur[name] = c
             est += delta
+
+    def saved_bytes(self, layer: Layer, now: str, c: str) -> float:
+        """Bytes saved moving `layer` from `now` to `c`: as the lowered candidates stored it where both were
+        measured (on onnxruntime's CPU a layer that runs a float kernel keeps exact float weights at W8A8: it
+        saves nothing), else from the weight elements; activation bits break ties (Candidate.cost)."""
+        known = self.layer_bytes.get(layer.name, {})
+        tie = (BY_NAME[now].cost - BY_NAME[c].cost) - (BY_NAME[now].weight_bytes_per_element -
+                                                       BY_NAME[c].weight_bytes_per_element)
+        if now in known and c in known:
+            return known[now] - known[c] + tie
+        return layer.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
 
     def estimate(self, assignment, layers, table, rest) -> float:
         """Sum of the layers' drops (powers) at `assignment`, without the rest's."""
