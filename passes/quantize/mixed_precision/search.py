@@ -22,16 +22,19 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
    1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
    never in the workers.
-4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too)
-   on the calibration samples kept for the report: the drop is its sensitivity. One executor
-   (qcompiler/quant/runtime/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
-   cluster with `--ray auto|ADDRESS`.
+4. **Sensitivity.** Each layer alone at each candidate (every other node float, model inputs too) on the first
+   kept samples: the drop is its sensitivity. Each candidate's round is one switchable model (switched.py: every
+   layer at the candidate, a Where after each of its quantizers; float16 emulated by float16 roundings) run
+   once per layer with only that layer switched on, all samples in one batched run where the model's first
+   dimension is free; a round that model cannot stand for (its all-off outputs are not float's) is measured
+   one lowered model per layer. Report `sensitivity_rounds` says which. The switchable copy runs on the
+   executor's workers (switch_pool.py) when there are several: local processes or a Ray cluster (`--ray`).
    The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
    not chosen). It skips what cannot matter: W4A8 for a layer whose W8A8 alone breaks the budget (never
    chosen), the finer grids (W8A16, W16A16, float16) for a layer whose W8A8 alone drops at most NEGLIGIBLE of
    the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
-   above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
-   samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
+   The table is measured on the first SENSITIVITY_SAMPLES samples (it only ranks the layers; every
+   whole-model measurement uses all the kept samples).
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
    activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
@@ -76,8 +79,17 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
-Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
-the other weights at the user's settings; ties are broken on activation bits. A candidate the target would
+Cost: a layer's bytes as the lowered candidate stores them (stored_bytes: on onnxruntime's CPU a layer whose
+kernel runs float keeps exact float weights at W8A8, so that move saves nothing), else elements x bits / 8
+(float16: 2 bytes, float: 4); ties are broken on activation bits. Every measured model also carries the cost
+model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
+float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
+passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
+MACs than the plain run when the plain run passed; under `--optimize latency` the fewest float MACs, then
+bytes. On a target whose runtime is onnxruntime (its fusion table says so) the choice and the plain run are then
+timed interleaved (CPU clock, one thread, the first kept sample): the plain run replaces a choice slower by more
+than LATENCY_TOLERANCE when it passed (under latency, whenever it is faster); report `latency` {plan_ms,
+plain_ms} and `float_macs` {plan, plain}. A candidate the target would
 store at float's size (16-bit activations on onnxruntime's CPU: no integer kernel reads them, so the layer's
 weights sit float on their grid) is not offered (legal_candidates). Every measured model's real size (the QDQ
 model as lowered, `file_bytes`) is reported; the plain run (every layer at the given settings) is verified last
@@ -905,11 +917,19 @@ class Search:
         def key(o):
             fb, fm = num(o[0].file_bytes), num(o[0].float_macs)
             return (fm, fb) if latency else (fb, fm)
+        def describe(t):
+            fm = "?" if t.float_macs is None else f"{t.float_macs / 1e6:.3g} M"
+            return f"{t.file_bytes} bytes, {fm} multiply-accumulates on float kernels"
+        first = options[0]
         plain_ok = plain_option is not None and any(o[0] is plain_option[0] for o in options)
         if plain_ok and not latency:
             cap = num(plain_option[0].float_macs) * (1 + LATENCY_TOLERANCE)
             options = [o for o in options if num(o[0].float_macs) <= cap or o[0] is plain_option[0]]
         best = min(options, key=key)
+        if best is not first:
+            why = "the fewest multiply-accumulates on float kernels" if latency else "the smallest file"
+            res.notes.append(f"mixed precision: '{best[0].what}' is returned, {why} of the plans within the rule: "
+                             f"{describe(best[0])}, against the search's '{first[0].what}': {describe(first[0])}")
         if runs_on_onnxruntime(self.profile.fusions):
             timed = [best] + ([plain_option] if plain_option is not None and plain_option[0] is not best[0]
                               else [])
