@@ -89,7 +89,8 @@ MACs than the plain run when the plain run passed; under `--optimize latency` th
 bytes. On a target whose runtime is onnxruntime (its fusion table says so) the choice and the plain run are then
 timed interleaved (CPU clock, one thread, the first kept sample): the plain run replaces a choice slower by more
 than LATENCY_TOLERANCE when it passed (under latency, whenever it is faster); report `latency` {plan_ms,
-plain_ms} and `float_macs` {plan, plain}. A candidate the target would
+plain_ms} and `float_macs` {plan, plain}. Latency weighs under `balanced` (the default) and `latency` only:
+`size` asked for the smallest file and `accuracy` for every quantizer as asked (both are still timed). A candidate the target would
 store at float's size (16-bit activations on onnxruntime's CPU: no integer kernel reads them, so the layer's
 weights sit float on their grid) is not offered (legal_candidates). Every measured model's real size (the QDQ
 model as lowered, `file_bytes`) is reported; the plain run (every layer at the given settings) is verified last
@@ -157,6 +158,7 @@ COLLECT_OVER_BYTES = 16 << 20
 SWITCH_OFF_TOLERANCE = 1e-4
 # the choice may run this much slower than the plain run before the plain run is returned (timing noise)
 LATENCY_TOLERANCE = 0.05
+LATENCY_OBJECTIVES = ("balanced", "latency")     # the --optimize values under which the choice weighs latency
 LATENCY_RUNS = 30     # above this, each candidate's IR model is collected at once (memory.release)
 
 
@@ -264,6 +266,7 @@ def find_layers(model, plan, profile, options) -> List[Layer]:
 
 
 STORED_THROUGH = ("DequantizeLinear", "Cast")   # a weight's stored form may sit behind these
+PACKED_4BIT = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
 
 
 def stored_bytes(model, layers: List[Layer]) -> Dict[str, int]:
@@ -273,7 +276,11 @@ def stored_bytes(model, layers: List[Layer]) -> Dict[str, int]:
     out = {l.name: 0 for l in layers}
 
     def size(v) -> int:
-        return v.tensor.nbytes if v is not None and v.tensor is not None and not v.is_input else 0
+        if v is None or v.tensor is None or v.is_input:
+            return 0
+        if v.tensor.dtype in PACKED_4BIT:   # NOTE: two per byte in the file (Tensor.nbytes counts one each)
+            return (v.tensor.size + 1) // 2
+        return v.tensor.nbytes
     for node in model.graph.nodes:
         name = owner.get(node.name)
         if name is None:
@@ -922,13 +929,19 @@ class Search:
             return f"{t.file_bytes} bytes, {fm} multiply-accumulates on float kernels"
         first = options[0]
         plain_ok = plain_option is not None and any(o[0] is plain_option[0] for o in options)
-        if plain_ok and not latency:
+        # latency weighs under balanced and latency; `size` asked for the smallest file and `accuracy` for every
+        # quantizer as asked, whatever they run (their timings are still reported)
+        weigh = self.ctx.settings.optimize in LATENCY_OBJECTIVES
+        if plain_ok and not latency and weigh:
             cap = num(plain_option[0].float_macs) * (1 + LATENCY_TOLERANCE)
             options = [o for o in options if num(o[0].float_macs) <= cap or o[0] is plain_option[0]]
         best = min(options, key=key)
         if best is not first:
-            why = "the fewest multiply-accumulates on float kernels" if latency else "the smallest file"
-            res.notes.append(f"mixed precision: '{best[0].what}' is returned, {why} of the plans within the rule: "
+            why = "the fewest multiply-accumulates on float kernels" if latency else "the smallest file" if \
+                any(o is first for o in options) else \
+                "the search's plan runs more multiply-accumulates on float kernels than the plain run; the smallest"
+            why += " of the plans within the rule"
+            res.notes.append(f"mixed precision: '{best[0].what}' is returned ({why}): "
                              f"{describe(best[0])}, against the search's '{first[0].what}': {describe(first[0])}")
         if runs_on_onnxruntime(self.profile.fusions):
             timed = [best] + ([plain_option] if plain_option is not None and plain_option[0] is not best[0]
@@ -937,8 +950,8 @@ class Search:
             if ms is not None:
                 res.latency = {"clock": "cpu", "threads": 1, "plan_ms": round(ms[0], 4),
                                "plain_ms": round(ms[-1], 4)}
-                if len(timed) > 1 and plain_ok and (ms[0] > ms[1] * (1 + LATENCY_TOLERANCE) or
-                                                    (latency and ms[1] < ms[0])):
+                if len(timed) > 1 and plain_ok and weigh and (ms[0] > ms[1] * (1 + LATENCY_TOLERANCE) or
+                                                              (latency and ms[1] < ms[0])):
                     res.notes.append(f"mixed precision: the search's choice ran {ms[0]:.3g} ms against the "
                                      f"plain run's {ms[1]:.3g} ms: the plain run is returned")
                     best = plain_option
