@@ -115,7 +115,7 @@ def test_switchable_sensitivity_ranks_layers_as_the_per_layer_models_do(monkeypa
     m, cal = _light_then_heavy(seed=2)
     kw = dict(max_drop=0.02, target="trt", executor=SerialExecutor(), min_sqnr=float("-inf"))
     fast = quantize(m, cal, **kw).report["mixed_precision"]
-    assert fast["sensitivity_rounds"].get("W8A8") == "one switchable model", fast["sensitivity_rounds"]
+    assert fast["sensitivity_rounds"].get("W8A8", "").startswith("one switchable model"), fast["sensitivity_rounds"]
     monkeypatch.setattr(Search, "measure_switched", lambda self, c, todo, layers: None)
     slow = quantize(m, cal, **kw).report["mixed_precision"]
     assert not slow["sensitivity_rounds"]

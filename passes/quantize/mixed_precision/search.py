@@ -124,6 +124,7 @@ from qcompiler.quant.runtime.latency import time_interleaved
 from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.runtime.switch_pool import SwitchPool
 from qcompiler.passes.quantize.mixed_precision.switched import (
+    batched_feeds,
     float16_switch_proto,
     layer_switches,
     run_settings,
@@ -641,6 +642,7 @@ class Search:
         (switched.py), or None where that model cannot stand in for the per-layer ones."""
         if BY_NAME[c].precision == "float32" or time.perf_counter() > self.deadline:
             return None
+        t0 = time.perf_counter()
         if BY_NAME[c].precision == "float16":   # emulated: float16 roundings, not a lowered island
             proto = float16_switch_proto(self.ctx.model, todo)
             for l in todo:
@@ -661,7 +663,7 @@ class Search:
         # Convs) drops what the model with every switch off drops
         has = sorted({i for i, _ in sw.values()}) if c != "float16" else list(range(len(todo)))
         settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in has]
-        pool = SwitchPool.of(self.executor, proto)
+        pool = SwitchPool.of(self.executor, proto) if batched_feeds(proto, feeds) is None else None
         try:
             runs = run_settings(proto, feeds, settings, pool)
             if runs is not None and relative_error(self.float_outs[:len(feeds)], runs[0]) > SWITCH_OFF_TOLERANCE:
@@ -688,7 +690,7 @@ class Search:
             if self.on_model is not None:
                 self.on_model()
         self.evaluations += len(todo)
-        self.rounds[c] = "one switchable model"
+        self.rounds[c] = f"one switchable model ({time.perf_counter() - t0:.1f} s)"
         return drops, errors
 
     # --- the search -----------------------------------------------------------------------------------------

@@ -175,7 +175,7 @@ def float16_switch_proto(base, layers):
     return mp
 
 
-def _batched(proto, feeds: List[dict]) -> Optional[dict]:
+def batched_feeds(proto, feeds: List[dict]) -> Optional[dict]:
     """The feeds concatenated along axis 0 (one run instead of one per sample) when every graph input and output
     has a free first dimension and the samples agree on every other one; else None."""
     def free(vi):
@@ -197,15 +197,17 @@ def _batched(proto, feeds: List[dict]) -> Optional[dict]:
 def run_settings(proto, feeds: List[dict], settings: List[np.ndarray], pool=None,
                  batch: bool = True) -> Optional[List[list]]:
     """Per setting of the switches, the outputs ({name: array}) on each feed: on `pool` (a SwitchPool) when
-    given and able, else in this process, all feeds in one batched run where the model allows it (`_batched`;
+    given and able, else in this process, all feeds in one batched run where the model allows it (`batched_feeds`;
     the caller checks the all-off setting against the float outputs, so a model that mixes samples is caught)."""
     names = [o.name for o in proto.graph.output]
-    if pool is not None:
+    joined = batched_feeds(proto, feeds) if batch else None
+    # NOTE: one batched run per setting beats the pool's one run per sample on two workers (minilm_l6: 16
+    # samples of 64 tokens), so the pool only takes what cannot be batched
+    if pool is not None and joined is None:
         runs = pool.run(feeds, [{SWITCH: s} for s in settings])
         if runs is not None:
             return [[dict(zip(names, r)) for r in per] for per in runs]
     sess = create_session(proto.SerializeToString(), role="mixed-precision switchable model", threads=1)
-    joined = _batched(proto, feeds) if batch else None
     if joined is not None:
         sizes = [len(next(iter(f.values()))) for f in feeds]
         cuts = np.cumsum(sizes)[:-1]
@@ -222,4 +224,4 @@ def run_settings(proto, feeds: List[dict], settings: List[np.ndarray], pool=None
             for s in settings]
 
 
-__all__ = ["SWITCH", "layer_switches", "switch_proto", "float16_switch_proto", "run_settings"]
+__all__ = ["SWITCH", "layer_switches", "switch_proto", "float16_switch_proto", "batched_feeds", "run_settings"]
