@@ -653,8 +653,12 @@ class Search:
                 self.rounds[c] = "one model per layer (the plan needs a later opset)"
                 return None
             m = lowered[0]
-            for name, b in stored_bytes(m, todo).items():
+            # the bytes as the plan would store them: every layer at `c` among the rest at the given settings
+            # (with the rest float, a layer between float nodes runs a float kernel and keeps float weights)
+            placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
+            for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
                 self.layer_bytes.setdefault(name, {})[c] = b
+            del placed
             sw = layer_switches(m, self.ctx.model, todo)
             proto = switch_proto(m, sw, len(todo))
             del m, lowered
