@@ -1115,6 +1115,9 @@ def format_table(mp: dict) -> str:
     fb, pb = mp.get("file_bytes"), mp.get("plain_file_bytes")
     size = f"model {fb} bytes as stored" + (f" (plain run {pb})" if pb and pb != fb else "") if fb else \
         f"weights {mp['weight_bytes']} bytes"
+    lat = mp.get("latency")
+    if lat:
+        size += f", {lat['plan_ms']:.3g} ms against the plain run's {lat['plain_ms']:.3g} ms ({lat['clock']} clock)"
     lines.append(f"  mixed precision: drop {100 * d:.4g} %{check} (budget {100 * mp['budget']:.4g} %, "
                  f"{mp['metric']}), {size}, {mp['evaluations']} evaluations on "
                  f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else
