@@ -21,7 +21,7 @@ from qcompiler.quant.runtime.memory import weight_bytes
 
 # the sensitivity table runs on this many of the kept calibration samples (the whole-model measurements on all
 # of them): the table only ranks the layers, and minilm's has 180 entries
-SENSITIVITY_SAMPLES = 16
+SENSITIVITY_SAMPLES = 8
 
 
 @register_pass

@@ -665,7 +665,7 @@ class Search:
         feeds = self.feeds[:self.sensitivity_samples]
         # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
         # Convs) drops what the model with every switch off drops
-        has = sorted({i for i, _ in sw.values()}) if c != "float16" else list(range(len(todo)))
+        has = sorted({hit[0] for hit in sw.values()}) if c != "float16" else list(range(len(todo)))
         settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in has]
         pool = SwitchPool.of(self.executor, proto) if batched_feeds(proto, feeds) is None else None
         try:

@@ -21,15 +21,16 @@ import numpy as np
 from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.onnx_io import model_to_proto
+from qcompiler.quant.core.encoding import dequantize_linear
 from qcompiler.ort_session import create_session
 
 SWITCH = "qcompiler_mp_on"
 
 
-def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object]]:
+def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object, Optional[np.ndarray]]]:
     """{DequantizeLinear name, or (node name, input slot) of a weight stored on its grid: (layer index, float
-    alternative: a value name or an array)} in the lowered model `m` (IR); `base` is the calibrated float model
-    the weights are read from."""
+    alternative: a value name or an array, a weight DQ's output precomputed or None)} in the lowered model `m`
+    (IR); `base` is the calibrated float model the weights are read from."""
     node_layer = {n: i for i, layer in enumerate(layers) for n in layer.nodes}
     base_nodes = {n.name: n for n in base.graph.nodes}
     out: Dict[str, Tuple[int, object]] = {}
@@ -50,7 +51,7 @@ def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object]]:
                 continue
             scale = dq.inputs[1].const_value() if len(dq.inputs) > 1 and dq.inputs[1] is not None else None
             dtype = np.asarray(scale).dtype if scale is not None else np.float32
-            out[dq.name] = (owners.pop(), np.asarray(arr).astype(dtype))
+            out[dq.name] = (owners.pop(), np.asarray(arr).astype(dtype), _dequantized(dq, dtype))
             continue
         q = x.producer
         if q is None or q.op_type != "QuantizeLinear" or not q.inputs or q.inputs[0] is None:
@@ -61,7 +62,7 @@ def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object]]:
             owners = {node_layer.get(u.user.name) for u in readers}
             i = owners.pop() if len(owners) == 1 else None
         if i is not None:
-            out[dq.name] = (i, src.name)
+            out[dq.name] = (i, src.name, None)
     # weights stored float on their grid (a float kernel's, prefolded): no DQ to switch, the constant itself
     for node in m.graph.nodes:
         i = node_layer.get(node.name)
@@ -74,22 +75,42 @@ def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object]]:
                 continue
             arr = w.const_value()
             if arr is not None:
-                out[(node.name, slot)] = (i, np.asarray(arr).astype(v.const_value().dtype))
+                out[(node.name, slot)] = (i, np.asarray(arr).astype(v.const_value().dtype), None)
     return out
 
 
-def switch_proto(m, switches: Dict[object, Tuple[int, object]], n: int):
+def _dequantized(dq, dtype) -> Optional[np.ndarray]:
+    """A constant weight DQ's output computed once (onnxruntime would run the DQ on every call: it does not
+    fold DQ in QDQ models), or None for a blocked or unusual one (it stays a DQ)."""
+    if dq.attr("block_size"):
+        return None
+    try:
+        arrs = [x.const_value() if x is not None else None for x in dq.inputs]
+        if any(a is None for a in arrs):
+            return None
+        q, scale = np.asarray(arrs[0]), np.asarray(arrs[1])
+        zp = np.asarray(arrs[2]) if len(arrs) > 2 else None
+        axis = int(dq.attr("axis", 1))
+        return np.asarray(dequantize_linear(q, scale, zp, axis if scale.ndim else None)).astype(dtype)
+    except Exception:   # noqa: BLE001 - a form this does not know keeps its DQ node
+        return None
+
+
+def switch_proto(m, switches: Dict[object, tuple], n: int):
     """`m` as a ModelProto with a bool graph input SWITCH of `n` entries and `Where(on[i], quantized,
     alternative)` after each DequantizeLinear of `switches` (and before each switched grid constant)."""
     mp = model_to_proto(m)
     g = mp.graph
     g.input.append(helper.make_tensor_value_info(SWITCH, TensorProto.BOOL, [n]))
-    for i in sorted({i for i, _ in switches.values()}):
+    for i in sorted({hit[0] for hit in switches.values()}):
         g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{SWITCH}_i{i}"))
     nodes = list(g.node)
     del g.node[:]
 
-    def where(i, quantized, alt, out, p):
+    def where(i, quantized, alt, out, p, value=None):
+        if value is not None:       # the weight DQ's output as a constant: the DQ node is not kept
+            g.initializer.append(numpy_helper.from_array(value, f"{p}_q"))
+            quantized = f"{p}_q"
         if not isinstance(alt, str):
             g.initializer.append(numpy_helper.from_array(alt, f"{p}_float"))
             alt = f"{p}_float"
@@ -107,9 +128,10 @@ def switch_proto(m, switches: Dict[object, Tuple[int, object]], n: int):
             g.node.append(node)     # NOTE: a copy: `node` is changed before it
             continue
         out, p = node.output[0], f"{SWITCH}{j}"
-        node.output[0] = f"{p}_dq"
-        g.node.append(node)
-        where(hit[0], f"{p}_dq", hit[1], out, p)
+        if hit[2] is None:
+            node.output[0] = f"{p}_dq"
+            g.node.append(node)
+        where(hit[0], f"{p}_dq", hit[1], out, p, hit[2])
     del g.value_info[:]     # the DQ outputs were renamed; onnxruntime infers the rest
     return mp
 
@@ -180,7 +202,8 @@ def batched_feeds(proto, feeds: List[dict]) -> Optional[dict]:
     has a free first dimension and the samples agree on every other one; else None."""
     def free(vi):
         t = vi.type.tensor_type
-        return t.HasField("shape") and len(t.shape.dim) > 0 and not t.shape.dim[0].HasField("dim_value")
+        d = t.shape.dim[0] if t.HasField("shape") and len(t.shape.dim) > 0 else None
+        return d is not None and (not d.HasField("dim_value") or d.dim_value <= 0)   # paddle2onnx writes -1
     names = [i.name for i in proto.graph.input if i.name != SWITCH and i.name in feeds[0]]
     if len(feeds) < 2 or not all(free(i) for i in proto.graph.input if i.name in names) or \
             not all(free(o) for o in proto.graph.output):
