@@ -79,9 +79,11 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
-Cost: a layer's bytes as the lowered candidate stores them (stored_bytes: on onnxruntime's CPU a layer whose
-kernel runs float keeps exact float weights at W8A8, so that move saves nothing), else elements x bits / 8
-(float16: 2 bytes, float: 4); ties are broken on activation bits. Every measured model also carries the cost
+Cost: a layer's bytes as the lowered candidate stores them among the rest at the given settings (stored_bytes:
+on onnxruntime's CPU a layer whose kernel runs float keeps exact float weights at W8A8, so that move saves
+nothing); float16 is half the float bytes (an estimate: a CPU target keeps some islands in float32); ties are
+broken on activation bits. NOTE: the bytes a move costs its readers (a layer kept float makes the next Conv a
+float kernel with exact float weights) are not in the estimate; the measured file of each plan is. Every measured model also carries the cost
 model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
 float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
 passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
