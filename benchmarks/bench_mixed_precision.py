@@ -11,8 +11,9 @@ bytes compared (initializer bytes of the saved models, and the search's nominal 
         [--metric agreement|confidence] [--json out.json]
 
 Prints one table: model, the plan (how many layers at each candidate), the drop on calibration (what the search
-measured) and on the eval set (eval.py: (float - value) / float), weight bytes against all-W8A8, the search's
-seconds and evaluations.
+measured) and on the eval set (eval.py: (float - value) / float), weight bytes against all-W8A8, the file the
+search returned against the plain run's, their latencies (CPU clock, timed by the search on targets that run in
+onnxruntime), the search's seconds and evaluations.
 
 Measured 2026-11-24 (2 cores at load ~16; `--max-drop 1%`; weight bytes = the search's bits x elements / 8):
 
@@ -148,7 +149,10 @@ def bench(model, budget, tmp, kind="agreement") -> dict:
             "weight_bytes_nominal": mp["weight_bytes"], "w8a8_weight_bytes_nominal": w8_nominal,
             "initializer_bytes": initializer_bytes(p_mixed), "w8a8_initializer_bytes": initializer_bytes(p_w8),
             "search_seconds": mp["seconds"].get("total"), "quantize_seconds": round(seconds, 1),
-            "evaluations": mp["evaluations"], "executor": mp["executor"], "notes": mp["notes"]}
+            "evaluations": mp["evaluations"], "executor": mp["executor"], "notes": mp["notes"],
+            "file_bytes": mp.get("file_bytes"), "plain_file_bytes": mp.get("plain_file_bytes"),
+            "latency": mp.get("latency"), "float_macs": mp.get("float_macs"),
+            "sensitivity_rounds": mp.get("sensitivity_rounds")}
 
 
 def main(argv=None):
@@ -167,14 +171,18 @@ def main(argv=None):
             print(json.dumps(r), flush=True)
     print()
     print("| model | search metric | plan (layers) | rest | drop calib | drop eval (eval.py) | W8A8 drop eval | "
-          "weight bytes mixed / W8A8 (nominal) | initializer bytes mixed / W8A8 | search s | evaluations |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "weight bytes mixed / W8A8 (nominal) | initializer bytes mixed / W8A8 | file bytes plan / plain | "
+          "ms plan / plain (CPU) | search s | evaluations |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         plan = ", ".join(f"{n} {c}" for c, n in sorted(r["plan"].items(), key=lambda t: -t[1]))
+        lat = r.get("latency") or {}
+        ms = f"{lat['plan_ms']:.3g} / {lat['plain_ms']:.3g}" if lat else "not timed (target)"
         print(f"| {r['model']} | {r['metric']} | {plan} | {r['rest']} | {100 * r['calib_drop']:.2f} % | "
               f"{100 * r['eval_drop']:.2f} % ({r['eval_metric']} {r['eval_value']}) | "
               f"{100 * r['w8a8_eval_drop']:.2f} % | {r['weight_bytes_nominal']} / {r['w8a8_weight_bytes_nominal']} | "
-              f"{r['initializer_bytes']} / {r['w8a8_initializer_bytes']} | {r['search_seconds']:.1f} | "
+              f"{r['initializer_bytes']} / {r['w8a8_initializer_bytes']} | "
+              f"{r.get('file_bytes')} / {r.get('plain_file_bytes')} | {ms} | {r['search_seconds']:.1f} | "
               f"{r['evaluations']} |")
     if a.json:
         with open(a.json, "w") as f:

@@ -16,12 +16,12 @@ from qcompiler.errors import ConfigError
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.progress import bar
 from qcompiler.quant.core.context import QuantPass
-from qcompiler.quant.runtime.executor import SMALL_MODEL_BYTES, run_executor
+from qcompiler.quant.runtime.executor import run_executor
 from qcompiler.quant.runtime.memory import weight_bytes
 
-# a larger model's sensitivity table runs on this many of the kept calibration samples (the whole-model
-# measurements on all of them): the table only ranks the layers, and minilm's has 180 entries
-SENSITIVITY_SAMPLES = 16
+# the sensitivity table runs on this many of the kept calibration samples (the whole-model measurements on all
+# of them): the table only ranks the layers, and minilm's has 180 entries
+SENSITIVITY_SAMPLES = 8
 
 
 @register_pass
@@ -38,10 +38,9 @@ class MixedPrecision(QuantPass):
             raise ConfigError("pass 'mixed-precision' needs a budget: pass --max-drop X% (API: max_drop=0.01)")
         if not ctx.calibration.kept:
             raise ConfigError("mixed-precision needs calibration samples kept for the report (none were kept)")
-        small = weight_bytes(ctx.model) < SMALL_MODEL_BYTES
         executor = s.executor if s.executor is not None else run_executor(s.ray, weight_bytes(ctx.model))
         search = Search(ctx, s.max_drop, s.metric, executor,
-                        sensitivity_samples=None if small else SENSITIVITY_SAMPLES)
+                        sensitivity_samples=SENSITIVITY_SAMPLES)
         try:
             with bar("mixed precision", None, s.progress, unit="model") as shown:
                 search.on_model = shown.update

@@ -22,16 +22,19 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    metric(reference, reference) and a candidate's Q give drop = (F - Q) / |F| (an accuracy 0.90 -> 0.891 is a
    1 % drop; a mean cosine to the float outputs 1.0 -> 0.99 too). The callable runs in this process only,
    never in the workers.
-4. **Sensitivity.** Each layer alone at each candidate (every other layer and node float, model inputs too)
-   on the calibration samples kept for the report: the drop is its sensitivity. One executor
-   (qcompiler/quant/runtime/executor.py) runs the candidate models in onnxruntime: local processes by default, a Ray
-   cluster with `--ray auto|ADDRESS`.
+4. **Sensitivity.** Each layer alone at each candidate (every other node float, model inputs too) on the first
+   kept samples: the drop is its sensitivity. Each candidate's round is one switchable model (switched.py: every
+   layer at the candidate, a Where after each of its quantizers; float16 emulated by float16 roundings) run
+   once per layer with only that layer switched on, all samples in one batched run where the model's first
+   dimension is free; a round that model cannot stand for (its all-off outputs are not float's) is measured
+   one lowered model per layer. Report `sensitivity_rounds` says which. The switchable copy runs on the
+   executor's workers (switch_pool.py) when there are several: local processes or a Ray cluster (`--ray`).
    The table is bounded by MAX_SENSITIVITY_SECONDS (rounds in MEASURE_ORDER: what is not measured by then is
    not chosen). It skips what cannot matter: W4A8 for a layer whose W8A8 alone breaks the budget (never
    chosen), the finer grids (W8A16, W16A16, float16) for a layer whose W8A8 alone drops at most NEGLIGIBLE of
    the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
-   above the pass's SMALL_MODEL_BYTES measures it on the first SENSITIVITY_SAMPLES
-   samples (the table only ranks the layers; every whole-model measurement uses all the kept samples).
+   The table is measured on the first SENSITIVITY_SAMPLES samples (it only ranks the layers; every
+   whole-model measurement uses all the kept samples).
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
    activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
@@ -76,8 +79,20 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
-Cost: weight bytes = sum over the layers' weights of elements x bits / 8 (float16: 2 bytes, float: 4), plus
-the other weights at the user's settings; ties are broken on activation bits. A candidate the target would
+Cost: a layer's bytes as the lowered candidate stores them among the rest at the given settings (stored_bytes:
+on onnxruntime's CPU a layer whose kernel runs float keeps exact float weights at W8A8, so that move saves
+nothing); float16 is half the float bytes (an estimate: a CPU target keeps some islands in float32); ties are
+broken on activation bits. NOTE: the bytes a move costs its readers (a layer kept float makes the next Conv a
+float kernel with exact float weights) are not in the estimate; the measured file of each plan is. Every measured model also carries the cost
+model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
+float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
+passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
+MACs than the plain run when the plain run passed; under `--optimize latency` the fewest float MACs, then
+bytes. On a target whose runtime is onnxruntime (its fusion table says so) the choice and the plain run are then
+timed interleaved (CPU clock, one thread, the first kept sample): the plain run replaces a choice slower by more
+than LATENCY_TOLERANCE when it passed (under latency, whenever it is faster); report `latency` {plan_ms,
+plain_ms} and `float_macs` {plan, plain}. Latency weighs under `balanced` (the default) and `latency` only:
+`size` asked for the smallest file and `accuracy` for every quantizer as asked (both are still timed). A candidate the target would
 store at float's size (16-bit activations on onnxruntime's CPU: no integer kernel reads them, so the layer's
 weights sit float on their grid) is not offered (legal_candidates). Every measured model's real size (the QDQ
 model as lowered, `file_bytes`) is reported; the plain run (every layer at the given settings) is verified last
@@ -97,15 +112,26 @@ import numpy as np
 import onnx
 
 from qcompiler.arguments import got
-from qcompiler.errors import ArgumentError
+from qcompiler.errors import ArgumentError, QCompilerError
 from qcompiler.onnx_io import model_from_proto, model_to_proto
 from qcompiler.ort_session import create_session
 from qcompiler.quant.calibration.calibrate import assign_encodings
 from qcompiler.quant.core.float16 import apply_float16, float16_nodes
 from qcompiler.quant.core.qdq import apply_plan, assign_block_encodings
+from qcompiler.quant.interop.verdict import runs_on_onnxruntime
 from qcompiler.quant.placement import build_plan, decide_storage
+from qcompiler.quant.placement.kernels import float_macs
 from qcompiler.quant.placement.options import config_with_rules, node_settings
+from qcompiler.quant.runtime.latency import time_interleaved
 from qcompiler.quant.runtime.memory import release
+from qcompiler.quant.runtime.switch_pool import SwitchPool
+from qcompiler.passes.quantize.mixed_precision.switched import (
+    batched_feeds,
+    float16_switch_proto,
+    layer_switches,
+    run_settings,
+    switch_proto,
+)
 from qcompiler.quant.settings.config import Rule
 
 MAX_SENSITIVITY_SECONDS = 600.0   # the sensitivity table stops here (what is left is not chosen)
@@ -129,7 +155,14 @@ TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tig
 VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 ORIGIN = "the mixed-precision search (--max-drop)"   # the reason a node's precision names
-COLLECT_OVER_BYTES = 16 << 20     # above this, each candidate's IR model is collected at once (memory.release)
+COLLECT_OVER_BYTES = 16 << 20
+# with every switch off, the switchable model must give the float outputs to this relative error (else the
+# round is measured one model per layer)
+SWITCH_OFF_TOLERANCE = 1e-4
+# the choice may run this much slower than the plain run before the plain run is returned (timing noise)
+LATENCY_TOLERANCE = 0.05
+LATENCY_OBJECTIVES = ("balanced", "latency")     # the --optimize values under which the choice weighs latency
+LATENCY_RUNS = 30     # above this, each candidate's IR model is collected at once (memory.release)
 
 
 @dataclass(frozen=True)
@@ -235,6 +268,37 @@ def find_layers(model, plan, profile, options) -> List[Layer]:
     return layers
 
 
+STORED_THROUGH = ("DequantizeLinear", "Cast")   # a weight's stored form may sit behind these
+PACKED_4BIT = (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+
+
+def stored_bytes(model, layers: List[Layer]) -> Dict[str, int]:
+    """layer name -> bytes of the constants its nodes read in `model` (a lowered candidate: int8 weights and
+    their scales behind a DQ, float16 behind a Cast, or the float tensor): what the file holds for it."""
+    owner = {n: l.name for l in layers for n in l.nodes}
+    out = {l.name: 0 for l in layers}
+
+    def size(v) -> int:
+        if v is None or v.tensor is None or v.is_input:
+            return 0
+        if v.tensor.dtype in PACKED_4BIT:   # NOTE: two per byte in the file (Tensor.nbytes counts one each)
+            return (v.tensor.size + 1) // 2
+        return v.tensor.nbytes
+    for node in model.graph.nodes:
+        name = owner.get(node.name)
+        if name is None:
+            continue
+        for v in node.inputs:
+            if v is None:
+                continue
+            p = v.producer
+            if v.tensor is None and p is not None and p.op_type in STORED_THROUGH:
+                out[name] += sum(size(x) for x in p.inputs)
+            else:
+                out[name] += size(v)
+    return out
+
+
 # --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
 def run_candidate(item) -> Optional[list]:
     """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
@@ -254,7 +318,7 @@ def run_candidate(item) -> Optional[list]:
         try:
             sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
             outs = [o.name for o in sess.get_outputs()]
-            return [dict(zip(outs, sess.run(outs, f))) for f in feeds]
+            return [dict(zip(outs, r)) for r in sess.run_each(outs, feeds)]
         except Exception:   # noqa: BLE001 - a candidate onnxruntime cannot run is not chosen
             continue
     return None
@@ -288,6 +352,7 @@ class Trial:
     held_out: Optional[float] = None   # verification trials: the drop on the held-out samples alone
     margin: Optional[float] = None     # ... and VERIFY_MARGIN x the standard error of `drop`
     file_bytes: Optional[int] = None   # the QDQ model as the target stores it (what the file really holds)
+    float_macs: Optional[float] = None  # multiply-accumulates per call the cost model puts on float kernels
 
 
 @dataclass
@@ -314,7 +379,10 @@ class Result:
     margin: float = math.inf                    # VERIFY_MARGIN x the standard error of `drop`
     samples: Dict[str, int] = field(default_factory=dict)   # search / held_out
     inferred: Dict[str, List[str]] = field(default_factory=dict)   # layer -> candidates not measured
+    rounds: Dict[str, str] = field(default_factory=dict)     # candidate -> how its sensitivity was measured
     file_bytes: Optional[int] = None            # the chosen assignment's model, as stored
+    latency: Optional[dict] = None              # plan_ms, plain_ms (CPU clock) on a target timed here
+    float_macs: Optional[dict] = None           # plan, plain: multiply-accumulates on float kernels (cost model)
     plain_file_bytes: Optional[int] = None      # the plain run's (every layer at the given settings)
 
     def to_dict(self) -> dict:
@@ -332,12 +400,15 @@ class Result:
                 "search_drop": num(self.search_drop),
                 "held_out_drop": None if self.held_out_drop is None else num(self.held_out_drop),
                 "sensitivity_inferred": {k: list(v) for k, v in self.inferred.items()},
+                "sensitivity_rounds": dict(self.rounds),
                 "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
                 "file_bytes": self.file_bytes, "plain_file_bytes": self.plain_file_bytes,
+                "latency": self.latency, "float_macs": self.float_macs,
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
                 "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop),
-                                 "file_bytes": t.file_bytes},
+                                 "file_bytes": t.file_bytes,
+                                 "float_macs": None if t.float_macs is None else int(t.float_macs)},
                                 **({} if t.margin is None else
                                    {"held_out_drop": None if t.held_out is None else num(t.held_out),
                                     "margin": num(t.margin)}))
@@ -366,6 +437,9 @@ class Search:
             self.n_search = len(kept)
         self.n_kept = len(kept)
         self.float_outs = [dict(o) for _, o in kept]
+        self.feeds = [dict(f) for f, _ in kept]
+        self.rounds: Dict[str, str] = {}    # candidate -> how its sensitivity round was measured
+        self.layer_bytes: Dict[str, Dict[str, int]] = {}   # layer -> candidate -> bytes as stored (stored_bytes)
         self.input_names = list(kept[0][0]) if kept else []
         self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
@@ -435,8 +509,9 @@ class Search:
         o.config = config
         return o
 
-    def lower(self, config) -> Optional[bytes]:
-        """The QDQ model for `config` (serialized), built from the calibrated model as the pipeline would."""
+    def lower_model(self, config):
+        """(the QDQ IR model for `config`, the cost model's float multiply-accumulates of its plan), built from
+        the calibrated model as the pipeline would; None when the plan needs a later opset."""
         m = model_from_proto(onnx.load_from_string(self.base_bytes))
         cal = self.ctx.calibration
         plan = build_plan(m, self.profile, cal.dtypes, self.stats, self.options_for(config))
@@ -447,11 +522,22 @@ class Search:
         assign_block_encodings(plan, m, scheme)
         f16 = float16_nodes(m, config, plan.dtypes)
         decide_storage(plan, m)
+        fm = float_macs(plan)
         apply_plan(m, plan)
         if f16:
             apply_float16(m, f16, probe_ort=self.profile.name.startswith("ort"))
+        return m, fm
+
+    def lower(self, config) -> Optional[bytes]:
+        """The QDQ model for `config` (serialized); its float MACs go to self.last_float_macs."""
+        lowered = self.lower_model(config)
+        if lowered is None:
+            self.last_float_macs.append(None)
+            return None
+        m, fm = lowered
+        self.last_float_macs.append(fm)
         out = model_to_proto(m).SerializeToString()
-        del m, plan, f16
+        del m, lowered
         if len(self.base_bytes) > COLLECT_OVER_BYTES:
             release(collect=True)   # an IR model is one reference cycle: without this, minilm's piled up (6 GB)
         return out
@@ -526,13 +612,14 @@ class Search:
         first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
         on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
         path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
-        self.last_sizes = []
+        self.last_sizes, self.last_float_macs = [], []
 
         def items():
             for cfg in configs:
                 if sensitivity and time.perf_counter() > self.deadline:
                     self.timed_out = True
                     self.last_sizes.append(None)
+                    self.last_float_macs.append(None)
                     yield None      # past MAX_SENSITIVITY_SECONDS: not measured, never chosen
                     continue
                 b = self.lower(cfg)
@@ -551,6 +638,66 @@ class Search:
             self.last_errors.append(drops[-1] if self.metric is None or o is None else
                                     relative_error(self.float_outs[:len(o)], o))
         return drops
+
+    def measure_switched(self, c: str, todo: List[Layer], layers: List[Layer]):
+        """(drops, relative errors) of each layer of `todo` alone at candidate `c`, from one switchable model
+        (switched.py), or None where that model cannot stand in for the per-layer ones."""
+        if BY_NAME[c].precision == "float32" or time.perf_counter() > self.deadline:
+            return None
+        t0 = time.perf_counter()
+        if BY_NAME[c].precision == "float16":   # emulated: float16 roundings, not a lowered island
+            proto = float16_switch_proto(self.ctx.model, todo)
+            for l in todo:
+                self.layer_bytes.setdefault(l.name, {})[c] = self.layer_bytes.get(l.name, {}).get("float", 0) // 2
+        else:
+            lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
+            if lowered is None:
+                self.rounds[c] = "one model per layer (the plan needs a later opset)"
+                return None
+            m = lowered[0]
+            # the bytes as the plan would store them: every layer at `c` among the rest at the given settings
+            # (with the rest float, a layer between float nodes runs a float kernel and keeps float weights)
+            placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
+            for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
+                self.layer_bytes.setdefault(name, {})[c] = b
+            del placed
+            sw = layer_switches(m, self.ctx.model, todo)
+            proto = switch_proto(m, sw, len(todo))
+            del m, lowered
+        feeds = self.feeds[:self.sensitivity_samples]
+        # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
+        # Convs) drops what the model with every switch off drops
+        has = sorted({hit[0] for hit in sw.values()}) if c != "float16" else list(range(len(todo)))
+        settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in has]
+        pool = SwitchPool.of(self.executor, proto) if batched_feeds(proto, feeds) is None else None
+        try:
+            runs = run_settings(proto, feeds, settings, pool)
+            if runs is not None and relative_error(self.float_outs[:len(feeds)], runs[0]) > SWITCH_OFF_TOLERANCE:
+                runs = run_settings(proto, feeds, settings, None, batch=False)   # a model that mixes samples
+        except QCompilerError as e:
+            self.rounds[c] = f"one model per layer (switchable model: {str(e)[:120]})"
+            return None
+        finally:
+            if pool is not None:
+                pool.close()
+        off = relative_error(self.float_outs[:len(feeds)], runs[0]) if runs is not None else math.inf
+        if off > SWITCH_OFF_TOLERANCE:
+            self.rounds[c] = f"one model per layer (switchable model off: {off:.3g} from float)"
+            return None
+        def measured(outs):
+            d = self.drop_of(outs)
+            return d, d if self.metric is None else relative_error(self.float_outs[:len(outs)], outs)
+        per = dict(zip(has, runs[1:]))
+        drops, errors = [], []
+        for i in range(len(todo)):
+            d, e = measured(per.get(i, runs[0]))
+            drops.append(d)
+            errors.append(e)
+            if self.on_model is not None:
+                self.on_model()
+        self.evaluations += len(todo)
+        self.rounds[c] = f"one switchable model ({time.perf_counter() - t0:.1f} s)"
+        return drops, errors
 
     # --- the search -----------------------------------------------------------------------------------------
     def weight_bytes(self, assignment: Dict[str, str], layers: List[Layer], rest: str = "base") -> int:
@@ -573,7 +720,9 @@ class Search:
                      skipped=skipped, table={}, assignment={}, drop=math.inf, weight_bytes=0,
                      executor=getattr(self.executor, "name", "serial"),
                      samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
-        # 1. sensitivity: round by round over the candidates, every layer at once (one executor map a round)
+        for name, b in stored_bytes(ctx.model, layers).items():
+            self.layer_bytes.setdefault(name, {})["float"] = b
+        # 1. sensitivity: round by round over the candidates, every layer at once (one switchable model a round)
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
         self.deadline = t0 + MAX_SENSITIVITY_SECONDS
@@ -595,12 +744,16 @@ class Search:
                     todo.append(l)
                     continue
                 inferred.setdefault(l.name, []).append(c)
-            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
-                                 sensitivity=True)
-            for l, d, e in zip(todo, drops, self.last_errors):
+            measured = self.measure_switched(c, todo, layers) if todo else None
+            if measured is None:     # no switchable form: one model per layer
+                drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
+                                     sensitivity=True)
+                measured = drops, self.last_errors
+            for l, d, e in zip(todo, *measured):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
         res.inferred = inferred
+        res.rounds = dict(self.rounds)
         if self.timed_out:
             res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
                              f"s: candidates not measured are not chosen")
@@ -615,14 +768,15 @@ class Search:
         # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
         # is chosen once, and a level the held-out samples break would make every assignment fail
         drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
-        rest_drops, guarded = {}, {}
-        for lv, d, outs, size in zip(levels, drops, self.last_outs, self.last_sizes):
+        rest_drops, guarded, rest_trials = {}, {}, {}
+        for lv, d, outs, size, fm in zip(levels, drops, self.last_outs, self.last_sizes, self.last_float_macs):
             rest_drops[lv] = d
             se, held = self.spread(outs)
             guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
-            res.trials.append(Trial(f"layers float, rest {lv}", dict(all_float),
+            rest_trials[lv] = Trial(f"layers float, rest {lv}", dict(all_float),
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
-                                    margin=VERIFY_MARGIN * se, file_bytes=size))
+                                    margin=VERIFY_MARGIN * se, file_bytes=size, float_macs=fm)
+            res.trials.append(rest_trials[lv])
         rest_drops["float"] = guarded["float"] = 0.0
         p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
@@ -650,7 +804,7 @@ class Search:
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             res.trials.append(Trial("greedy" if step == 0 else f"rescaled x{scale:.3g}", dict(assignment),
                                     self.weight_bytes(assignment, layers, level), d,
-                                    file_bytes=self.last_sizes[0]))
+                                    file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
             est = self.estimate(assignment, layers, table, rest)
             fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
                 else 2 * scale
@@ -672,7 +826,7 @@ class Search:
             d = self.measure([self.config_for(assignment, layers, rest=level)])[0]
             res.trials.append(Trial(f"back-off {k // 2}", dict(assignment),
                                     self.weight_bytes(assignment, layers, level), d,
-                                    file_bytes=self.last_sizes[0]))
+                                    file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
             if d <= self.budget:
                 best = (dict(assignment), d)
         if best is not None:
@@ -714,13 +868,26 @@ class Search:
         # stored: a W16A16 layer on a target without 16-bit kernels is float-sized)
         plain = f"W{self.ctx.options.weight_bits}A{self.ctx.options.act_bits}"
         all_plain = {l.name: plain for l in layers}
+        options = [(t, dict(assignment), level)] if ok else []
+        plain_option = None
         if plain in names and layers and (assignment != all_plain or level != "base"):
             okp, tp = self.verify(all_plain, layers, "base")
             tp.what = f"verify all {plain} (the plain run)"
             res.trials.append(tp)
             res.plain_file_bytes = tp.file_bytes
-            if okp and (not ok or (tp.file_bytes or 0) <= (t.file_bytes or math.inf)):
-                ok, t, assignment, level = True, tp, all_plain, "base"
+            plain_option = (tp, all_plain, "base")
+            if okp:
+                options.append(plain_option)
+        elif ok and assignment == all_plain and level == "base":
+            plain_option = options[0]
+        # every layer float at the rest's level was measured under the same rule: on a target that stores a
+        # float kernel's weights exact, it can be the smallest file of all
+        rt = rest_trials.get(level)
+        if rt is not None and guarded.get(level, math.inf) <= self.budget and layers:
+            options.append((rt, dict(all_float), level))
+        if options:
+            ok = True
+            t, assignment, level = self.choose(options, plain_option, layers, res)
         if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
             order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
             for lv in order[order.index(level):]:
@@ -750,13 +917,81 @@ class Search:
         res.evaluations = self.evaluations
         return res
 
+    def choose(self, options, plain_option, layers, res):
+        """The option (trial, assignment, rest level) to return, all within the rule: the smallest file, or under
+        `--optimize latency` the fewest multiply-accumulates on float kernels (the cost model), bytes breaking
+        ties. When the plain run is an option, no option the cost model puts on more float MACs than the plain
+        run is taken under the bytes objective. Then, on a target whose runtime is this machine's onnxruntime,
+        the choice and the plain run are timed interleaved (CPU clock): a choice slower than the plain run
+        within the rule by more than LATENCY_TOLERANCE gives way to it; under latency the faster one wins."""
+        latency = self.ctx.settings.optimize == "latency"
+
+        def num(x):
+            return math.inf if x is None else x
+
+        def key(o):
+            fb, fm = num(o[0].file_bytes), num(o[0].float_macs)
+            return (fm, fb) if latency else (fb, fm)
+        def describe(t):
+            fm = "?" if t.float_macs is None else f"{t.float_macs / 1e6:.3g} M"
+            return f"{t.file_bytes} bytes, {fm} multiply-accumulates on float kernels"
+        first = options[0]
+        plain_ok = plain_option is not None and any(o[0] is plain_option[0] for o in options)
+        # latency weighs under balanced and latency; `size` asked for the smallest file and `accuracy` for every
+        # quantizer as asked, whatever they run (their timings are still reported)
+        weigh = self.ctx.settings.optimize in LATENCY_OBJECTIVES
+        if plain_ok and not latency and weigh:
+            cap = num(plain_option[0].float_macs) * (1 + LATENCY_TOLERANCE)
+            options = [o for o in options if num(o[0].float_macs) <= cap or o[0] is plain_option[0]]
+        best = min(options, key=key)
+        if best is not first:
+            why = "the fewest multiply-accumulates on float kernels" if latency else "the smallest file" if \
+                any(o is first for o in options) else \
+                "the search's plan runs more multiply-accumulates on float kernels than the plain run; the smallest"
+            why += " of the plans within the rule"
+            res.notes.append(f"mixed precision: '{best[0].what}' is returned ({why}): "
+                             f"{describe(best[0])}, against the search's '{first[0].what}': {describe(first[0])}")
+        if runs_on_onnxruntime(self.profile.fusions):
+            timed = [best] + ([plain_option] if plain_option is not None and plain_option[0] is not best[0]
+                              else [])
+            ms = self.time_options(timed, layers)
+            if ms is not None:
+                res.latency = {"clock": "cpu", "threads": 1, "plan_ms": round(ms[0], 4),
+                               "plain_ms": round(ms[-1], 4)}
+                if len(timed) > 1 and plain_ok and weigh and (ms[0] > ms[1] * (1 + LATENCY_TOLERANCE) or
+                                                              (latency and ms[1] < ms[0])):
+                    res.notes.append(f"mixed precision: the search's choice ran {ms[0]:.3g} ms against the "
+                                     f"plain run's {ms[1]:.3g} ms: the plain run is returned")
+                    best = plain_option
+                    res.latency["plan_ms"] = res.latency["plain_ms"]
+        if best[0].float_macs is not None:
+            res.float_macs = {"plan": int(best[0].float_macs)}
+            if plain_option is not None and plain_option[0].float_macs is not None:
+                res.float_macs["plain"] = int(plain_option[0].float_macs)
+        return best
+
+    def time_options(self, options, layers) -> Optional[List[float]]:
+        """Median CPU milliseconds of each option's QDQ model, timed interleaved on the first kept sample."""
+        models = {}
+        for i, (_, assignment, level) in enumerate(options):
+            b = self.lower(self.config_for(assignment, layers, rest=level))
+            if b is None:
+                return None
+            models[i] = b
+        try:
+            ms = time_interleaved(models, self.feeds[0] if self.feeds else None, runs=LATENCY_RUNS,
+                                  threads=1, clock="cpu")
+        except QCompilerError:
+            return None
+        return [ms[i] for i in range(len(options))]
+
     def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
         """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
         errors is within the budget and its drop on the held-out samples alone is within the budget."""
         d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
         se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
-                  held_out=held, margin=VERIFY_MARGIN * se, file_bytes=self.last_sizes[0])
+                  held_out=held, margin=VERIFY_MARGIN * se, file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0])
         if self.metric is not None and se == 0.0 and d == 0.0 and self.n_kept < 3.0 / self.budget and \
                 assignment and any(c != "float" for c in assignment.values()):
             self.unresolved = True
@@ -777,7 +1012,7 @@ class Search:
         a = {l.name: name for l in res.layers}
         d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d,
-                                file_bytes=self.last_sizes[0]))
+                                file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
 
     def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
         """From `start` (every layer float): take the move with the most cost saved per estimated drop while
@@ -801,7 +1036,7 @@ class Search:
                     delta = scale * max(0.0, d) ** p - d_now
                     if est + delta > budget:
                         continue
-                    saved = l.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
+                    saved = self.saved_bytes(l, now, c)
                     err = self.errors.get(l.name, {})
                     tie = 0.0 if self.metric is None else \
                         TIE_WEIGHT * max(0.0, err.get(c, math.inf) - err.get(now, 0.0))
@@ -813,6 +1048,17 @@ class Search:
             name, c, delta = best
             cur[name] = c
             est += delta
+
+    def saved_bytes(self, layer: Layer, now: str, c: str) -> float:
+        """Bytes saved moving `layer` from `now` to `c`: as the lowered candidates stored it where both were
+        measured (on onnxruntime's CPU a layer that runs a float kernel keeps exact float weights at W8A8: it
+        saves nothing), else from the weight elements; activation bits break ties (Candidate.cost)."""
+        known = self.layer_bytes.get(layer.name, {})
+        tie = (BY_NAME[now].cost - BY_NAME[c].cost) - (BY_NAME[now].weight_bytes_per_element -
+                                                       BY_NAME[c].weight_bytes_per_element)
+        if now in known and c in known:
+            return known[now] - known[c] + tie
+        return layer.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
 
     def estimate(self, assignment, layers, table, rest) -> float:
         """Sum of the layers' drops (powers) at `assignment`, without the rest's."""
@@ -871,6 +1117,9 @@ def format_table(mp: dict) -> str:
     fb, pb = mp.get("file_bytes"), mp.get("plain_file_bytes")
     size = f"model {fb} bytes as stored" + (f" (plain run {pb})" if pb and pb != fb else "") if fb else \
         f"weights {mp['weight_bytes']} bytes"
+    lat = mp.get("latency")
+    if lat:
+        size += f", {lat['plan_ms']:.3g} ms against the plain run's {lat['plain_ms']:.3g} ms ({lat['clock']} clock)"
     lines.append(f"  mixed precision: drop {100 * d:.4g} %{check} (budget {100 * mp['budget']:.4g} %, "
                  f"{mp['metric']}), {size}, {mp['evaluations']} evaluations on "
                  f"{mp['executor']}, {mp['seconds'].get('total', 0):.1f} s" if isinstance(d, (int, float)) else

@@ -69,6 +69,7 @@ def apply_float16(model, chosen: List[tuple], probe_ort: bool = True) -> Dict[st
             arr = v.const_value()
             if arr is not None:
                 g.set_input(n, i, g.add_constant(np.asarray(arr).astype(np.float16), f"{v.name}_fp16"))
+                g.drop_if_unused([v])     # the float32 original would stay in the file beside its copy
             else:
                 g.insert_before(n, i, "Cast", attrs={"to": FLOAT16}, name=f"{n.name}_in{i}_to_fp16")
         for v in out_vals:

@@ -22,16 +22,20 @@ RUNTIME = "onnxruntime"   # the runtime kernel_report builds sessions of
 NEGLIGIBLE = 0.01         # below this share of the compute on integer kernels, nothing runs quantized
 
 
+def runs_on_onnxruntime(fusions: Optional[str]) -> bool:
+    """Whether a target with this fusion table runs its models in onnxruntime (its kernels and latency can be
+    measured on this machine)."""
+    return bool(fusions) and load_fusions(fusions).runtime == RUNTIME
+
+
 def integer_share(plan, model, fusions: Optional[str], kernels: Optional[dict] = None) -> Optional[dict]:
     """{"integer_macs", "macs", "share", "integer_nodes", "nodes"} over the nodes of `plan.macs`, judged integer
     or float by onnxruntime's optimized graph of `model` (or by `kernels`, measure-latency's rows, when given);
     None when the target's runtime is not onnxruntime or no weighted node has a known size."""
     macs: Dict[str, float] = getattr(plan, "macs", None) or {}
-    if not macs or not fusions:
+    if not macs or not runs_on_onnxruntime(fusions):
         return None
     table = load_fusions(fusions)
-    if table.runtime != RUNTIME:
-        return None
     if kernels is not None:
         integer = {name: row["integer"] for name, row in kernels.items()}
     elif weight_bytes(model) > EXTRA_SESSION_MAX_BYTES:   # --measure-latency reads it anyway

@@ -64,3 +64,16 @@ def full_range_for_float_kernels(plan: QuantPlan, g) -> None:
         if node is not None and not integer_kernel(plan, table, node):
             spec.range_bits = spec.bits
             spec.source += "; full range (float kernel)"
+
+
+def float_macs(plan: QuantPlan) -> float:
+    """Multiply-accumulates per call of the sized nodes (plan.macs) that will run a float kernel by
+    `integer_kernel`: the cost model's latency estimate of a plan, before any session exists (a value widened to
+    16 bits turns its 8-bit-only readers float, and so does a node kept float)."""
+    table = group_bits_table(plan)
+    total = 0.0
+    for name, m in (getattr(plan, "macs", None) or {}).items():
+        node = plan.nodes.get(name)
+        if node is None or not integer_kernel(plan, table, node):
+            total += m
+    return total

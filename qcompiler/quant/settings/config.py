@@ -136,18 +136,17 @@ class QuantConfig:
 
     def settings_for(self, node) -> NodeSettings:
         """Settings for `node` (anything with `op_type` and `name`): defaults, op_type entry, then rules."""
-        s = replace(self.defaults)
-        upd = self.op_type.get(node.op_type)
-        if upd:
-            s = replace(s, **upd)
+        # NOTE: one `replace` with the updates merged in order (later rules win), not one per rule: placement
+        # resolves every node several times per plan, and the mixed-precision search builds a plan per candidate
+        merged = dict(self.op_type.get(node.op_type) or {})
         matched, by, ruled = [], "", False
         for rule in self.rules:
             if rule.matches(node):
-                s = replace(s, **rule.updates)
+                merged.update(rule.updates)
                 matched.append(rule.index)
                 by = rule.origin
                 ruled = ruled or any(k in rule.updates for k in WEIGHT_GRID_KEYS)
-        return replace(s, matched_rules=tuple(matched), decided_by=by, weights_ruled=ruled)
+        return replace(self.defaults, **merged, matched_rules=tuple(matched), decided_by=by, weights_ruled=ruled)
 
 
 # --- file reading ---------------------------------------------------------------------------------------

@@ -1,0 +1,250 @@
+"""The sensitivity table on one switchable model per candidate, instead of one model per layer and candidate.
+
+The model with every searched layer at the candidate (the rest float) is lowered once; after each of its
+DequantizeLinears that belongs to a layer a `Where(on[layer], DQ, float)` picks the quantized or the float value
+(an activation's float value is its Q's input; a weight's is the calibrated model's tensor). One onnxruntime
+session then measures each layer alone by switching only that layer on (the safety net's switchable copy, one
+switch per layer instead of one per quantizer). A layer's quantizers are its weights' and biases' DQs and the
+Q/DQ of the values its nodes write (or, for a value written outside every layer, of the one layer reading it).
+
+NOTE: the numbers are those of each layer's quantizers in the context of its neighbours at the same candidate
+(a Conv whose input is quantized runs as it will in the plan), not of a model built for that layer alone, so
+they can differ slightly from the per-layer models; the table only ranks the layers, and every assignment the
+search keeps is measured on its real QDQ model. With every switch off the model must give the float outputs
+(`off_ok`); a candidate that has no switch (float16 islands are Casts, not DQs) is measured the per-layer way.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+from qcompiler.onnx_io import model_to_proto
+from qcompiler.quant.core.encoding import dequantize_linear
+from qcompiler.ort_session import create_session
+
+SWITCH = "qcompiler_mp_on"
+
+
+def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object, Optional[np.ndarray]]]:
+    """{DequantizeLinear name, or (node name, input slot) of a weight stored on its grid: (layer index, float
+    alternative: a value name or an array, a weight DQ's output precomputed or None)} in the lowered model `m`
+    (IR); `base` is the calibrated float model the weights are read from."""
+    node_layer = {n: i for i, layer in enumerate(layers) for n in layer.nodes}
+    base_nodes = {n.name: n for n in base.graph.nodes}
+    out: Dict[str, Tuple[int, object]] = {}
+    for dq in m.graph.nodes_by_op("DequantizeLinear"):
+        x = dq.inputs[0] if dq.inputs else None
+        if x is None or not dq.outputs or dq.outputs[0] is None:
+            continue
+        readers = [u for u in dq.outputs[0].uses() if not u.is_graph_output]
+        if x.is_constant():             # a weight or bias: the float tensor the reader had before lowering
+            owners = {node_layer.get(u.user.name) for u in readers}
+            if len(owners) != 1 or None in owners:
+                continue
+            u = readers[0]
+            b = base_nodes.get(u.user.name)
+            v = b.inputs[u.index] if b is not None and u.index < len(b.inputs) else None
+            arr = v.const_value() if v is not None else None
+            if arr is None:
+                continue
+            scale = dq.inputs[1].const_value() if len(dq.inputs) > 1 and dq.inputs[1] is not None else None
+            dtype = np.asarray(scale).dtype if scale is not None else np.float32
+            out[dq.name] = (owners.pop(), np.asarray(arr).astype(dtype), _dequantized(dq, dtype))
+            continue
+        q = x.producer
+        if q is None or q.op_type != "QuantizeLinear" or not q.inputs or q.inputs[0] is None:
+            continue
+        src = q.inputs[0]
+        i = node_layer.get(src.producer.name) if src.producer is not None else None
+        if i is None:
+            owners = {node_layer.get(u.user.name) for u in readers}
+            i = owners.pop() if len(owners) == 1 else None
+        if i is not None:
+            out[dq.name] = (i, src.name, None)
+    # weights stored float on their grid (a float kernel's, prefolded): no DQ to switch, the constant itself
+    for node in m.graph.nodes:
+        i = node_layer.get(node.name)
+        b = base_nodes.get(node.name)
+        if i is None or b is None:
+            continue
+        for slot, v in enumerate(node.inputs):
+            w = b.inputs[slot] if slot < len(b.inputs) else None
+            if v is None or w is None or v.name == w.name or v.tensor is None or w.tensor is None:
+                continue
+            arr = w.const_value()
+            if arr is not None:
+                out[(node.name, slot)] = (i, np.asarray(arr).astype(v.const_value().dtype), None)
+    return out
+
+
+def _dequantized(dq, dtype) -> Optional[np.ndarray]:
+    """A constant weight DQ's output computed once (onnxruntime would run the DQ on every call: it does not
+    fold DQ in QDQ models), or None for a blocked or unusual one (it stays a DQ)."""
+    if dq.attr("block_size"):
+        return None
+    try:
+        arrs = [x.const_value() if x is not None else None for x in dq.inputs]
+        if any(a is None for a in arrs):
+            return None
+        q, scale = np.asarray(arrs[0]), np.asarray(arrs[1])
+        zp = np.asarray(arrs[2]) if len(arrs) > 2 else None
+        axis = int(dq.attr("axis", 1))
+        return np.asarray(dequantize_linear(q, scale, zp, axis if scale.ndim else None)).astype(dtype)
+    except Exception:   # noqa: BLE001 - a form this does not know keeps its DQ node
+        return None
+
+
+def switch_proto(m, switches: Dict[object, tuple], n: int):
+    """`m` as a ModelProto with a bool graph input SWITCH of `n` entries and `Where(on[i], quantized,
+    alternative)` after each DequantizeLinear of `switches` (and before each switched grid constant)."""
+    mp = model_to_proto(m)
+    g = mp.graph
+    g.input.append(helper.make_tensor_value_info(SWITCH, TensorProto.BOOL, [n]))
+    for i in sorted({hit[0] for hit in switches.values()}):
+        g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{SWITCH}_i{i}"))
+    nodes = list(g.node)
+    del g.node[:]
+
+    def where(i, quantized, alt, out, p, value=None):
+        if value is not None:       # the weight DQ's output as a constant: the DQ node is not kept
+            g.initializer.append(numpy_helper.from_array(value, f"{p}_q"))
+            quantized = f"{p}_q"
+        if not isinstance(alt, str):
+            g.initializer.append(numpy_helper.from_array(alt, f"{p}_float"))
+            alt = f"{p}_float"
+        g.node.append(helper.make_node("Gather", [SWITCH, f"{SWITCH}_i{i}"], [f"{p}_on"], name=f"{p}_g"))
+        g.node.append(helper.make_node("Where", [f"{p}_on", quantized, alt], [out], name=f"{p}_where"))
+    for j, node in enumerate(nodes):
+        for slot, x in enumerate(node.input):
+            hit = switches.get((node.name, slot))
+            if hit is not None:
+                p = f"{SWITCH}{j}_{slot}"
+                where(hit[0], x, hit[1], f"{p}_sel", p)
+                node.input[slot] = f"{p}_sel"
+        hit = switches.get(node.name) if node.op_type == "DequantizeLinear" else None
+        if hit is None:
+            g.node.append(node)     # NOTE: a copy: `node` is changed before it
+            continue
+        out, p = node.output[0], f"{SWITCH}{j}"
+        if hit[2] is None:
+            node.output[0] = f"{p}_dq"
+            g.node.append(node)
+        where(hit[0], f"{p}_dq", hit[1], out, p, hit[2])
+    del g.value_info[:]     # the DQ outputs were renamed; onnxruntime infers the rest
+    return mp
+
+
+def float16_switch_proto(base, layers):
+    """The calibrated float model `base` (IR) as a ModelProto whose layers can each be switched to float16 as the
+    float16 islands run them, emulated: the layer's float32 weights rounded to float16, and the float32
+    activations it reads from outside it and writes out of it rounded through Cast(float16) -> Cast(float)."""
+    node_layer = {n: i for i, layer in enumerate(layers) for n in layer.nodes}
+    float32 = {v.name for n in base.graph.nodes for v in list(n.inputs) + list(n.outputs)
+               if v is not None and v.dtype == TensorProto.FLOAT}
+    mp = model_to_proto(base)
+    g = mp.graph
+    inits = {t.name: t for t in g.initializer}
+    g.input.append(helper.make_tensor_value_info(SWITCH, TensorProto.BOOL, [len(layers)]))
+    for i in sorted(set(node_layer.values())):
+        g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{SWITCH}_i{i}"))
+    producer = {o: n.name for n in g.node for o in n.output}
+    readers: Dict[str, set] = {}
+    for n in g.node:
+        for x in n.input:
+            readers.setdefault(x, set()).add(node_layer.get(n.name, -1))
+    graph_outputs = {o.name for o in g.output}
+    nodes = list(g.node)
+    del g.node[:]
+    count, done = [0], set()
+
+    def gate(i, x, out_name, rounded=None) -> None:
+        """Where(on[i], x rounded to float16, x) -> out_name (`rounded`: the rounded copy, else two Casts)."""
+        p = f"{SWITCH}h{count[0]}"
+        count[0] += 1
+        g.node.append(helper.make_node("Gather", [SWITCH, f"{SWITCH}_i{i}"], [f"{p}_on"], name=f"{p}_g"))
+        if rounded is None:
+            g.node.append(helper.make_node("Cast", [x], [f"{p}_h"], to=TensorProto.FLOAT16, name=f"{p}_c1"))
+            g.node.append(helper.make_node("Cast", [f"{p}_h"], [f"{p}_f"], to=TensorProto.FLOAT, name=f"{p}_c2"))
+        else:
+            g.initializer.append(numpy_helper.from_array(rounded, f"{p}_f"))
+        g.node.append(helper.make_node("Where", [f"{p}_on", f"{p}_f", x], [out_name], name=f"{p}_where"))
+    for n in nodes:
+        i = node_layer.get(n.name)
+        if i is None:
+            g.node.append(n)
+            continue
+        for slot, x in enumerate(n.input):
+            if not x or x not in float32 or (x not in inits and node_layer.get(producer.get(x, ""), -1) == i):
+                continue
+            gated = f"{x}_{SWITCH}{i}"
+            if gated not in done:
+                done.add(gated)
+                t = inits.get(x)
+                gate(i, x, gated, None if t is None else
+                     numpy_helper.to_array(t).astype(np.float16).astype(np.float32))
+            n.input[slot] = gated
+        gated = [y for y in n.output if y and y in float32 and (not readers.get(y, set()) <= {i} or
+                                                                 y in graph_outputs)]
+        for j, y in enumerate(n.output):
+            if y in gated:
+                n.output[j] = f"{y}_{SWITCH}raw"
+        g.node.append(n)    # NOTE: a copy: `n` is changed before it
+        for y in gated:
+            gate(i, f"{y}_{SWITCH}raw", y)
+    del g.value_info[:]
+    return mp
+
+
+def batched_feeds(proto, feeds: List[dict]) -> Optional[dict]:
+    """The feeds concatenated along axis 0 (one run instead of one per sample) when every graph input and output
+    has a free first dimension and the samples agree on every other one; else None."""
+    def free(vi):
+        t = vi.type.tensor_type
+        d = t.shape.dim[0] if t.HasField("shape") and len(t.shape.dim) > 0 else None
+        return d is not None and (not d.HasField("dim_value") or d.dim_value <= 0)   # paddle2onnx writes -1
+    names = [i.name for i in proto.graph.input if i.name != SWITCH and i.name in feeds[0]]
+    if len(feeds) < 2 or not all(free(i) for i in proto.graph.input if i.name in names) or \
+            not all(free(o) for o in proto.graph.output):
+        return None
+    out = {}
+    for n in names:
+        arrs = [np.asarray(f[n]) for f in feeds]
+        if any(a.ndim == 0 or a.shape[1:] != arrs[0].shape[1:] or a.dtype != arrs[0].dtype for a in arrs):
+            return None
+        out[n] = np.concatenate(arrs, axis=0)
+    return out
+
+
+def run_settings(proto, feeds: List[dict], settings: List[np.ndarray], pool=None,
+                 batch: bool = True) -> Optional[List[list]]:
+    """Per setting of the switches, the outputs ({name: array}) on each feed: on `pool` (a SwitchPool) when
+    given and able, else in this process, all feeds in one batched run where the model allows it (`batched_feeds`;
+    the caller checks the all-off setting against the float outputs, so a model that mixes samples is caught)."""
+    names = [o.name for o in proto.graph.output]
+    joined = batched_feeds(proto, feeds) if batch else None
+    # NOTE: one batched run per setting beats the pool's one run per sample on two workers (minilm_l6: 16
+    # samples of 64 tokens), so the pool only takes what cannot be batched
+    if pool is not None and joined is None:
+        runs = pool.run(feeds, [{SWITCH: s} for s in settings])
+        if runs is not None:
+            return [[dict(zip(names, r)) for r in per] for per in runs]
+    sess = create_session(proto.SerializeToString(), role="mixed-precision switchable model", threads=1)
+    if joined is not None:
+        sizes = [len(next(iter(f.values()))) for f in feeds]
+        cuts = np.cumsum(sizes)[:-1]
+        out = []
+        for s in settings:
+            r = sess.run(names, {**joined, SWITCH: s}, where="a switched sensitivity run")
+            if any(len(a) != sum(sizes) for a in r):
+                return run_settings(proto, feeds, settings, None, batch=False)
+            parts = [np.split(a, cuts) for a in r]
+            out.append([dict(zip(names, (p[k] for p in parts))) for k in range(len(feeds))])
+        return out
+    return [[dict(zip(names, r)) for r in sess.run_each(names, [{**f, SWITCH: s} for f in feeds],
+                                                        where="a switched sensitivity run")]
+            for s in settings]
+
+
+__all__ = ["SWITCH", "layer_switches", "switch_proto", "float16_switch_proto", "batched_feeds", "run_settings"]
