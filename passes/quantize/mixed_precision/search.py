@@ -128,9 +128,8 @@ from qcompiler.quant.runtime.switch_pool import SwitchPool
 from qcompiler.passes.quantize.mixed_precision.switched import (
     batched_feeds,
     float16_switch_proto,
-    layer_switches,
     run_settings,
-    switch_proto,
+    switchable_proto,
 )
 from qcompiler.quant.settings.config import Rule
 
@@ -646,7 +645,7 @@ class Search:
             return None
         t0 = time.perf_counter()
         if BY_NAME[c].precision == "float16":   # emulated: float16 roundings, not a lowered island
-            proto = float16_switch_proto(self.ctx.model, todo)
+            proto, has = float16_switch_proto(self.ctx.model, todo), list(range(len(todo)))
             for l in todo:
                 self.layer_bytes.setdefault(l.name, {})[c] = self.layer_bytes.get(l.name, {}).get("float", 0) // 2
         else:
@@ -661,13 +660,11 @@ class Search:
             for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
                 self.layer_bytes.setdefault(name, {})[c] = b
             del placed
-            sw = layer_switches(m, self.ctx.model, todo)
-            proto = switch_proto(m, sw, len(todo))
+            # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
+            # Convs) drops what the model with every switch off drops
+            proto, has = switchable_proto(m, self.ctx.model, todo)
             del m, lowered
         feeds = self.feeds[:self.sensitivity_samples]
-        # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
-        # Convs) drops what the model with every switch off drops
-        has = sorted({hit[0] for hit in sw.values()}) if c != "float16" else list(range(len(todo)))
         settings = [np.zeros(len(todo), bool)] + [np.arange(len(todo)) == i for i in has]
         pool = SwitchPool.of(self.executor, proto) if batched_feeds(proto, feeds) is None else None
         try:

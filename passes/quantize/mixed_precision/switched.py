@@ -18,22 +18,27 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant.core.encoding import dequantize_linear
 from qcompiler.ort_session import create_session
+from qcompiler.quant.runtime.switchable import ON_INPUT, Site, add_switches
 
-SWITCH = "qcompiler_mp_on"
+SWITCH = ON_INPUT   # the switch input of switchable.py's models; the float16 one uses it too
 
 
-def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object, Optional[np.ndarray]]]:
-    """{DequantizeLinear name, or (node name, input slot) of a weight stored on its grid: (layer index, float
-    alternative: a value name or an array, a weight DQ's output precomputed or None)} in the lowered model `m`
-    (IR); `base` is the calibrated float model the weights are read from."""
+def layer_sites(m, base, layers) -> List[Site]:
+    """The switch sites (switchable.py; switch i: layer i) of the lowered model `m` (IR, changed here): each of
+    its DequantizeLinears that belongs to a layer, and each weight stored on its grid (a float kernel's,
+    prefolded: the (node, slot) that reads it), with the float alternative (an activation DQ's: its Q's input; a
+    weight's: the tensor the reader has in `base`, the calibrated float model). A constant weight DQ is folded to
+    an initializer first (`_fold`): a weight stored on its grid."""
     node_layer = {n: i for i, layer in enumerate(layers) for n in layer.nodes}
     base_nodes = {n.name: n for n in base.graph.nodes}
-    out: Dict[str, Tuple[int, object]] = {}
+    sites: List[Site] = []
+    folds = []
     for dq in m.graph.nodes_by_op("DequantizeLinear"):
         x = dq.inputs[0] if dq.inputs else None
         if x is None or not dq.outputs or dq.outputs[0] is None:
@@ -51,7 +56,9 @@ def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object, Optional[
                 continue
             scale = dq.inputs[1].const_value() if len(dq.inputs) > 1 and dq.inputs[1] is not None else None
             dtype = np.asarray(scale).dtype if scale is not None else np.float32
-            out[dq.name] = (owners.pop(), np.asarray(arr).astype(dtype), _dequantized(dq, dtype))
+            site = Site(owners.pop(), dq.outputs[0].name, np.asarray(arr).astype(dtype))
+            sites.append(site)
+            folds.append((site, dq, dtype))
             continue
         q = x.producer
         if q is None or q.op_type != "QuantizeLinear" or not q.inputs or q.inputs[0] is None:
@@ -62,7 +69,7 @@ def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object, Optional[
             owners = {node_layer.get(u.user.name) for u in readers}
             i = owners.pop() if len(owners) == 1 else None
         if i is not None:
-            out[dq.name] = (i, src.name, None)
+            sites.append(Site(i, dq.outputs[0].name, src.name))
     # weights stored float on their grid (a float kernel's, prefolded): no DQ to switch, the constant itself
     for node in m.graph.nodes:
         i = node_layer.get(node.name)
@@ -75,65 +82,41 @@ def layer_switches(m, base, layers) -> Dict[object, Tuple[int, object, Optional[
                 continue
             arr = w.const_value()
             if arr is not None:
-                out[(node.name, slot)] = (i, np.asarray(arr).astype(v.const_value().dtype), None)
-    return out
+                sites.append(Site(i, v.name, np.asarray(arr).astype(v.const_value().dtype), reader=(node.name, slot)))
+    for site, dq, dtype in folds:
+        _fold(m.graph, site, dq, dtype)
+    return sites
 
 
-def _dequantized(dq, dtype) -> Optional[np.ndarray]:
-    """A constant weight DQ's output computed once (onnxruntime would run the DQ on every call: it does not
-    fold DQ in QDQ models), or None for a blocked or unusual one (it stays a DQ)."""
-    if dq.attr("block_size"):
-        return None
+def _fold(g, site: Site, dq, dtype) -> None:
+    """Replace the constant weight DQ `dq` by its output computed once (onnxruntime would run the DQ on every
+    call: it does not fold DQ in QDQ models) and point `site` at it; a blocked or unusual DQ (or one that is a
+    graph output) stays."""
+    out = dq.outputs[0]
+    if dq.attr("block_size") or out.is_output_of_any_graph():
+        return
     try:
         arrs = [x.const_value() if x is not None else None for x in dq.inputs]
         if any(a is None for a in arrs):
-            return None
+            return
         q, scale = np.asarray(arrs[0]), np.asarray(arrs[1])
         zp = np.asarray(arrs[2]) if len(arrs) > 2 else None
         axis = int(dq.attr("axis", 1))
-        return np.asarray(dequantize_linear(q, scale, zp, axis if scale.ndim else None)).astype(dtype)
+        value = np.asarray(dequantize_linear(q, scale, zp, axis if scale.ndim else None)).astype(dtype)
     except Exception:   # noqa: BLE001 - a form this does not know keeps its DQ node
-        return None
+        return
+    folded = g.add_constant(value, f"{out.name}_folded")
+    g.substitute(out, folded, remove=[dq])
+    site.value = folded.name
 
 
-def switch_proto(m, switches: Dict[object, tuple], n: int):
-    """`m` as a ModelProto with a bool graph input SWITCH of `n` entries and `Where(on[i], quantized,
-    alternative)` after each DequantizeLinear of `switches` (and before each switched grid constant)."""
+def switchable_proto(m, base, layers) -> Tuple[onnx.ModelProto, List[int]]:
+    """(`m` as a ModelProto switched per layer on SWITCH (`layer_sites`; `m` is changed), the indices of the
+    layers that have a switch)."""
+    sites = layer_sites(m, base, layers)
     mp = model_to_proto(m)
-    g = mp.graph
-    g.input.append(helper.make_tensor_value_info(SWITCH, TensorProto.BOOL, [n]))
-    for i in sorted({hit[0] for hit in switches.values()}):
-        g.initializer.append(numpy_helper.from_array(np.asarray(i, np.int64), f"{SWITCH}_i{i}"))
-    nodes = list(g.node)
-    del g.node[:]
-
-    def where(i, quantized, alt, out, p, value=None):
-        if value is not None:       # the weight DQ's output as a constant: the DQ node is not kept
-            g.initializer.append(numpy_helper.from_array(value, f"{p}_q"))
-            quantized = f"{p}_q"
-        if not isinstance(alt, str):
-            g.initializer.append(numpy_helper.from_array(alt, f"{p}_float"))
-            alt = f"{p}_float"
-        g.node.append(helper.make_node("Gather", [SWITCH, f"{SWITCH}_i{i}"], [f"{p}_on"], name=f"{p}_g"))
-        g.node.append(helper.make_node("Where", [f"{p}_on", quantized, alt], [out], name=f"{p}_where"))
-    for j, node in enumerate(nodes):
-        for slot, x in enumerate(node.input):
-            hit = switches.get((node.name, slot))
-            if hit is not None:
-                p = f"{SWITCH}{j}_{slot}"
-                where(hit[0], x, hit[1], f"{p}_sel", p)
-                node.input[slot] = f"{p}_sel"
-        hit = switches.get(node.name) if node.op_type == "DequantizeLinear" else None
-        if hit is None:
-            g.node.append(node)     # NOTE: a copy: `node` is changed before it
-            continue
-        out, p = node.output[0], f"{SWITCH}{j}"
-        if hit[2] is None:
-            node.output[0] = f"{p}_dq"
-            g.node.append(node)
-        where(hit[0], f"{p}_dq", hit[1], out, p, hit[2])
-    del g.value_info[:]     # the DQ outputs were renamed; onnxruntime infers the rest
-    return mp
+    add_switches(mp, sites, len(layers))
+    return mp, sorted({s.index for s in sites})
 
 
 def float16_switch_proto(base, layers):
@@ -247,4 +230,4 @@ def run_settings(proto, feeds: List[dict], settings: List[np.ndarray], pool=None
             for s in settings]
 
 
-__all__ = ["SWITCH", "layer_switches", "switch_proto", "float16_switch_proto", "batched_feeds", "run_settings"]
+__all__ = ["SWITCH", "layer_sites", "switchable_proto", "float16_switch_proto", "batched_feeds", "run_settings"]
