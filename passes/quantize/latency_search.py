@@ -70,8 +70,7 @@ from qcompiler.ir import verify
 from qcompiler.ort_session import create_session
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core.context import QuantPass
-from qcompiler.quant.core.encoding import dequantize_linear
-from qcompiler.quant.core.qdq import remove_qdq
+from qcompiler.quant.core.qdq import constant_dq_value, remove_qdq
 from qcompiler.quant.interop.report import output_errors
 from qcompiler.quant.runtime.switchable import Site, switchable_model
 
@@ -274,16 +273,12 @@ def _fold_weight_dqs(g, node) -> None:
     inference (onnxruntime does not constant-fold DQ in QDQ models): store them as float32 on their grid."""
     for slot, v in enumerate(node.inputs):
         dq = v.producer if v is not None else None
-        if dq is None or dq.op_type != "DequantizeLinear" or dq.attr("block_size"):
+        if dq is None or dq.op_type != "DequantizeLinear":
             continue
-        arrs = [x.const_value() if x is not None else None for x in dq.inputs]
-        if any(a is None for a in arrs[:2]) or (len(arrs) > 2 and arrs[2] is None):
+        values = constant_dq_value(dq)
+        if values is None:
             continue
-        q, scale = np.asarray(arrs[0]), np.asarray(arrs[1], np.float32)
-        zp = np.asarray(arrs[2]) if len(arrs) > 2 else np.zeros((), q.dtype)
-        axis = int(dq.attr("axis", 1))
-        values = dequantize_linear(q, scale, zp.astype(q.dtype), axis if scale.ndim else 1)
-        grid = g.add_constant(np.asarray(values, np.asarray(arrs[1]).dtype), f"{v.name}_prefolded")   # DQ's type
+        grid = g.add_constant(values, f"{v.name}_prefolded")   # DQ's type
         g.set_input(node, slot, grid)
         if not v.uses():
             ins = list(dq.inputs)

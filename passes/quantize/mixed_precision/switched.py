@@ -1,18 +1,19 @@
 """The sensitivity table on one switchable model per candidate, instead of one model per layer and candidate.
 
-The model with every searched layer at the candidate (the rest float) is lowered once; after each of its
-DequantizeLinears that belongs to a layer a `Where(on[layer], DQ, float)` picks the quantized or the float value
-(an activation's float value is its Q's input; a weight's is the calibrated model's tensor). One onnxruntime
-session then measures each layer alone by switching only that layer on (the safety net's switchable copy, one
-switch per layer instead of one per quantizer). A layer's quantizers are its weights' and biases' DQs and the
-Q/DQ of the values its nodes write (or, for a value written outside every layer, of the one layer reading it).
+The model with every searched layer at the candidate (the rest float) is lowered once; each of its
+DequantizeLinears that belongs to a layer, and each weight stored on its grid, is a site of the switchable copy
+(qcompiler/quant/runtime/switchable.py, the safety net's: one switch per layer instead of one per quantizer,
+`Where(on[layer], quantized, float)`; an activation's float value is its Q's input, a weight's the calibrated
+model's tensor). One onnxruntime session then measures each layer alone by switching only that layer on. A
+layer's quantizers are its weights' and biases' DQs and the Q/DQ of the values its nodes write (or, for a value
+written outside every layer, of the one layer reading it). float16 is not a DQ but Casts: float16_switch_proto
+gates it on the same input.
 
 NOTE: the numbers are those of each layer's quantizers in the context of its neighbours at the same candidate
 (a Conv whose input is quantized runs as it will in the plan), not of a model built for that layer alone, so
 they can differ slightly from the per-layer models; the table only ranks the layers, and every assignment the
 search keeps is measured on its real QDQ model. With every switch off the model must give the float outputs
-(`off_ok`); a candidate that has no switch (float16 islands are Casts, not DQs) is measured the per-layer way.
-"""
+(else the round is measured the per-layer way)."""
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Tuple
@@ -22,7 +23,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qcompiler.onnx_io import model_to_proto
-from qcompiler.quant.core.encoding import dequantize_linear
+from qcompiler.quant.core.qdq import constant_dq_value
 from qcompiler.ort_session import create_session
 from qcompiler.quant.runtime.switchable import ON_INPUT, Site, add_switches
 
@@ -58,7 +59,7 @@ def layer_sites(m, base, layers) -> List[Site]:
             dtype = np.asarray(scale).dtype if scale is not None else np.float32
             site = Site(owners.pop(), dq.outputs[0].name, np.asarray(arr).astype(dtype))
             sites.append(site)
-            folds.append((site, dq, dtype))
+            folds.append((site, dq))
             continue
         q = x.producer
         if q is None or q.op_type != "QuantizeLinear" or not q.inputs or q.inputs[0] is None:
@@ -83,27 +84,17 @@ def layer_sites(m, base, layers) -> List[Site]:
             arr = w.const_value()
             if arr is not None:
                 sites.append(Site(i, v.name, np.asarray(arr).astype(v.const_value().dtype), reader=(node.name, slot)))
-    for site, dq, dtype in folds:
-        _fold(m.graph, site, dq, dtype)
+    for site, dq in folds:
+        _fold(m.graph, site, dq)
     return sites
 
 
-def _fold(g, site: Site, dq, dtype) -> None:
-    """Replace the constant weight DQ `dq` by its output computed once (onnxruntime would run the DQ on every
-    call: it does not fold DQ in QDQ models) and point `site` at it; a blocked or unusual DQ (or one that is a
-    graph output) stays."""
+def _fold(g, site: Site, dq) -> None:
+    """Replace the constant weight DQ `dq` by its output computed once (qdq.constant_dq_value) and point `site`
+    at it; a blocked or unusual DQ (or one that is a graph output) stays."""
     out = dq.outputs[0]
-    if dq.attr("block_size") or out.is_output_of_any_graph():
-        return
-    try:
-        arrs = [x.const_value() if x is not None else None for x in dq.inputs]
-        if any(a is None for a in arrs):
-            return
-        q, scale = np.asarray(arrs[0]), np.asarray(arrs[1])
-        zp = np.asarray(arrs[2]) if len(arrs) > 2 else None
-        axis = int(dq.attr("axis", 1))
-        value = np.asarray(dequantize_linear(q, scale, zp, axis if scale.ndim else None)).astype(dtype)
-    except Exception:   # noqa: BLE001 - a form this does not know keeps its DQ node
+    value = None if out.is_output_of_any_graph() else constant_dq_value(dq)
+    if value is None:
         return
     folded = g.add_constant(value, f"{out.name}_folded")
     g.substitute(out, folded, remove=[dq])

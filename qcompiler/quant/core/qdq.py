@@ -233,6 +233,24 @@ def _on_grid(q: np.ndarray, enc: Encoding) -> np.ndarray:
     return dequantize_linear(q, scale, zp.astype(q.dtype), int(enc.axis) if enc.per_channel else 1)
 
 
+def constant_dq_value(dq) -> Optional[np.ndarray]:
+    """The output of a DequantizeLinear node (IR) that reads only constants, as onnxruntime computes it, in its
+    scale's type, or None for a blocked or unusual one: what a reader gets from a weight stored on its grid
+    instead (onnxruntime does not constant-fold DQ in QDQ models, so the DQ would run on every call)."""
+    if dq.attr("block_size"):
+        return None
+    arrs = [x.const_value() if x is not None else None for x in dq.inputs]
+    if len(arrs) < 2 or any(a is None for a in arrs):
+        return None
+    try:
+        q, scale = np.asarray(arrs[0]), np.asarray(arrs[1])
+        zp = np.asarray(arrs[2]) if len(arrs) > 2 else np.zeros((), q.dtype)
+        axis = int(dq.attr("axis", 1))
+        return np.asarray(dequantize_linear(q, scale, zp.astype(q.dtype), axis if scale.ndim else 1), scale.dtype)
+    except Exception:   # noqa: BLE001 - a form this does not know keeps its DQ node
+        return None
+
+
 def _write_on_grid(g, members: list, values: np.ndarray, dq_name: str) -> None:
     """One float32 constant on the grid for the FLOAT_ON_GRID `members` [(node, slot, value, enc, spec)];
     `dq_name` is the name a DQ output would have had: the report lists the parameter under it (without its
