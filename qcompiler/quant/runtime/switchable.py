@@ -1,6 +1,7 @@
 """The switchable copy of a QDQ model: chosen quantized values read through `Where(on[i], quantized, off)`.
 
-The safety net (activations: passes/quantize/safety_net/trials.py; weights: weights.py), the latency search and
+The safety net (activations: passes/quantize/safety_net/trials.py; weights: weights.py), the latency search,
+the mixed-precision sensitivity table (passes/quantize/mixed_precision/switched.py: one switch per layer) and
 `qcompiler debug` (qcompiler/debugger/variants.py) measure a QDQ model under many settings of which quantizers
 are on. One session runs them all when each chosen value is switched on a bool graph input `on` (one entry per
 switch): its readers read `Where(on[i], value, off)`, `off` being what they read with the quantizer out (the
