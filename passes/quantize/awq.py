@@ -29,6 +29,7 @@ Speed (4096 x 4096, block 128, 1 BLAS thread, load ~4 on 2 cores): the alpha sea
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import numpy as np
@@ -44,6 +45,7 @@ from qcompiler.passes.quantize.weight_blocks import (
 )
 
 from qcompiler.passes.quantize.plan_weights import stored_nk
+from qcompiler.passes.quantize.weight_mixed_precision import Evaluator, dequantized, first_samples, measurable
 from qcompiler.passes.quantize.weight_grid import block_grid_fn, grid_search, weight_sqnr_db
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, require_samples, first_rows
@@ -297,6 +299,8 @@ class AWQ(QuantPass):
         g = ctx.model.graph
         groups = input_groups(ctx)
         search = grid_search(ctx.weight_plan)
+        guard = ModelGuard(ctx, search) if measurable(ctx) else None
+        undo = []
         scaled, skipped, kept_rtn = 0, [], []
         loss_rtn = loss_awq = 0.0
         # downstream groups first: a group's scale may be folded into an upstream layer's weight (v_proj's
@@ -320,14 +324,26 @@ class AWQ(QuantPass):
                     continue
                 loss_awq += result["loss"]
                 s = result["s"]
+                undo.append((target[0].inputs[target[1]], np.asarray(target[0].inputs[target[1]].tensor.numpy()),
+                             target[0]))
                 _fold(g, target, 1.0 / s)
                 for job, ws_, grid in zip(jobs, result["weights"], result["grids"]):
+                    undo.append((job, np.asarray(g.initializers[job.weight].tensor.numpy_uncached()), None))
                     job.grid = grid
                     job.sqnr_db = weight_sqnr_db(ws_, grid)
                     job.algorithm = "awq"
                     job.input_scale = s
                     _set_weight(g, job, ws_)
                     scaled += 1
+        if guard is not None and scaled:
+            drop_rtn, drop_awq = guard.drop_rtn, guard.drop_now()
+            if not drop_awq < drop_rtn:
+                _undo(g, undo)
+                ctx.notes.append(f"awq: the whole model keeps round-to-nearest: with AWQ its output error on "
+                                 f"{len(guard.samples)} calibration samples is {drop_awq:.4g}, against {drop_rtn:.4g} "
+                                 f"without")
+                return PassResult(True, {"layers": 0, "reverted": scaled, "drop_rtn": drop_rtn,
+                                         "drop_awq": drop_awq})
         if skipped:
             ctx.notes.append(f"awq: {len(skipped)} layer groups keep round-to-nearest (no op before them to fold "
                              f"the scales into, or a reader outside the group): "
@@ -381,6 +397,49 @@ def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
     if not loss < loss_rtn:
         return {"s": None, "loss_rtn": loss_rtn, "loss": loss}
     return {"s": s, "weights": weights, "grids": grids, "loss_rtn": loss_rtn, "loss": loss}
+
+
+GUARD_SAMPLES = 16
+
+
+class ModelGuard:
+    """The whole model's output error on the first GUARD_SAMPLES calibration samples with every weight on its
+    grid: before AWQ (every weight on its round-to-nearest grid) and after. Per-group gains on the layers' own
+    float inputs need not add up (the errors of successive layers compound), so the pass keeps AWQ only where
+    the model as a whole is closer to float with it."""
+
+    def __init__(self, ctx, search: str):
+        self.ctx, self.search = ctx, search
+        self.jobs = list(ctx.weight_plan.jobs.values())
+        self.samples = first_samples(ctx, GUARD_SAMPLES)
+        self.drop_rtn = self._drop()
+
+    def _drop(self) -> float:
+        ev = Evaluator(self.ctx, self.jobs, self.samples)
+        planned = {j.weight: dequantized(j if j.grid is not None else self._rtn(j, ev.floats[j.weight]),
+                                         ev.floats[j.weight]) for j in self.jobs}
+        return ev.drop(planned, range(len(self.samples)))
+
+    def drop_now(self) -> float:
+        return self._drop()
+
+    def _rtn(self, job, arr):
+        alt = copy.copy(job)
+        w = np.asarray(arr, np.float32)
+        alt.grid = block_grid(w if job.rows_axis == 0 else w.T, job.bits, job.block_size, symmetric=job.symmetric,
+                              search=self.search)
+        return alt
+
+
+def _undo(g, undo) -> None:
+    """Put back what the pass changed, newest first: folded constants and scaled weights, and the jobs' grids."""
+    for what, orig, writer in reversed(undo):
+        if writer is not None:
+            g.set_constant(what, orig, writer=writer)
+            continue
+        what.grid, what.sqnr_db, what.algorithm, what.input_scale = None, None, "", None
+        v = g.initializers[what.weight]
+        v.tensor = type(v.tensor).from_array(np.ascontiguousarray(orig))
 
 
 def _only_readers(x, jobs) -> bool:
