@@ -188,19 +188,22 @@ def test_gptq_and_awq_beat_round_to_nearest_on_held_out_samples():
         res = quantize(model, feeds[:16], weight_only=True, weight_bits=4, head_bits=4, recipe=recipe,
                        progress=False)
         sqnr[recipe] = logits_sqnr(ref, run(model_to_proto(res.model), feeds[16:]))
-        if recipe:
+        if recipe == "gptq":
             assert res.report["weight_only"]["algorithms"].get(recipe, 0) >= 14, res.report["weight_only"]
     assert sqnr["gptq"] > sqnr[None] + 0.8, sqnr       # measured: 12.94 -> 14.25 dB
-    assert sqnr["awq"] > sqnr[None], sqnr              # random weights: little to gain (12.94 -> 13.06 dB)
+    # random weights: AWQ loses on the calibration samples here, so the model keeps round-to-nearest (the next
+    # test); on held-out samples it must not be worse either
+    assert sqnr["awq"] >= sqnr[None] - 0.05, sqnr
 
 
-@pytest.mark.parametrize("seed", [1, 3])
-def test_awq_is_never_below_round_to_nearest_on_its_calibration_data(seed):
+@pytest.mark.parametrize("head", ["untied", "tied_transpose"])
+def test_awq_is_never_below_round_to_nearest_on_its_calibration_data(head):
     """AWQ's candidates include plain round-to-nearest (scale 1, the plan's own grid); each group keeps it unless
     AWQ lowers the group's output error, and the model keeps it unless AWQ lowers the whole output's error on the
     calibration samples. On these decoders (seed 1) AWQ with the min/max grid and no model-level check ended
-    0.35 dB below round-to-nearest on the samples it was calibrated on."""
-    model, feeds = decoder(head="untied", seed=seed, hidden=128, inter=256, samples=16, seq=16)
+    0.35 dB below round-to-nearest on the samples it was calibrated on (untied head); with the tied head it gains
+    about 1 dB and is kept."""
+    model, feeds = decoder(head=head, seed=1, hidden=128, inter=256, samples=16, seq=16)
     ref = run(model, feeds)
     sqnr, reports = {}, {}
     for recipe in (None, "awq"):
@@ -209,6 +212,13 @@ def test_awq_is_never_below_round_to_nearest_on_its_calibration_data(seed):
         sqnr[recipe] = logits_sqnr(ref, run(model_to_proto(res.model), feeds))
         reports[recipe] = res.report
     assert sqnr["awq"] >= sqnr[None] - 0.01, (sqnr, reports["awq"]["notes"])
+    kept = reports["awq"]["weight_only"]["algorithms"].get("awq", 0)
+    if kept:
+        assert sqnr["awq"] > sqnr[None] + 0.3, sqnr
+    else:
+        assert any("keeps round-to-nearest" in n for n in reports["awq"]["notes"]), reports["awq"]["notes"]
+    if head == "tied_transpose":
+        assert kept >= 12, reports["awq"]["weight_only"]
 
 
 def test_awq_keeps_round_to_nearest_where_no_scale_helps():
