@@ -32,6 +32,7 @@ Rows (--only takes a comma list of names or fnmatch patterns):
   qc_rtn4          qcompiler quantize --weight-only --weight-bits 4 --block-size 32
   qc_gptq4         ... --calib calib.npz --recipe gptq
   qc_awq4          ... --calib calib.npz --recipe awq
+  qc_*_acc0        the same with --accuracy-level 0 (float activations inside MatMulNBits, as ort_rtn4)
   qc_w8            qcompiler quantize --weight-only --weight-bits 8 --block-size 32
   qc_w8a8          qcompiler quantize --calib calib.npz (W8A8 default)
   every qcompiler run adds -q --no-progress --allow-low-sqnr --json --target T (--qc-target, default ort_cpu)
@@ -80,11 +81,16 @@ QC_ROWS = {
                  "qcompiler GPTQ int4 b32"),
     "qc_awq4": (["--weight-only", "--weight-bits", "4", "--block-size", "32", "--recipe", "awq"], True,
                 "qcompiler AWQ int4 b32"),
+    "qc_rtn4_acc0": (["--weight-only", "--weight-bits", "4", "--block-size", "32", "--accuracy-level", "0"], False,
+                     "qcompiler RTN int4 b32, accuracy_level 0"),
+    "qc_awq4_acc0": (["--weight-only", "--weight-bits", "4", "--block-size", "32", "--recipe", "awq",
+                      "--accuracy-level", "0"], True, "qcompiler AWQ int4 b32, accuracy_level 0"),
     "qc_w8": (["--weight-only", "--weight-bits", "8", "--block-size", "32"], False, "qcompiler int8 weight-only b32"),
     "qc_w8a8": ([], True, "qcompiler W8A8 (default)"),
 }
 ALL_ROWS = ["float"] + list(PEER_DOC) + list(QC_ROWS)
 BASELINE = {"qc_rtn4": "ort_rtn4", "qc_gptq4": "ort_rtn4", "qc_awq4": "ort_rtn4", "qc_w8": "ort_rtn8",
+            "qc_rtn4_acc0": "ort_rtn4", "qc_awq4_acc0": "ort_rtn4",
             "qc_w8a8": "ort_w8a8"}
 KERNEL_OPS = ("MatMulNBits", "GatherBlockQuantized", "QLinearMatMul", "MatMulInteger", "DynamicQuantizeMatMul",
               "MatMulIntegerToFloat", "QGemm", "DequantizeLinear")

@@ -29,6 +29,7 @@ Speed (4096 x 4096, block 128, 1 BLAS thread, load ~4 on 2 cores): the alpha sea
 """
 from __future__ import annotations
 
+import copy
 from typing import Optional, Sequence
 
 import numpy as np
@@ -44,10 +45,11 @@ from qcompiler.passes.quantize.weight_blocks import (
 )
 
 from qcompiler.passes.quantize.plan_weights import stored_nk
-from qcompiler.passes.quantize.weight_grid import weight_sqnr_db
+from qcompiler.passes.quantize.weight_mixed_precision import Evaluator, dequantized, first_samples, measurable
+from qcompiler.passes.quantize.weight_grid import block_grid_fn, grid_search, weight_sqnr_db
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.calibration.weight_inputs import chunks, input_groups, require_samples, first_rows
-from qcompiler.quant.core.block_grid import BlockGrid
+from qcompiler.quant.core.block_grid import BlockGrid, block_grid
 from qcompiler.quant.core.context import QuantPass
 
 CHUNK_ELEMS = 1 << 22    # float32 elements per chunk of output channels (x a few temporaries)
@@ -157,9 +159,11 @@ def clip_grid(lo: np.ndarray, hi: np.ndarray, bits: int, symmetric: bool) -> tup
 
 def awq_clip_search(w_scaled: np.ndarray, x_sample: np.ndarray, bits: int, block_size: Optional[int],
                     symmetric: bool, n_grid: int = 20, max_shrink: float = 0.5,
-                    max_rows: Optional[int] = 4096, seed: int = 0) -> tuple:
+                    max_rows: Optional[int] = 4096, seed: int = 0, base: Optional[tuple] = None) -> tuple:
     """AWQ's clipping search on the scaled weight [N, K] read by the scaled input X / s: (q uint8 [N, K],
-    scales float32 [N, nb], zero points uint8 [N, nb], info)."""
+    scales float32 [N, nb], zero points uint8 [N, nb], info). `base` (scales, zero points [N, nb]): a grid
+    to keep per block unless a clipped one has less error there (the round-to-nearest grid, so that a block
+    never ends on a grid worse than the one the caller would write without AWQ)."""
     w = np.asarray(w_scaled, np.float32)
     n, k = w.shape
     b, nb = n_blocks(k, block_size)
@@ -179,9 +183,14 @@ def awq_clip_search(w_scaled: np.ndarray, x_sample: np.ndarray, bits: int, block
         amax = np.abs(wb).max(axis=-1)
         wmin, wmax = wb.min(axis=-1), wb.max(axis=-1)
         best = np.full((m, nb), np.inf)
-        for ratio in ratios:
-            lim = amax * np.float32(ratio)
-            sc, zp = clip_grid(np.maximum(wmin, -lim), np.minimum(wmax, lim), bits, symmetric)
+        for ratio in ([None] if base is not None else []) + ratios:
+            if ratio is None:
+                sc = np.asarray(base[0][r:r + m], np.float32)
+                zp = np.asarray(base[1][r:r + m], np.float32)
+                ratio = np.float32(np.nan)
+            else:
+                lim = amax * np.float32(ratio)
+                sc, zp = clip_grid(np.maximum(wmin, -lim), np.minimum(wmax, lim), bits, symmetric)
             q = quantize_codes(wb, sc[..., None], zp[..., None], bits)
             e = (wb - (q - zp[..., None]) * sc[..., None]).transpose(1, 0, 2)      # [nb, m, b]
             err = np.einsum("gmi,gmi->mg", np.matmul(e, grams), e, dtype=np.float64)
@@ -190,12 +199,13 @@ def awq_clip_search(w_scaled: np.ndarray, x_sample: np.ndarray, bits: int, block
             scales[r:r + m] = np.where(take, sc, scales[r:r + m])
             zps[r:r + m] = np.where(take, zp, zps[r:r + m])
             best_ratio[r:r + m] = np.where(take, ratio, best_ratio[r:r + m])
-            if ratio == ratios[0]:
+            if np.isnan(ratio) or (base is None and ratio == ratios[0]):
                 err_first += float(err.sum())
         err_best += float(best.sum())
     zps = zps.astype(np.uint8)
     q = quantize_codes(w, expand_blocks(scales, k, b), expand_blocks(zps.astype(np.float32), k, b), bits)
-    info = {"mean_ratio": float(best_ratio.mean()), "clipped": float((best_ratio < 1.0).mean()),
+    info = {"mean_ratio": float(np.nanmean(best_ratio)) if not np.isnan(best_ratio).all() else 1.0,
+            "clipped": float((best_ratio < 1.0).mean()), "kept_base": float(np.isnan(best_ratio).mean()),
             "block_loss_noclip": err_first, "block_loss": err_best}
     return q.astype(np.uint8), scales, zps, info
 
@@ -288,7 +298,11 @@ class AWQ(QuantPass):
         require_samples(ctx, "awq")
         g = ctx.model.graph
         groups = input_groups(ctx)
-        scaled, skipped = 0, []
+        search = grid_search(ctx.weight_plan)
+        guard = ModelGuard(ctx, search) if measurable(ctx) else None
+        undo = []
+        scaled, skipped, kept_rtn = 0, [], []
+        loss_rtn = loss_awq = 0.0
         # downstream groups first: a group's scale may be folded into an upstream layer's weight (v_proj's
         # columns for o_proj), which that layer's own search must then see
         for names in reversed(chunks(groups, lambda n, jobs: 4 * AWQ_ROWS * jobs[0].k, AWQ_ROW_BUDGET)):
@@ -296,29 +310,143 @@ class AWQ(QuantPass):
             for name in reversed(names):
                 jobs = [j for j in groups[name] if j.grid is None and not j.tied]
                 x = rows[name]
-                target = fold_target(g.value(name), jobs[0].k) if jobs else None
-                if not jobs or x is None or target is None or any(len(_linear_inputs(ctx, j)) != 1 for j in jobs):
+                target = fold_target(g.value(name), jobs[0].k) if jobs and len(jobs) == len(groups[name]) else None
+                if not jobs or x is None or target is None or any(len(_linear_inputs(ctx, j)) != 1 for j in jobs) \
+                        or not _only_readers(g.value(name), jobs):
                     if jobs:
                         skipped.append(name)
                     continue
-                ws = [stored_nk(j, g.initializers[j.weight]) for j in jobs]
-                s, info = awq_search_shared(ws, x, jobs[0].bits, jobs[0].block_size, jobs[0].symmetric)
+                result = awq_group(jobs, [stored_nk(j, g.initializers[j.weight]) for j in jobs], x, search)
+                loss_rtn += result["loss_rtn"]
+                if result["s"] is None:
+                    kept_rtn.append(name)
+                    loss_awq += result["loss_rtn"]
+                    continue
+                loss_awq += result["loss"]
+                s = result["s"]
+                undo.append((target[0].inputs[target[1]], np.asarray(target[0].inputs[target[1]].tensor.numpy()),
+                             target[0]))
                 _fold(g, target, 1.0 / s)
-                for job, w in zip(jobs, ws):
-                    ws_ = w * s[None, :]
-                    q, scales, zps, _ = awq_clip_search(ws_, x / s[None, :], job.bits, job.block_size,
-                                                        job.symmetric)
-                    job.grid = BlockGrid(q=q, scales=scales, zero_points=zps, bits=job.bits,
-                                         block_size=job.block_size, symmetric=job.symmetric)
-                    job.sqnr_db = weight_sqnr_db(ws_, job.grid)
+                for job, ws_, grid in zip(jobs, result["weights"], result["grids"]):
+                    undo.append((job, np.asarray(g.initializers[job.weight].tensor.numpy_uncached()), None))
+                    job.grid = grid
+                    job.sqnr_db = weight_sqnr_db(ws_, grid)
                     job.algorithm = "awq"
                     job.input_scale = s
                     _set_weight(g, job, ws_)
                     scaled += 1
+        if guard is not None and scaled:
+            drop_rtn, drop_awq = guard.drop_rtn, guard.drop_now()
+            if not drop_awq < drop_rtn:
+                _undo(g, undo)
+                ctx.notes.append(f"awq: the whole model keeps round-to-nearest: with AWQ its output error on "
+                                 f"{len(guard.samples)} calibration samples is {drop_awq:.4g}, against {drop_rtn:.4g} "
+                                 f"without")
+                return PassResult(True, {"layers": 0, "reverted": scaled, "drop_rtn": drop_rtn,
+                                         "drop_awq": drop_awq})
         if skipped:
             ctx.notes.append(f"awq: {len(skipped)} layer groups keep round-to-nearest (no op before them to fold "
-                             f"the scales into): {', '.join(n[:40] for n in skipped[:5])}")
-        return PassResult(True, {"layers": scaled, "skipped_groups": len(skipped)})
+                             f"the scales into, or a reader outside the group): "
+                             f"{', '.join(n[:40] for n in skipped[:5])}")
+        if kept_rtn:
+            ctx.notes.append(f"awq: {len(kept_rtn)} layer groups keep round-to-nearest (no scale or clipping "
+                             f"beat it on the calibration rows): {', '.join(n[:40] for n in kept_rtn[:5])}")
+        return PassResult(True, {"layers": scaled, "skipped_groups": len(skipped), "kept_rtn_groups": len(kept_rtn),
+                                 "output_loss_rtn": loss_rtn, "output_loss": loss_awq})
+
+
+def grid_output_error(f: np.ndarray, w: np.ndarray, grid: BlockGrid, s: Optional[np.ndarray] = None) -> float:
+    """|| F (W - deq(grid) / s)^T ||^2 (float64), by chunks of rows of W: the output error the grid gives."""
+    n, k = w.shape
+    total = 0.0
+    step = _chunk_rows(n, max(k, f.shape[0]))
+    for r in range(0, n, step):
+        rows = slice(r, min(n, r + step))
+        e = grid.dequantize(rows)
+        if s is not None:
+            e /= s
+        np.subtract(np.asarray(w[rows], np.float32), e, out=e)
+        out = f @ e.T
+        total += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
+    return total
+
+
+def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
+    """AWQ for the weights of one group read by the rows `x`, held against round-to-nearest on the same
+    objective (the group's output error on the sampled rows): the scale search scores every alpha with the
+    round-to-nearest grid the plan would write (alpha = 0 is exactly it), the clipping search keeps that grid
+    per block unless a clipped one is better, and the group keeps plain round-to-nearest (s None) unless the
+    result beats it. Returns s, the scaled weights and their grids, and both losses."""
+    j0 = jobs[0]
+    grid_fn = block_grid_fn(j0.bits, j0.symmetric, search)
+    s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS)
+    f = gram_factor(sample_rows(x, AWQ_ROWS))
+    rtn = [block_grid(w, j.bits, j.block_size, symmetric=j.symmetric, search=search) for j, w in zip(jobs, ws)]
+    loss_rtn = sum(grid_output_error(f, w, gr) for w, gr in zip(ws, rtn))
+    xs = x / s[None, :]
+    weights, grids = [], []
+    for job, w in zip(jobs, ws):
+        ws_ = w * s[None, :]
+        base = block_grid(ws_, job.bits, job.block_size, symmetric=job.symmetric, search=search)
+        q, scales, zps, _ = awq_clip_search(ws_, xs, job.bits, job.block_size, job.symmetric,
+                                            base=(base.scales, base.zero_points))
+        weights.append(ws_)
+        grids.append(BlockGrid(q=q, scales=scales, zero_points=zps, bits=job.bits, block_size=job.block_size,
+                               symmetric=job.symmetric))
+    loss = sum(grid_output_error(f, w, gr, s) for w, gr in zip(ws, grids))
+    if not loss < loss_rtn:
+        return {"s": None, "loss_rtn": loss_rtn, "loss": loss}
+    return {"s": s, "weights": weights, "grids": grids, "loss_rtn": loss_rtn, "loss": loss}
+
+
+GUARD_SAMPLES = 16
+
+
+class ModelGuard:
+    """The whole model's output error on the first GUARD_SAMPLES calibration samples with every weight on its
+    grid: before AWQ (every weight on its round-to-nearest grid) and after. Per-group gains on the layers' own
+    float inputs need not add up (the errors of successive layers compound), so the pass keeps AWQ only where
+    the model as a whole is closer to float with it."""
+
+    def __init__(self, ctx, search: str):
+        self.ctx, self.search = ctx, search
+        self.jobs = list(ctx.weight_plan.jobs.values())
+        self.samples = first_samples(ctx, GUARD_SAMPLES)
+        self.drop_rtn = self._drop()
+
+    def _drop(self) -> float:
+        ev = Evaluator(self.ctx, self.jobs, self.samples)
+        planned = {j.weight: dequantized(j if j.grid is not None else self._rtn(j, ev.floats[j.weight]),
+                                         ev.floats[j.weight]) for j in self.jobs}
+        return ev.drop(planned, range(len(self.samples)))
+
+    def drop_now(self) -> float:
+        return self._drop()
+
+    def _rtn(self, job, arr):
+        alt = copy.copy(job)
+        w = np.asarray(arr, np.float32)
+        alt.grid = block_grid(w if job.rows_axis == 0 else w.T, job.bits, job.block_size, symmetric=job.symmetric,
+                              search=self.search)
+        return alt
+
+
+def _undo(g, undo) -> None:
+    """Put back what the pass changed, newest first: folded constants and scaled weights, and the jobs' grids."""
+    for what, orig, writer in reversed(undo):
+        if writer is not None:
+            g.set_constant(what, orig, writer=writer)
+            continue
+        what.grid, what.sqnr_db, what.algorithm, what.input_scale = None, None, "", None
+        v = g.initializers[what.weight]
+        v.tensor = type(v.tensor).from_array(np.ascontiguousarray(orig))
+
+
+def _only_readers(x, jobs) -> bool:
+    """Whether every node reading `x` is a linear reader of one of `jobs` (folding 1/s into x's producer must
+    change nothing else) and x is no graph output."""
+    readers = {r for j in jobs for r, kind in j.readers}
+    return all(not u.is_graph_output and u.user.name in readers for u in x.uses())
 
 
 def _linear_inputs(ctx, job):

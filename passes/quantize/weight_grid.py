@@ -26,10 +26,11 @@ def grid_job(job, w, search: str = "mse"):
     return grid
 
 
-def block_grid_fn(bits: int, symmetric: bool):
-    """GPTQ's per-block grid choice as round-to-nearest makes it: `fn(w_block [N, b]) -> (scale [N], zp [N])`."""
+def block_grid_fn(bits: int, symmetric: bool, search: str = "mse"):
+    """The per-block grid choice as round-to-nearest makes it (GPTQ's, AWQ's scale search):
+    `fn(w_block [N, b]) -> (scale [N], zp [N])`."""
     def fn(w_block):
-        g = block_grid(w_block, bits, w_block.shape[1], symmetric=symmetric, search="mse")
+        g = block_grid(w_block, bits, w_block.shape[1], symmetric=symmetric, search=search)
         return g.scales[:, 0], g.zero_points[:, 0]
     return fn
 
@@ -54,6 +55,11 @@ def weight_sqnr_db(w, grid) -> float:
 FAST_ABOVE = 64_000_000
 
 
+def grid_search(plan) -> str:
+    """block_grid's search for the plan's round-to-nearest grids: "fast" above FAST_ABOVE weights in all."""
+    return "fast" if sum(j.n * j.k for j in plan.jobs.values()) > FAST_ABOVE else "mse"
+
+
 @register_pass
 class WeightGrid(QuantPass):
     name = "weight-grid"
@@ -64,7 +70,7 @@ class WeightGrid(QuantPass):
     def run(self, ctx) -> PassResult:
         plan, g = ctx.weight_plan, ctx.model.graph
         todo = [j for j in plan.jobs.values() if j.grid is None]
-        search = "fast" if sum(j.n * j.k for j in plan.jobs.values()) > FAST_ABOVE else "mse"
+        search = grid_search(plan)
         with bar("weights", len(todo), ctx.settings.progress) as progress:
             for job in todo:
                 job.grid = grid_job(job, stored_nk(job, weight_value(g, job.weight)), search)

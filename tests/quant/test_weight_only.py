@@ -188,10 +188,51 @@ def test_gptq_and_awq_beat_round_to_nearest_on_held_out_samples():
         res = quantize(model, feeds[:16], weight_only=True, weight_bits=4, head_bits=4, recipe=recipe,
                        progress=False)
         sqnr[recipe] = logits_sqnr(ref, run(model_to_proto(res.model), feeds[16:]))
-        if recipe:
+        if recipe == "gptq":
             assert res.report["weight_only"]["algorithms"].get(recipe, 0) >= 14, res.report["weight_only"]
     assert sqnr["gptq"] > sqnr[None] + 0.8, sqnr       # measured: 12.94 -> 14.25 dB
-    assert sqnr["awq"] > sqnr[None], sqnr              # random weights: little to gain (12.94 -> 13.06 dB)
+    # random weights: AWQ loses on the calibration samples here, so the model keeps round-to-nearest (the next
+    # test); on held-out samples it must not be worse either
+    assert sqnr["awq"] >= sqnr[None] - 0.05, sqnr
+
+
+@pytest.mark.parametrize("head", ["untied", "tied_transpose"])
+def test_awq_is_never_below_round_to_nearest_on_its_calibration_data(head):
+    """AWQ's candidates include plain round-to-nearest (scale 1, the plan's own grid); each group keeps it unless
+    AWQ lowers the group's output error, and the model keeps it unless AWQ lowers the whole output's error on the
+    calibration samples. With the per-group checks alone AWQ ended 0.35 dB below round-to-nearest on the samples
+    it was calibrated on (untied head, seed 1); with the tied head it gains about 1 dB and is kept."""
+    model, feeds = decoder(head=head, seed=1, hidden=128, inter=256, samples=16, seq=16)
+    ref = run(model, feeds)
+    sqnr, reports = {}, {}
+    for recipe in (None, "awq"):
+        res = quantize(model, feeds, weight_only=True, weight_bits=4, recipe=recipe, accuracy_level=0,
+                       progress=False)
+        sqnr[recipe] = logits_sqnr(ref, run(model_to_proto(res.model), feeds))
+        reports[recipe] = res.report
+    assert sqnr["awq"] >= sqnr[None] - 0.01, (sqnr, reports["awq"]["notes"])
+    kept = reports["awq"]["weight_only"]["algorithms"].get("awq", 0)
+    if kept:
+        assert sqnr["awq"] > sqnr[None] + 0.3, sqnr
+    else:
+        assert any("keeps round-to-nearest" in n for n in reports["awq"]["notes"]), reports["awq"]["notes"]
+    if head == "tied_transpose":
+        assert kept >= 12, reports["awq"]["weight_only"]
+
+
+def test_awq_keeps_round_to_nearest_where_no_scale_helps():
+    """A group whose weights already sit on their round-to-nearest grid: no AWQ scale or clipping can lower the
+    error below zero, so the group keeps round-to-nearest (no scale folded)."""
+    from qcompiler.passes.quantize.awq import awq_group
+    from qcompiler.quant.core.block_grid import block_grid
+    from qcompiler.quant.core.weight_only import WeightJob
+
+    rng = np.random.default_rng(0)
+    w = block_grid(rng.normal(size=(64, 64)).astype(np.float32), 4, 32, symmetric=False).dequantize()
+    x = rng.normal(size=(256, 64)).astype(np.float32) * np.exp(rng.normal(size=64)).astype(np.float32)
+    job = WeightJob(weight="w", n=64, k=64, bits=4, block_size=32, symmetric=False, readers=[], rows_axis=0)
+    res = awq_group([job], [w], x, "mse")
+    assert res["s"] is None and res["loss_rtn"] <= res["loss"], res
 
 
 def test_encodings_file_holds_the_per_block_grids(tmp_path):

@@ -149,6 +149,8 @@ PROFILES: dict = {
         # keeps a quantizer only next to one of them (placement/float_regions.py)
         "fusions": "ort_cpu",
         "float16_compute": "float32",
+        # accuracy_level 4: faster at one token (decode), slower for long prompts (prefill); decode dominates a
+        # generation (measured in docs/weight-only.md, "accuracy_level on ort_cpu")
         "weight_only": {"matmul": "MatMulNBits", "gather": "GatherBlockQuantized", "bits": [4, 8],
                         "signed": False, "zero_points": True, "accuracy_level": 4},
     },
