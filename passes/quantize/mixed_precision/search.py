@@ -878,6 +878,11 @@ class Search:
                 assignment = nxt
         if ok:
             assignment, t = self.shrink(assignment, t, layers, names, table, level, res)
+        elif layers and level in rest_trials and guarded.get(level, math.inf) <= self.budget:
+            # every layer float at this level passed the rule: shrink from there (float16 islands, ...)
+            got_a, got_t = self.shrink(dict(all_float), rest_trials[level], layers, names, table, level, res)
+            if got_a != all_float:
+                assignment, t, ok = got_a, got_t, True
         # the plain run (every layer at the given settings, the rest too) is a plan every user has: never
         # return one whose file is larger when the plain run meets the same rule (the target's real bytes, as
         # stored: a W16A16 layer on a target without 16-bit kernels is float-sized)
