@@ -82,8 +82,14 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
 Cost: a layer's bytes as the lowered candidate stores them among the rest at the given settings (stored_bytes:
 on onnxruntime's CPU a layer whose kernel runs float keeps exact float weights at W8A8, so that move saves
 nothing); float16 is half the float bytes (an estimate: a CPU target keeps some islands in float32); ties are
-broken on activation bits. NOTE: the bytes a move costs its readers (a layer kept float makes the next Conv a
-float kernel with exact float weights) are not in the estimate; the measured file of each plan is. Every measured model also carries the cost
+broken on activation bits. The bytes a move costs its readers are in the estimate too (model_bytes): on a target
+that stores a float kernel's weights float, a layer written float or widened makes its 8-bit-only readers float
+kernels with float weights (knock_on: from the plan alone, one plan per layer and output kind). From every layer
+float such a reader saves nothing until its writer moves, so the greedy also runs up from every layer at the
+given settings (the most estimated drop removed per byte added, then down again) and the estimate keeps the
+smaller. A final pass (shrink) moves layers of the verified plan (or of every layer float, when that is what
+passed) to cheaper candidates, 1, 2, 4, ... at once, keeping each step whose verification passes under the same
+rule and whose file is no larger (SHRINK_STEPS verifications). Every measured model also carries the cost
 model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
 float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
 passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
