@@ -947,12 +947,14 @@ class Search:
         """From a verified assignment, move layers to cheaper candidates while the verification still passes and
         the file shrinks: each layer's move that saves the most bytes (model_bytes, readers included) per
         estimated drop, the best k layers at once (k = 1, 2, 4, ... while they pass, halved when they fail); a
-        single move that fails (or whose file is larger) rules out that layer's cheaper candidates.
+        single move that fails (or whose file is larger, or under balanced/latency whose float MACs are more)
+        rules out that layer's cheaper candidates.
         SHRINK_STEPS verifications at most. The estimate only orders the moves (layers' drops together are
         rarely their sum): the measurement decides, so this can only give a smaller plan within the rule."""
         p = self.power
         rank = {c: i for i, c in enumerate(names)}
         floor: Dict[str, int] = {}    # layer -> lowest rank not ruled out
+        weigh = self.ctx.settings.optimize in LATENCY_OBJECTIVES   # then no step may add float MACs
         k = 1
         for _ in range(SHRINK_STEPS):
             now = self.model_bytes(assignment, layers)
@@ -983,12 +985,14 @@ class Search:
             ok, t = self.verify(nxt, layers, level)
             t.what = "verify shrink " + ", ".join(f"{name} {c}" for _, name, c in take)
             res.trials.append(t)
-            if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0):
+            if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0) and (not weigh or (
+                    t.float_macs if t.float_macs is not None else math.inf) <= (
+                    trial.float_macs if trial.float_macs is not None else math.inf)):
                 assignment, trial = nxt, t
                 k *= 2
             elif len(take) > 1:
                 k = max(1, len(take) // 2)
-            else:   # over the rule, or a larger file (scales and Q/DQ the estimate does not count)
+            else:   # over the rule, a larger file (scales, Q/DQ: not in the estimate) or more float MACs
                 _, name, c = take[0]
                 floor[name] = rank[c] + 1
         return assignment, trial
