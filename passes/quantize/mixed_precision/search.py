@@ -82,8 +82,14 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
 Cost: a layer's bytes as the lowered candidate stores them among the rest at the given settings (stored_bytes:
 on onnxruntime's CPU a layer whose kernel runs float keeps exact float weights at W8A8, so that move saves
 nothing); float16 is half the float bytes (an estimate: a CPU target keeps some islands in float32); ties are
-broken on activation bits. NOTE: the bytes a move costs its readers (a layer kept float makes the next Conv a
-float kernel with exact float weights) are not in the estimate; the measured file of each plan is. Every measured model also carries the cost
+broken on activation bits. The bytes a move costs its readers are in the estimate too (model_bytes): on a target
+that stores a float kernel's weights float, a layer written float or widened makes its 8-bit-only readers float
+kernels with float weights (knock_on: from the plan alone, one plan per layer and output kind). From every layer
+float such a reader saves nothing until its writer moves, so the greedy also runs up from every layer at the
+given settings (the most estimated drop removed per byte added, then down again) and the estimate keeps the
+smaller. A final pass (shrink) moves layers of the verified plan (or of every layer float, when that is what
+passed) to cheaper candidates, 1, 2, 4, ... at once, keeping each step whose verification passes under the same
+rule and whose file is no larger (SHRINK_STEPS verifications). Every measured model also carries the cost
 model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
 float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
 passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
@@ -120,7 +126,7 @@ from qcompiler.quant.core.float16 import apply_float16, float16_nodes
 from qcompiler.quant.core.qdq import apply_plan, assign_block_encodings
 from qcompiler.quant.interop.verdict import runs_on_onnxruntime
 from qcompiler.quant.placement import build_plan, decide_storage
-from qcompiler.quant.placement.kernels import float_macs
+from qcompiler.quant.placement.kernels import float_macs, group_bits_table, integer_kernel
 from qcompiler.quant.placement.options import config_with_rules, node_settings
 from qcompiler.quant.runtime.latency import time_interleaved
 from qcompiler.quant.runtime.memory import release
@@ -152,6 +158,7 @@ PRECISE = ("W8A16", "W16A16", "float16")
 HOLDOUT_MIN = 4                   # with this many kept samples or more, every other one is held out
 TIGHTEN_STEPS = 2                 # a failed verification re-runs the greedy tightened this often, then backs off
 VERIFY_STEPS = 12                 # verifications (tightened or backed-off assignments) at most
+SHRINK_STEPS = 6                  # verifications of the final pass moving layers to cheaper candidates
 VERIFY_MARGIN = 1.0               # k: accepted when drop + k x standard error <= budget (one-sided ~84 %)
 ORIGIN = "the mixed-precision search (--max-drop)"   # the reason a node's precision names
 COLLECT_OVER_BYTES = 16 << 20
@@ -224,6 +231,14 @@ def legal_candidates(profile, objective: str = "balanced") -> Tuple[List[Candida
                 continue
         out.append(c)
     return sorted(out, key=lambda c: c.cost), skipped
+
+
+def output_kind(c: Candidate, act_bits: int) -> Optional[str]:
+    """What a layer at `c` writes for its readers when not the given settings' activations: 'float' (float16,
+    float) or 'A<bits>'; None when its readers read what they read in the plain run."""
+    if c.precision != "int":
+        return "float"
+    return None if c.act_bits == act_bits else f"A{c.act_bits}"
 
 
 @dataclass
@@ -439,6 +454,7 @@ class Search:
         self.feeds = [dict(f) for f, _ in kept]
         self.rounds: Dict[str, str] = {}    # candidate -> how its sensitivity round was measured
         self.layer_bytes: Dict[str, Dict[str, int]] = {}   # layer -> candidate -> bytes as stored (stored_bytes)
+        self.knock: Dict[str, Dict[str, frozenset]] = {}   # layer -> output kind -> readers stored float (knock_on)
         self.input_names = list(kept[0][0]) if kept else []
         self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
@@ -646,8 +662,13 @@ class Search:
         t0 = time.perf_counter()
         if BY_NAME[c].precision == "float16":   # emulated: float16 roundings, not a lowered island
             proto, has = float16_switch_proto(self.ctx.model, todo), list(range(len(todo)))
+            # the bytes as the target stores the islands (a CPU target keeps some in float32)
+            placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
+            got_bytes = stored_bytes(placed[0], todo) if placed is not None else {}
+            del placed
             for l in todo:
-                self.layer_bytes.setdefault(l.name, {})[c] = self.layer_bytes.get(l.name, {}).get("float", 0) // 2
+                self.layer_bytes.setdefault(l.name, {})[c] = got_bytes.get(
+                    l.name, self.layer_bytes.get(l.name, {}).get("float", 0) // 2)
         else:
             lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
             if lowered is None:
@@ -755,6 +776,7 @@ class Search:
             res.notes.append(f"mixed precision: the sensitivity table stopped after {MAX_SENSITIVITY_SECONDS:.0f} "
                              f"s: candidates not measured are not chosen")
         res.table = table
+        self.knock = self.knock_on(layers, names)
         t1 = time.perf_counter()
         res.seconds["sensitivity"] = t1 - t0
         # 2. the nodes outside the layers (layers float): the user's settings, 16-bit activations or float;
@@ -806,7 +828,7 @@ class Search:
             fit = max(max(d, 0.0) ** p - max(rest, 0.0) ** p, 0.0) / max(est, EPS ** p) if math.isfinite(d) \
                 else 2 * scale
             if d <= self.budget:
-                if best is None or self.weight_bytes(assignment, layers) < self.weight_bytes(best[0], layers):
+                if best is None or self.model_bytes(assignment, layers) < self.model_bytes(best[0], layers):
                     best, best_scale = (dict(assignment), d), scale
                 if d > REFINE_BELOW * self.budget:
                     break
@@ -860,6 +882,13 @@ class Search:
                 what, k = f"verify back-off {k}", k * 2
             else:
                 assignment = nxt
+        if ok:
+            assignment, t = self.shrink(assignment, t, layers, names, table, level, res)
+        elif layers and level in rest_trials and guarded.get(level, math.inf) <= self.budget:
+            # every layer float at this level passed the rule: shrink from there (float16 islands, ...)
+            got_a, got_t = self.shrink(dict(all_float), rest_trials[level], layers, names, table, level, res)
+            if got_a != all_float:
+                assignment, t, ok = got_a, got_t, True
         # the plain run (every layer at the given settings, the rest too) is a plan every user has: never
         # return one whose file is larger when the plain run meets the same rule (the target's real bytes, as
         # stored: a W16A16 layer on a target without 16-bit kernels is float-sized)
@@ -913,6 +942,60 @@ class Search:
         res.seconds["total"] = time.perf_counter() - t0
         res.evaluations = self.evaluations
         return res
+
+    def shrink(self, assignment, trial, layers, names, table, level, res):
+        """From a verified assignment, move layers to cheaper candidates while the verification still passes and
+        the file shrinks: each layer's move that saves the most bytes (model_bytes, readers included) per
+        estimated drop, the best k layers at once (k = 1, 2, 4, ... while they pass, halved when they fail); a
+        single move that fails (or whose file is larger, or under balanced/latency whose float MACs are more)
+        rules out that layer's cheaper candidates.
+        SHRINK_STEPS verifications at most. The estimate only orders the moves (layers' drops together are
+        rarely their sum): the measurement decides, so this can only give a smaller plan within the rule."""
+        p = self.power
+        rank = {c: i for i, c in enumerate(names)}
+        floor: Dict[str, int] = {}    # layer -> lowest rank not ruled out
+        weigh = self.ctx.settings.optimize in LATENCY_OBJECTIVES   # then no step may add float MACs
+        k = 1
+        for _ in range(SHRINK_STEPS):
+            now = self.model_bytes(assignment, layers)
+            moves = []
+            for l in layers:
+                cur = assignment[l.name]
+                d_now = max(0.0, table[l.name].get(cur, 0.0)) ** p
+                best = None
+                for c in names[floor.get(l.name, 0):rank[cur]]:
+                    d = table[l.name].get(c, math.inf)
+                    if not math.isfinite(d) or d > self.budget:
+                        continue
+                    nxt = dict(assignment)
+                    nxt[l.name] = c
+                    saved = now - self.model_bytes(nxt, layers)
+                    eff = saved / (max(max(0.0, d) ** p - d_now, 0.0) + EPS ** p)
+                    if saved >= 1.0 and (best is None or eff > best[0]):
+                        best = (eff, l.name, c)
+                if best is not None:
+                    moves.append(best)
+            if not moves:
+                break
+            moves.sort(key=lambda m: -m[0])
+            take = moves[:k]
+            nxt = dict(assignment)
+            for _, name, c in take:
+                nxt[name] = c
+            ok, t = self.verify(nxt, layers, level)
+            t.what = "verify shrink " + ", ".join(f"{name} {c}" for _, name, c in take)
+            res.trials.append(t)
+            if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0) and (not weigh or (
+                    t.float_macs if t.float_macs is not None else math.inf) <= (
+                    trial.float_macs if trial.float_macs is not None else math.inf)):
+                assignment, trial = nxt, t
+                k *= 2
+            elif len(take) > 1:
+                k = max(1, len(take) // 2)
+            else:   # over the rule, a larger file (scales, Q/DQ: not in the estimate) or more float MACs
+                _, name, c = take[0]
+                floor[name] = rank[c] + 1
+        return assignment, trial
 
     def choose(self, options, plain_option, layers, res):
         """The option (trial, assignment, rest level) to return, all within the rule: the smallest file, or under
@@ -1011,7 +1094,57 @@ class Search:
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d,
                                 file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
 
-    def greedy(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
+    def greedy(self, layers, names, table, rest, scale: float = 1.0) -> Dict[str, str]:
+        """The smaller (model_bytes) of two greedy assignments within the estimate: down from every layer float
+        (greedy_down) and up from every layer at the given settings, then down again (greedy_up). Down alone
+        misses the bytes a move costs the layer's readers (a float layer's readers store float weights on
+        onnxruntime's CPU): from every layer float those readers save nothing until their writer moves."""
+        down = self.greedy_down(layers, names, table, rest, scale=scale)
+        up = self.greedy_up(layers, names, table, rest, scale=scale)
+        if up is not None and self.model_bytes(up, layers) < self.model_bytes(down, layers):
+            return up
+        return down
+
+    def greedy_up(self, layers, names, table, rest, scale: float = 1.0) -> Optional[Dict[str, str]]:
+        """From every layer at the given settings (the plain run): while the estimate breaks the budget, take
+        the move up with the most estimated drop removed per byte it adds (model_bytes, readers included);
+        then greedy_down from there. None when the given settings are no candidate or nothing fits."""
+        plain = f"W{self.ctx.options.weight_bits}A{self.ctx.options.act_bits}"
+        if plain not in names:
+            return None
+        p = self.power
+        rank = {c: i for i, c in enumerate(names)}
+        cur = {l.name: plain for l in layers}
+
+        def part(l, c):
+            return scale * max(0.0, table[l.name].get(c, math.inf)) ** p
+        est = max(0.0, rest) ** p + sum(part(l, plain) for l in layers)
+        budget = self.budget ** p
+        if not math.isfinite(est):
+            return None
+        now_bytes = self.model_bytes(cur, layers)
+        while est > budget:
+            best, best_eff = None, -1.0
+            for l in layers:
+                d_now = part(l, cur[l.name])
+                for c in names[rank[cur[l.name]] + 1:]:
+                    delta = part(l, c) - d_now
+                    if not math.isfinite(delta) or delta >= 0:
+                        continue
+                    nxt = dict(cur)
+                    nxt[l.name] = c
+                    b = self.model_bytes(nxt, layers)
+                    eff = -delta / (max(b - now_bytes, 0.0) + 1.0)
+                    if eff > best_eff:
+                        best, best_eff = (l.name, c, delta, b), eff
+            if best is None:
+                return None
+            name, c, delta, now_bytes = best
+            cur[name] = c
+            est += delta
+        return self.greedy_down(layers, names, table, rest, start=cur, scale=scale)
+
+    def greedy_down(self, layers, names, table, rest, start=None, scale: float = 1.0) -> Dict[str, str]:
         """From `start` (every layer float): take the move with the most cost saved per estimated drop while
         the estimate stays within the budget. The estimate adds the layers' drops to the rest's (`scale` x
         each); with the default metric (an RMS error) their squares add, as independent noise powers do."""
@@ -1033,7 +1166,12 @@ class Search:
                     delta = scale * max(0.0, d) ** p - d_now
                     if est + delta > budget:
                         continue
-                    saved = self.saved_bytes(l, now, c)
+                    if self.knock:
+                        nxt = dict(cur)
+                        nxt[l.name] = c
+                        saved = self.model_bytes(cur, layers) - self.model_bytes(nxt, layers)
+                    else:
+                        saved = self.saved_bytes(l, now, c)
                     err = self.errors.get(l.name, {})
                     tie = 0.0 if self.metric is None else \
                         TIE_WEIGHT * max(0.0, err.get(c, math.inf) - err.get(now, 0.0))
@@ -1056,6 +1194,57 @@ class Search:
         if now in known and c in known:
             return known[now] - known[c] + tie
         return layer.weight_elements * (BY_NAME[now].cost - BY_NAME[c].cost)
+
+    def model_bytes(self, assignment: Dict[str, str], layers: List[Layer]) -> float:
+        """The layers' bytes as the target stores them at `assignment` (layer_bytes; weight elements where not
+        measured), readers included: a layer at an integer candidate whose writer's output loses its integer
+        kernel (knock_on) stores float weights. Activation bits break ties (Candidate.cost)."""
+        lost = set()
+        for name, c in assignment.items():
+            k = output_kind(BY_NAME[c], self.ctx.options.act_bits)
+            if k is not None:
+                lost |= self.knock.get(name, {}).get(k, frozenset())
+        total = 0.0
+        for l in layers:
+            c = BY_NAME[assignment.get(l.name, "float")]
+            known = self.layer_bytes.get(l.name, {})
+            name = "float" if c.precision == "int" and l.name in lost else c.name
+            total += known[name] if name in known else l.weight_elements * BY_NAME[name].weight_bytes_per_element
+            total += c.cost - c.weight_bytes_per_element
+        return total
+
+    def knock_on(self, layers: List[Layer], names: List[str]) -> Dict[str, Dict[str, frozenset]]:
+        """layer -> output kind (output_kind) -> the other layers that lose their integer kernel (integer_kernel,
+        from the plan alone) when that layer writes that kind, every other layer at the given settings; only on a
+        target that stores a float kernel's weights float (the profile's prefold_unfused_weight_dq): elsewhere
+        a reader's bytes do not change."""
+        prof, objective = self.profile, self.ctx.settings.optimize
+        if not (prof.prefold_unfused_weight_dq and prof.integer_weight_kernels):
+            return {}
+        kinds: Dict[str, str] = {}
+        for c in names:
+            k = output_kind(BY_NAME[c], self.ctx.options.act_bits)
+            if k is not None:
+                kinds.setdefault(k, c)
+        if not kinds:
+            return {}
+        cal = self.ctx.calibration
+        stored_float = {l.name for l in layers if prof.float_kernel_weight_form(objective, l.op_type,
+                                                                                 weight_only=False) != "int"}
+
+        def integer_layers(assignment):
+            plan = build_plan(self.ctx.model, prof, cal.dtypes, self.stats,
+                              self.options_for(self.config_for(assignment, layers)))
+            bits = group_bits_table(plan)
+            return {l.name for l in layers if l.name in plan.nodes and integer_kernel(plan, bits, plan.nodes[l.name])}
+        base = integer_layers({}) & stored_float
+        out: Dict[str, Dict[str, frozenset]] = {}
+        for x in layers:
+            for k, c in kinds.items():
+                lost = frozenset(base - integer_layers({x.name: c}) - {x.name})
+                if lost:
+                    out.setdefault(x.name, {})[k] = lost
+        return out
 
     def estimate(self, assignment, layers, table, rest) -> float:
         """Sum of the layers' drops (powers) at `assignment`, without the rest's."""

@@ -1,0 +1,45 @@
+"""The mixed-precision search's last pass moves layers to cheaper candidates while the verification on the real
+model still passes: the plan it returns is smaller than without that pass (and than the plain run), and the
+model stays within the budget when run in onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+
+from qcompiler.onnx_io import model_to_proto
+from qcompiler.passes.quantize.mixed_precision import search
+from qcompiler.quant.api import quantize
+from qcompiler.quant.runtime.executor import SerialExecutor
+from tests.helpers import run
+from tests.quant.test_mixed_precision_bytes import _deep_cnn
+
+BUDGET = 0.02
+
+
+def _relative_error(m, q, cal):
+    num = den = 0.0
+    for f in cal:
+        a, b = run(m, f)[0].astype(np.float64), run(q, f)[0].astype(np.float64)
+        num += float(np.sum((b - a) ** 2))
+        den += float(np.sum(a * a))
+    return float(np.sqrt(num / den))
+
+
+def test_the_shrink_pass_gives_a_smaller_plan_within_the_budget(monkeypatch):
+    m, cal = _deep_cnn()
+
+    def searched():
+        res = quantize(m, cal, target="qnn_htp", max_drop=BUDGET, executor=SerialExecutor(),
+                       min_sqnr=float("-inf"))
+        return res, res.report["mixed_precision"]
+    res, mp = searched()
+    with monkeypatch.context() as p:
+        p.setattr(search, "SHRINK_STEPS", 0)
+        _, unshrunk = searched()
+    assert mp["file_bytes"] < unshrunk["file_bytes"], (mp["trials"], unshrunk["trials"])
+    assert mp["file_bytes"] < mp["plain_file_bytes"], mp["trials"]
+    assert any(t["what"].startswith("verify shrink") for t in mp["trials"]), mp["trials"]
+    # within the rule on the samples the search measured, and in onnxruntime on the calibration samples
+    assert mp["drop"] + mp["margin"] <= BUDGET and mp["held_out_drop"] <= BUDGET, mp
+    q = model_to_proto(res.model)
+    assert abs(q.ByteSize() - mp["file_bytes"]) < 0.05 * q.ByteSize(), (q.ByteSize(), mp["file_bytes"])
+    assert _relative_error(m, q, cal) <= BUDGET, _relative_error(m, q, cal)
