@@ -11,6 +11,10 @@ Without calibration data nothing is measured and the profile's level stays (the 
 Where calibration already gathered the inputs' level-4 rounding noise (narrow-float-weights asks for it:
 qcompiler/quant/calibration/rounding_noise.py), `lower_levels` reads the figure from there instead of running
 the model again; layers it has nothing on are captured as above.
+
+A width the profile lists in `weight_only.slow_level0_bits` (8 on ort_cpu: onnxruntime's level-0 kernel for it is
+10x a float MatMul at one token) gets level 4 even where the level asked for is 0 (`--accuracy-level 0`), unless
+`--optimize accuracy` asks for the level as given, or the same check measures level 4 below `LEVEL4_MIN_DB`.
 """
 from __future__ import annotations
 
@@ -112,8 +116,10 @@ class CheckAccuracyLevel(QuantPass):
 
     def run(self, ctx) -> PassResult:
         plan = ctx.weight_plan
-        if plan.form.matmul != "MatMulNBits" or default_accuracy_level(ctx.settings, plan.form) != 4:
+        if plan.form.matmul != "MatMulNBits":
             return PassResult(False, {"checked": 0})
+        if default_accuracy_level(ctx.settings, plan.form) != 4:
+            return _raise_slow_widths(ctx, plan)
         if ctx.samples is None:
             ctx.notes.append("accuracy_level 4 (int8 activations in MatMulNBits) not checked: no calibration data")
             return PassResult(False, {"checked": 0})
@@ -126,3 +132,24 @@ class CheckAccuracyLevel(QuantPass):
             ctx.notes.append(f"accuracy_level 0 (float activations) for {len(lowered)} MatMulNBits whose output "
                              f"int8 activations move by more than {LEVEL4_MIN_DB:g} dB SQNR; level 4 elsewhere")
         return PassResult(False, {"checked": len(jobs), "level0": len(lowered)})
+
+
+def _raise_slow_widths(ctx, plan) -> PassResult:
+    """Level 4 for the weights whose width has no fast level-0 kernel (the profile's `slow_level0_bits`), where
+    the level asked for is 0 and the objective is not accuracy; measured like the default when data is given."""
+    slow = set(plan.form.slow_level0_bits)
+    jobs = [j for j in plan.jobs.values() if j.bits in slow and j.grid is not None and j.accuracy_level is None
+            and any(kind != "gather" for _, kind in j.readers)]
+    if not jobs or ctx.settings.optimize == "accuracy":
+        return PassResult(False, {"checked": 0})
+    why = f"accuracy_level 4: {'/'.join(map(str, sorted(slow)))}-bit MatMulNBits has no fast level-0 kernel"
+    if ctx.samples is None:
+        for job in jobs:
+            job.accuracy_level = 4
+            job.notes.append(f"{why} (not checked: no calibration data)")
+        return PassResult(False, {"checked": 0, "level4": len(jobs)})
+    lower_levels(ctx, jobs)
+    for job in jobs:
+        if job.accuracy_level == 4:
+            job.notes.append(why)
+    return PassResult(False, {"checked": len(jobs), "level4": sum(j.accuracy_level == 4 for j in jobs)})

@@ -66,7 +66,9 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
   embedding Gather ("GatherBlockQuantized", "DequantizeLinear" or null: the embedding stays float), `bits` the
   weight widths it runs, `signed` whether the DQ form stores signed integers, `zero_points` whether asymmetric
   grids (a zero point per block) are allowed, `accuracy_level` MatMulNBits' default (4: int8 activations inside
-  the kernel, what onnxruntime-genai writes for CPU; 0: float). Checked against onnxruntime by
+  the kernel, what onnxruntime-genai writes for CPU; 0: float), `slow_level0_bits` the widths whose MatMulNBits
+  has no fast kernel at accuracy_level 0 (such a weight gets level 4 unless `--optimize accuracy` or the
+  level-4 check says otherwise: passes/quantize/check_accuracy_level.py). Checked against onnxruntime by
   tests/quant/test_weight_only_profiles.py.
 - `max_opset_int8` is implicit: per-channel Q/DQ needs opset 13, int16/int4 need opset 21 (anchors B).
 """
@@ -150,9 +152,10 @@ PROFILES: dict = {
         "fusions": "ort_cpu",
         "float16_compute": "float32",
         # accuracy_level 4: faster at one token (decode), slower for long prompts (prefill); decode dominates a
-        # generation (measured in docs/weight-only.md, "accuracy_level on ort_cpu")
+        # generation (measured in docs/weight-only.md, "accuracy_level on ort_cpu"). 8-bit MatMulNBits at level 0
+        # (onnxruntime 1.32 CPU): 10x a float MatMul at one token, 2.6x at 128; at level 4 about float's
         "weight_only": {"matmul": "MatMulNBits", "gather": "GatherBlockQuantized", "bits": [4, 8],
-                        "signed": False, "zero_points": True, "accuracy_level": 4},
+                        "signed": False, "zero_points": True, "accuracy_level": 4, "slow_level0_bits": [8]},
     },
     "trt": {
         "description": "TensorRT explicit quantization: s8 symmetric activations and weights, bias float",
@@ -261,6 +264,7 @@ class WeightOnlyForm:
     signed: bool = False
     zero_points: bool = True
     accuracy_level: int = 0
+    slow_level0_bits: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -513,7 +517,7 @@ def check_profile(p: dict, source: str = "profile") -> Profile:
 
 def _weight_only(c: _Check, v) -> dict:
     d = dict(c.mapping(v, "weight_only"))
-    known = ("matmul", "gather", "bits", "signed", "zero_points", "accuracy_level")
+    known = ("matmul", "gather", "bits", "signed", "zero_points", "accuracy_level", "slow_level0_bits")
     for k in d:
         if k not in known:
             raise c.err(f"weight_only.{_key(k)}", f"unknown key (allowed: {', '.join(known)})")
@@ -532,6 +536,9 @@ def _weight_only(c: _Check, v) -> dict:
     lvl = d.get("accuracy_level", 0)
     if isinstance(lvl, bool) or lvl not in (0, 1, 2, 3, 4):
         raise c.err("weight_only.accuracy_level", f"expected 0..4, got {short(lvl)}")
+    slow = d.get("slow_level0_bits", [])
+    if not isinstance(slow, list) or not all(b in bits and not isinstance(b, bool) for b in slow):
+        raise c.err("weight_only.slow_level0_bits", f"expected a list of widths from bits, got {short(slow)}")
     d["bits"] = bits
     return d
 
@@ -551,7 +558,8 @@ def _typed(p: dict) -> Profile:
         split_fused_above_macs={op: int(m) for op, m in p.get("split_fused_above_macs", {}).items()},
         per_block_weight_bits=tuple(p.get("per_block_weight_bits", (4, 8))),
         integer_weight_kernels={op: KernelRule(**rule) for op, rule in p.get("integer_weight_kernels", {}).items()},
-        weight_only=WeightOnlyForm(**dict(p["weight_only"], bits=tuple(p["weight_only"].get("bits", (4, 8)))))
+        weight_only=WeightOnlyForm(**dict(p["weight_only"], bits=tuple(p["weight_only"].get("bits", (4, 8))),
+                                          slow_level0_bits=tuple(p["weight_only"].get("slow_level0_bits", ()))))
         if p.get("weight_only") is not None else None,
         float_kernel_weights=dict(p.get("float_kernel_weights", {})),
         **{k: tuple(p[k]) for k in _NAME_LISTS if k in p}, **{k: p[k] for k in _BOOLS if k in p})

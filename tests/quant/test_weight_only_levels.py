@@ -1,0 +1,101 @@
+"""accuracy_level of 8-bit MatMulNBits on ort_cpu: level 4 even where level 0 is asked (the profile's
+`slow_level0_bits`), unless `--optimize accuracy` or the level-4 check on calibration data says otherwise."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+from qcompiler.onnx_io import model_to_proto
+from qcompiler.quant import quantize
+from qcompiler.sqnr import sqnr_db
+from tests.quant.decoder_models import decoder
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def run(model, feeds):
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
+
+
+def levels_by_bits(model) -> dict:
+    """{bits: sorted accuracy_levels} of the MatMulNBits nodes."""
+    out: dict = {}
+    for n in model.graph.node:
+        if n.op_type == "MatMulNBits":
+            a = {x.name: onnx.helper.get_attribute_value(x) for x in n.attribute}
+            out.setdefault(a["bits"], set()).add(a.get("accuracy_level", 0))
+    return {b: sorted(v) for b, v in out.items()}
+
+
+def with_level(model, bits, level):
+    """A copy of `model` whose `bits`-wide MatMulNBits run at `level`."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for n in m.graph.node:
+        if n.op_type == "MatMulNBits" and any(a.name == "bits" and a.i == bits for a in n.attribute):
+            for a in [a for a in n.attribute if a.name == "accuracy_level"]:
+                n.attribute.remove(a)
+            if level:
+                n.attribute.append(onnx.helper.make_attribute("accuracy_level", level))
+    return m
+
+
+def ort_rtn_sqnr(model, feeds, ref) -> float:
+    """Logits SQNR of onnxruntime's own int4 block-32 RTN (the head left float) on the same model."""
+    q = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False)
+    q.process()
+    return sqnr_db(ref, run(q.model.model, feeds))
+
+
+def test_eight_bit_head_runs_level4_when_level0_is_asked():
+    model, feeds = decoder(seed=4)
+    ref = run(model, feeds)
+    res = quantize(model, None, weight_only=True, weight_bits=4, accuracy_level=0, progress=False)
+    q = model_to_proto(res.model)
+    # the 4-bit MatMuls keep the level asked for, the 8-bit head (the ends' default under 4-bit weights) gets 4
+    assert levels_by_bits(q) == {4: [0], 8: [4]}
+    notes = res.report["weight_only"]["layers"]["embed.weight"]["notes"]
+    assert any("no fast level-0 kernel" in n for n in notes), notes
+    ours = sqnr_db(ref, run(q, feeds))
+    at_level0 = sqnr_db(ref, run(with_level(q, 8, 0), feeds))
+    theirs = ort_rtn_sqnr(model, feeds, ref)
+    assert ours >= at_level0 - 0.3 and ours >= theirs - 0.1, (ours, at_level0, theirs)
+
+
+def test_optimize_accuracy_keeps_the_level_asked_for():
+    model, feeds = decoder(seed=4)
+    res = quantize(model, None, weight_only=True, weight_bits=4, accuracy_level=0, optimize="accuracy",
+                   progress=False)
+    q = model_to_proto(res.model)
+    assert levels_by_bits(q) == {4: [0], 8: [0]}
+    ref = run(model, feeds)
+    assert sqnr_db(ref, run(q, feeds)) >= ort_rtn_sqnr(model, feeds, ref) - 0.1
+
+
+def test_measured_head_keeps_level0_where_int8_activations_would_cost_too_much():
+    model, feeds = decoder(seed=5)
+    # a "massive activation" entering the head: one channel of the final norm 3000x the rest, which the tied
+    # table ignores (its column 3 is 0); int8 activations per block then round the block's other channels to 0
+    for init in model.graph.initializer:
+        a = onnx.numpy_helper.to_array(init).copy()
+        if init.name == "norm.weight":
+            a[3] = 3000.0
+        elif init.name == "embed.weight":
+            a[:, 3] = 0.0
+        else:
+            continue
+        init.CopyFrom(onnx.numpy_helper.from_array(a, init.name))
+    ref = run(model, feeds)
+    res = quantize(model, feeds, weight_only=True, weight_bits=4, accuracy_level=0, progress=False)
+    q = model_to_proto(res.model)
+    assert levels_by_bits(q) == {4: [0], 8: [0]}
+    notes = res.report["weight_only"]["layers"]["embed.weight"]["notes"]
+    assert any(n.startswith("accuracy_level 0: int8 activations would give") for n in notes), notes
+    ours = sqnr_db(ref, run(q, feeds))
+    assert ours >= sqnr_db(ref, run(with_level(q, 8, 4), feeds)) + 3.0
+    assert ours >= ort_rtn_sqnr(model, feeds, ref) - 0.1
