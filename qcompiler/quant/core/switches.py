@@ -386,7 +386,8 @@ SWITCHES: Tuple[Switch, ...] = (
             "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
             "activations inside the kernel, checked per MatMul on the calibration data; 0: float)",
             Flag(("--accuracy-level",), "weight-only MatMulNBits accuracy_level 0-4 (default: the target's; "
-                 "ort_cpu 4, a MatMul whose output level 4 moves too much on the calibration data gets 0)",
+                 "ort_cpu 4, a MatMul whose output level 4 moves too much on the calibration data gets 0; "
+                 "8-bit ones stay 4 at 0 unless --optimize accuracy)",
                  type=int, metavar="0-4"),
             configures=("write-weights", "check-accuracy-level")),
     # --- what is quantized ---
