@@ -67,9 +67,10 @@ def test_eight_bit_head_runs_level4_when_level0_is_asked():
     assert ours >= at_level0 - 0.3 and ours >= theirs - 0.1, (ours, at_level0, theirs)
 
 
-def test_optimize_accuracy_keeps_the_level_asked_for():
+@pytest.mark.parametrize("level", [None, 0])
+def test_optimize_accuracy_runs_level0_everywhere(level):
     model, feeds = decoder(seed=4)
-    res = quantize(model, None, weight_only=True, weight_bits=4, accuracy_level=0, optimize="accuracy",
+    res = quantize(model, None, weight_only=True, weight_bits=4, accuracy_level=level, optimize="accuracy",
                    progress=False)
     q = model_to_proto(res.model)
     assert levels_by_bits(q) == {4: [0], 8: [0]}

@@ -383,11 +383,12 @@ SWITCHES: Tuple[Switch, ...] = (
                  "when --weight-bits is 4)", type=int, metavar=_BITS),
             configures=("plan-weights", "measure-head-bits")),
     _switch("accuracy_level", None, _optional(_int(0, 4)),
-            "MatMulNBits' accuracy_level for weight-only MatMuls (None: the target's, 4 on ort_cpu: int8 "
+            "MatMulNBits' accuracy_level for weight-only MatMuls (None: 0 under optimize='accuracy', else the "
+            "target's, 4 on ort_cpu: int8 "
             "activations inside the kernel, checked per MatMul on the calibration data; 0: float)",
-            Flag(("--accuracy-level",), "weight-only MatMulNBits accuracy_level 0-4 (default: the target's; "
-                 "ort_cpu 4, a MatMul whose output level 4 moves too much on the calibration data gets 0; "
-                 "8-bit ones stay 4 at 0 unless --optimize accuracy)",
+            Flag(("--accuracy-level",), "weight-only MatMulNBits accuracy_level 0-4 (default: 0 under --optimize "
+                 "accuracy, else the target's: ort_cpu 4, a MatMul whose output level 4 moves too much on the "
+                 "calibration data gets 0; 8-bit ones stay 4 at 0 unless --optimize accuracy)",
                  type=int, metavar="0-4"),
             configures=("write-weights", "check-accuracy-level")),
     # --- what is quantized ---

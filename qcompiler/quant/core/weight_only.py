@@ -105,8 +105,12 @@ class WeightOnlyPlan:
 
 
 def default_accuracy_level(settings, form) -> int:
-    """MatMulNBits' accuracy_level when no measure decided it: `--accuracy-level`, else the target's."""
-    return form.accuracy_level if settings.accuracy_level is None else settings.accuracy_level
+    """MatMulNBits' accuracy_level when no measure decided it: `--accuracy-level`, else 0 under `--optimize
+    accuracy` (float activations: level 4's int8 rounding trades accuracy for one-token speed, and is slower for
+    long prompts), else the target's."""
+    if settings.accuracy_level is not None:
+        return settings.accuracy_level
+    return 0 if settings.optimize == "accuracy" else form.accuracy_level
 
 
 def _layer_entry(j: WeightJob) -> dict:
