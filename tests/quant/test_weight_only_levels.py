@@ -100,3 +100,18 @@ def test_measured_head_keeps_level0_where_int8_activations_would_cost_too_much()
     ours = sqnr_db(ref, run(q, feeds))
     assert ours >= sqnr_db(ref, run(with_level(q, 8, 4), feeds)) + 3.0
     assert ours >= ort_rtn_sqnr(model, feeds, ref) - 0.1
+
+
+def test_profile_slow_level0_bits_is_checked_and_read():
+    from qcompiler.errors import ConfigError
+    from qcompiler.quant.targets.profiles import get_profile
+    assert get_profile("ort_cpu").weight_only.slow_level0_bits == (8,)
+    form = {"matmul": "MatMulNBits", "gather": "GatherBlockQuantized", "bits": [4, 8], "accuracy_level": 0}
+    assert get_profile({"weight_only": dict(form)}).weight_only.slow_level0_bits == ()
+    with pytest.raises(ConfigError, match="slow_level0_bits"):
+        get_profile({"weight_only": dict(form, slow_level0_bits=[16])})
+    # a profile whose 8-bit kernel is fast at level 0: the head keeps the level asked for
+    model, _ = decoder(seed=4)
+    res = quantize(model, None, target={"weight_only": dict(form)}, weight_only=True, weight_bits=4,
+                   progress=False)
+    assert levels_by_bits(model_to_proto(res.model)) == {4: [0], 8: [0]}
