@@ -89,24 +89,37 @@ def _chunk_rows(n: int, k: int) -> int:
 def scaled_error(f: np.ndarray, w: np.ndarray, s: np.ndarray, bits: int, block_size: Optional[int],
                  symmetric: bool, grid_fn: Optional[GridFn] = None) -> float:
     """|| F (W - Q(W * s) / s)^T ||^2 (float64): the output error of W with s folded, by chunks of rows of W."""
+    return scaled_errors(f, w, [s], bits, block_size, symmetric, grid_fn)[0]
+
+
+def scaled_errors(f: np.ndarray, w: np.ndarray, ss: Sequence[np.ndarray], bits: int, block_size: Optional[int],
+                  symmetric: bool, grid_fn: Optional[GridFn] = None) -> list:
+    """`scaled_error` of every scale in `ss`: per chunk of rows of W, as many candidates as fit in CHUNK_ELEMS
+    are quantized in one call (the grid search costs per call, not per row), each scored on its own."""
     n, k = w.shape
-    total = 0.0
+    ss = np.asarray(ss).reshape(-1, k)
+    totals = [0.0] * len(ss)
     step = _chunk_rows(n, max(k, f.shape[0]))
     for r in range(0, n, step):
         wc = np.asarray(w[r:r + step], np.float32)
-        ws = wc * s
-        e = fake_quantize(ws, bits, block_size, symmetric, grid_fn)
-        e /= s
-        np.subtract(wc, e, out=e)
-        out = f @ e.T
-        total += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
-    return total
+        per = max(1, CHUNK_ELEMS // wc.size)
+        for c0 in range(0, len(ss), per):
+            sc = ss[c0:c0 + per, None, :]
+            ws = wc * sc                                                      # [candidates, rows, K]
+            e = fake_quantize(ws.reshape(-1, k), bits, block_size, symmetric, grid_fn).reshape(ws.shape)
+            e /= sc
+            np.subtract(wc, e, out=e)
+            for i in range(len(e)):
+                out = f @ e[i].T
+                totals[c0 + i] += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
+    return totals
 
 
 def awq_search_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: int, block_size: Optional[int],
                       symmetric: bool, grid_fn: Optional[GridFn] = None, n_grid: int = 20,
-                      max_rows: Optional[int] = 1024, seed: int = 0) -> tuple:
-    """One AWQ scale s [K] for the weights `ws` (each [N_i, K]) reading the same input: (s float32, info)."""
+                      max_rows: Optional[int] = 1024, seed: int = 0, f: Optional[np.ndarray] = None) -> tuple:
+    """One AWQ scale s [K] for the weights `ws` (each [N_i, K]) reading the same input: (s float32, info).
+    `f`: the caller's gram_factor of the same sampled rows, when it has it."""
     x = np.asarray(x_sample)
     x = x.reshape(-1, x.shape[-1])
     k = x.shape[1]
@@ -114,13 +127,15 @@ def awq_search_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: int,
         if np.ndim(w) != 2 or np.shape(w)[1] != k:
             raise ValueError(f"AWQ: every weight must be [N, {k}] for an input [n, {k}], got {np.shape(w)}")
     mean_abs = np.abs(x).mean(axis=0, dtype=np.float64)
-    f = gram_factor(sample_rows(x, max_rows, seed))
+    if f is None:
+        f = gram_factor(sample_rows(x, max_rows, seed))
     alphas = [i / n_grid for i in range(max(1, int(n_grid)))]
+    cands = [awq_scale(mean_abs, a) for a in alphas]
+    per_w = [scaled_errors(f, w, cands, bits, block_size, symmetric, grid_fn) for w in ws]
     losses = []
     best = (np.inf, 0.0, np.ones(k, np.float32))
-    for a in alphas:
-        s = awq_scale(mean_abs, a)
-        loss = sum(scaled_error(f, w, s, bits, block_size, symmetric, grid_fn) for w in ws)
+    for i, (a, s) in enumerate(zip(alphas, cands)):
+        loss = sum(errs[i] for errs in per_w)
         losses.append(loss)
         if loss < best[0]:
             best = (loss, a, s)
@@ -379,8 +394,8 @@ def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
     result beats it. Returns s, the scaled weights and their grids, and both losses."""
     j0 = jobs[0]
     grid_fn = block_grid_fn(j0.bits, j0.symmetric, search)
-    s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS)
     f = gram_factor(sample_rows(x, AWQ_ROWS))
+    s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS, f=f)
     rtn = [block_grid(w, j.bits, j.block_size, symmetric=j.symmetric, search=search) for j, w in zip(jobs, ws)]
     loss_rtn = sum(grid_output_error(f, w, gr) for w, gr in zip(ws, rtn))
     xs = x / s[None, :]
