@@ -33,6 +33,7 @@ import copy
 from typing import Optional, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from qcompiler.passes.quantize.weight_blocks import (
     TINY,
@@ -391,10 +392,18 @@ def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
     objective (the group's output error on the sampled rows): the scale search scores every alpha with the
     round-to-nearest grid the plan would write (alpha = 0 is exactly it), the clipping search keeps that grid
     per block unless a clipped one is better, and the group keeps plain round-to-nearest (s None) unless the
-    result beats it. Returns s, the scaled weights and their grids, and both losses."""
+    result beats it. Returns s, the scaled weights and their grids, and both losses.
+    BLAS on one thread for the many small products (on a shared machine two threads spin and cost several
+    times the CPU), but not for the Cholesky factor: OpenBLAS's threaded one rounds differently from its
+    one-thread one, and the factor's last bits can move the choices."""
+    f = gram_factor(sample_rows(x, AWQ_ROWS))
+    with threadpool_limits(1, "blas"):
+        return _awq_group(jobs, ws, x, search, f)
+
+
+def _awq_group(jobs, ws, x: np.ndarray, search: str, f: np.ndarray) -> dict:
     j0 = jobs[0]
     grid_fn = block_grid_fn(j0.bits, j0.symmetric, search)
-    f = gram_factor(sample_rows(x, AWQ_ROWS))
     s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS, f=f)
     rtn = [block_grid(w, j.bits, j.block_size, symmetric=j.symmetric, search=search) for j, w in zip(jobs, ws)]
     loss_rtn = sum(grid_output_error(f, w, gr) for w, gr in zip(ws, rtn))
