@@ -393,15 +393,15 @@ def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
     round-to-nearest grid the plan would write (alpha = 0 is exactly it), the clipping search keeps that grid
     per block unless a clipped one is better, and the group keeps plain round-to-nearest (s None) unless the
     result beats it. Returns s, the scaled weights and their grids, and both losses.
-    BLAS on one thread for the many small products (on a shared machine two threads spin and cost several
-    times the CPU), but not for the Cholesky factor: OpenBLAS's threaded one rounds differently from its
-    one-thread one, and the factor's last bits can move the choices."""
-    f = gram_factor(sample_rows(x, AWQ_ROWS))
+    BLAS on one thread: the products are small, and on a shared machine two OpenBLAS threads spin (its
+    threaded Cholesky took 20x the CPU of the one-thread one) and make the factor's last bits depend on the
+    machine's core count."""
     with threadpool_limits(1, "blas"):
-        return _awq_group(jobs, ws, x, search, f)
+        return _awq_group(jobs, ws, x, search)
 
 
-def _awq_group(jobs, ws, x: np.ndarray, search: str, f: np.ndarray) -> dict:
+def _awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
+    f = gram_factor(sample_rows(x, AWQ_ROWS))
     j0 = jobs[0]
     grid_fn = block_grid_fn(j0.bits, j0.symmetric, search)
     s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS, f=f)
