@@ -10,8 +10,8 @@ rows of the layer input X:
 - `awq_search` / `awq_search_shared`: s = m^alpha, m_k = mean|X_k| over the rows, normalised by sqrt(max * min)
   (the reference's normalisation, so that s is centred around 1 on a log scale), alpha in i / n_grid,
   i = 0..n_grid-1 (as the reference: alpha = 0 is s = 1, plain rounding, so the search never loses against it
-  on the sample). Each alpha is scored by the output error || X W^T - (X / s) Q(W * s)^T ||^2, one candidate at
-  a time, each vectorised over output channels in chunks. Layers reading one input (q/k/v, gate/up) share one
+  on the sample). Each alpha is scored by the output error || X W^T - (X / s) Q(W * s)^T ||^2; per chunk of
+  output channels all the candidates are gridded in one call (one block a row), then scored one by one. Layers reading one input (q/k/v, gate/up) share one
   s: their errors are summed. The error is measured through F with F^T F = X^T X on at most `max_rows`
   random rows of X: F = X when rows <= K, else the Cholesky factor of X^T X (K x K).
 - `awq_clip_search`: per (output channel, block) the clipping ratio r in 1 - i / n_grid, i < max_shrink *
@@ -24,8 +24,10 @@ rows of the layer input X:
 
 Shared layout and default grid: qcompiler/passes/quantize/weight_blocks.py. Arithmetic in float32 (sums of squares
 in float64); memory: at most `max_rows` rows of X and chunks of output channels of about CHUNK_ELEMS elements.
-Speed (4096 x 4096, block 128, 1 BLAS thread, load ~4 on 2 cores): the alpha search ~0.5 CPU-s per candidate
-(the F E^T product with 1024 rows dominates; 20 candidates 9-14 CPU-s), the clip search 2.5 CPU-s.
+Speed, the trained 3.5 M decoder of benchmarks/llm (12 groups, K 256-768, 4096 rows, block 32, the "mse" grid;
+load ~4 on 2 cores): the pass 14 CPU-s, ~9 of them the grid search of the 20 alphas (block_grid), 0.5 the clip
+search. All on one BLAS thread: two OpenBLAS threads spin on a shared machine (the 768 x 768 Cholesky factor took
+20x the CPU) and make the factor's last bits depend on the core count.
 """
 from __future__ import annotations
 
@@ -393,9 +395,7 @@ def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
     round-to-nearest grid the plan would write (alpha = 0 is exactly it), the clipping search keeps that grid
     per block unless a clipped one is better, and the group keeps plain round-to-nearest (s None) unless the
     result beats it. Returns s, the scaled weights and their grids, and both losses.
-    BLAS on one thread: the products are small, and on a shared machine two OpenBLAS threads spin (its
-    threaded Cholesky took 20x the CPU of the one-thread one) and make the factor's last bits depend on the
-    machine's core count."""
+    BLAS on one thread (the module docstring says why)."""
     with threadpool_limits(1, "blas"):
         return _awq_group(jobs, ws, x, search)
 
