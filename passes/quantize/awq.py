@@ -10,8 +10,8 @@ rows of the layer input X:
 - `awq_search` / `awq_search_shared`: s = m^alpha, m_k = mean|X_k| over the rows, normalised by sqrt(max * min)
   (the reference's normalisation, so that s is centred around 1 on a log scale), alpha in i / n_grid,
   i = 0..n_grid-1 (as the reference: alpha = 0 is s = 1, plain rounding, so the search never loses against it
-  on the sample). Each alpha is scored by the output error || X W^T - (X / s) Q(W * s)^T ||^2, one candidate at
-  a time, each vectorised over output channels in chunks. Layers reading one input (q/k/v, gate/up) share one
+  on the sample). Each alpha is scored by the output error || X W^T - (X / s) Q(W * s)^T ||^2; per chunk of
+  output channels all the candidates are gridded in one call (one block a row), then scored one by one. Layers reading one input (q/k/v, gate/up) share one
   s: their errors are summed. The error is measured through F with F^T F = X^T X on at most `max_rows`
   random rows of X: F = X when rows <= K, else the Cholesky factor of X^T X (K x K).
 - `awq_clip_search`: per (output channel, block) the clipping ratio r in 1 - i / n_grid, i < max_shrink *
@@ -24,8 +24,10 @@ rows of the layer input X:
 
 Shared layout and default grid: qcompiler/passes/quantize/weight_blocks.py. Arithmetic in float32 (sums of squares
 in float64); memory: at most `max_rows` rows of X and chunks of output channels of about CHUNK_ELEMS elements.
-Speed (4096 x 4096, block 128, 1 BLAS thread, load ~4 on 2 cores): the alpha search ~0.5 CPU-s per candidate
-(the F E^T product with 1024 rows dominates; 20 candidates 9-14 CPU-s), the clip search 2.5 CPU-s.
+Speed, the trained 3.5 M decoder of benchmarks/llm (12 groups, K 256-768, 4096 rows, block 32, the "mse" grid;
+load ~4 on 2 cores): the pass 14 CPU-s, ~9 of them the grid search of the 20 alphas (block_grid), 0.5 the clip
+search. All on one BLAS thread: two OpenBLAS threads spin on a shared machine (the 768 x 768 Cholesky factor took
+20x the CPU) and make the factor's last bits depend on the core count.
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ import copy
 from typing import Optional, Sequence
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from qcompiler.passes.quantize.weight_blocks import (
     TINY,
@@ -89,24 +92,37 @@ def _chunk_rows(n: int, k: int) -> int:
 def scaled_error(f: np.ndarray, w: np.ndarray, s: np.ndarray, bits: int, block_size: Optional[int],
                  symmetric: bool, grid_fn: Optional[GridFn] = None) -> float:
     """|| F (W - Q(W * s) / s)^T ||^2 (float64): the output error of W with s folded, by chunks of rows of W."""
+    return scaled_errors(f, w, [s], bits, block_size, symmetric, grid_fn)[0]
+
+
+def scaled_errors(f: np.ndarray, w: np.ndarray, ss: Sequence[np.ndarray], bits: int, block_size: Optional[int],
+                  symmetric: bool, grid_fn: Optional[GridFn] = None) -> list:
+    """`scaled_error` of every scale in `ss`: per chunk of rows of W, as many candidates as fit in CHUNK_ELEMS
+    are quantized in one call (the grid search costs per call, not per row), each scored on its own."""
     n, k = w.shape
-    total = 0.0
+    ss = np.asarray(ss).reshape(-1, k)
+    totals = [0.0] * len(ss)
     step = _chunk_rows(n, max(k, f.shape[0]))
     for r in range(0, n, step):
         wc = np.asarray(w[r:r + step], np.float32)
-        ws = wc * s
-        e = fake_quantize(ws, bits, block_size, symmetric, grid_fn)
-        e /= s
-        np.subtract(wc, e, out=e)
-        out = f @ e.T
-        total += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
-    return total
+        per = max(1, CHUNK_ELEMS // wc.size)
+        for c0 in range(0, len(ss), per):
+            sc = ss[c0:c0 + per, None, :]
+            ws = wc * sc                                                      # [candidates, rows, K]
+            e = fake_quantize(ws.reshape(-1, k), bits, block_size, symmetric, grid_fn).reshape(ws.shape)
+            e /= sc
+            np.subtract(wc, e, out=e)
+            for i in range(len(e)):
+                out = f @ e[i].T
+                totals[c0 + i] += float(np.einsum("ij,ij->", out, out, dtype=np.float64))
+    return totals
 
 
 def awq_search_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: int, block_size: Optional[int],
                       symmetric: bool, grid_fn: Optional[GridFn] = None, n_grid: int = 20,
-                      max_rows: Optional[int] = 1024, seed: int = 0) -> tuple:
-    """One AWQ scale s [K] for the weights `ws` (each [N_i, K]) reading the same input: (s float32, info)."""
+                      max_rows: Optional[int] = 1024, seed: int = 0, f: Optional[np.ndarray] = None) -> tuple:
+    """One AWQ scale s [K] for the weights `ws` (each [N_i, K]) reading the same input: (s float32, info).
+    `f`: the caller's gram_factor of the same sampled rows, when it has it."""
     x = np.asarray(x_sample)
     x = x.reshape(-1, x.shape[-1])
     k = x.shape[1]
@@ -114,13 +130,15 @@ def awq_search_shared(ws: Sequence[np.ndarray], x_sample: np.ndarray, bits: int,
         if np.ndim(w) != 2 or np.shape(w)[1] != k:
             raise ValueError(f"AWQ: every weight must be [N, {k}] for an input [n, {k}], got {np.shape(w)}")
     mean_abs = np.abs(x).mean(axis=0, dtype=np.float64)
-    f = gram_factor(sample_rows(x, max_rows, seed))
+    if f is None:
+        f = gram_factor(sample_rows(x, max_rows, seed))
     alphas = [i / n_grid for i in range(max(1, int(n_grid)))]
+    cands = [awq_scale(mean_abs, a) for a in alphas]
+    per_w = [scaled_errors(f, w, cands, bits, block_size, symmetric, grid_fn) for w in ws]
     losses = []
     best = (np.inf, 0.0, np.ones(k, np.float32))
-    for a in alphas:
-        s = awq_scale(mean_abs, a)
-        loss = sum(scaled_error(f, w, s, bits, block_size, symmetric, grid_fn) for w in ws)
+    for i, (a, s) in enumerate(zip(alphas, cands)):
+        loss = sum(errs[i] for errs in per_w)
         losses.append(loss)
         if loss < best[0]:
             best = (loss, a, s)
@@ -376,11 +394,17 @@ def awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
     objective (the group's output error on the sampled rows): the scale search scores every alpha with the
     round-to-nearest grid the plan would write (alpha = 0 is exactly it), the clipping search keeps that grid
     per block unless a clipped one is better, and the group keeps plain round-to-nearest (s None) unless the
-    result beats it. Returns s, the scaled weights and their grids, and both losses."""
+    result beats it. Returns s, the scaled weights and their grids, and both losses.
+    BLAS on one thread (the module docstring says why)."""
+    with threadpool_limits(1, "blas"):
+        return _awq_group(jobs, ws, x, search)
+
+
+def _awq_group(jobs, ws, x: np.ndarray, search: str) -> dict:
+    f = gram_factor(sample_rows(x, AWQ_ROWS))
     j0 = jobs[0]
     grid_fn = block_grid_fn(j0.bits, j0.symmetric, search)
-    s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS)
-    f = gram_factor(sample_rows(x, AWQ_ROWS))
+    s, _ = awq_search_shared(ws, x, j0.bits, j0.block_size, j0.symmetric, grid_fn=grid_fn, max_rows=AWQ_ROWS, f=f)
     rtn = [block_grid(w, j.bits, j.block_size, symmetric=j.symmetric, search=search) for j, w in zip(jobs, ws)]
     loss_rtn = sum(grid_output_error(f, w, gr) for w, gr in zip(ws, rtn))
     xs = x / s[None, :]

@@ -9,7 +9,8 @@ qcompiler.quant.core.encoding.compute_encoding uses); an asymmetric one covers [
 QuantizeLinear does.
 
 A grid function `grid_fn(w_block [N, b]) -> (scale [N], zero_point [N])` chooses the grid of one block for every
-row; `minmax_grid` is the default (round to nearest on the min/max range), a better search can be passed in.
+row, each row on its own (so `rtn_quantize` hands it all the whole blocks of a weight at once, one block a row);
+`minmax_grid` is the default (round to nearest on the min/max range), a better search can be passed in.
 """
 from __future__ import annotations
 
@@ -81,8 +82,12 @@ def rtn_quantize(w: np.ndarray, bits: int, block_size: Optional[int], symmetric:
         grid_fn = grid_fn or rtn_grid(bits, symmetric)
         scales = np.empty((n, nb), np.float32)
         zps = np.empty((n, nb), np.uint8)
-        for g in range(nb):
-            scales[:, g], zps[:, g] = grid_fn(w[:, g * b:(g + 1) * b])
+        full = k // b
+        if full:            # every whole block in one call, one block a row (a grid function takes rows alone)
+            sc, zp = grid_fn(w[:, :full * b].reshape(n * full, b))
+            scales[:, :full], zps[:, :full] = np.reshape(sc, (n, full)), np.reshape(zp, (n, full))
+        if full < nb:
+            scales[:, full], zps[:, full] = grid_fn(w[:, full * b:])
     q = quantize_codes(w, expand_blocks(scales, k, b), expand_blocks(zps.astype(np.float32), k, b), bits)
     return q.astype(np.uint8), scales, zps
 

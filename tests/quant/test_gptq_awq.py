@@ -19,9 +19,11 @@ from qcompiler.passes.quantize.awq import (
     gram_factor,
     sample_rows,
     scaled_error,
+    scaled_errors,
 )
 from qcompiler.passes.quantize.gptq import accumulate_hessian, gptq_quantize
 from qcompiler.passes.quantize.weight_blocks import dequantize, quantize_codes, rtn_grid, rtn_quantize
+from qcompiler.passes.quantize.weight_grid import block_grid_fn
 from qcompiler.sqnr import sqnr_db
 
 
@@ -199,3 +201,23 @@ def test_awq_clip_layout_and_partial_block():
     x64 = xc.astype(np.float64)
     base = np.sum((x64 @ (w - dequantize(*rq, 32)).T) ** 2)
     assert np.sum((x64 @ (w - dequantize(q, scales, zps, 32)).T) ** 2) <= base * 1.05
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_awq_scores_all_candidates_at_once_as_one_by_one(symmetric):
+    """rtn_quantize hands the grid function all whole blocks at once (one block a row) and the partial last
+    block alone: the same grid as block by block. The scale search grids all its candidates in one call: the
+    same errors, bit for bit, as scoring each candidate alone."""
+    xc, _, w = llm_layer(8, n=600, k=100, nout=40)
+    fn = block_grid_fn(4, symmetric)
+    q, scales, zps = rtn_quantize(w, 4, 32, symmetric, fn)
+    for g in range(4):
+        s_g, z_g = fn(w[:, g * 32:(g + 1) * 32])
+        assert np.array_equal(scales[:, g], s_g) and np.array_equal(zps[:, g], z_g)
+    assert np.array_equal(q, quantize_codes(w, np.repeat(scales, 32, 1)[:, :100],
+                                            np.repeat(zps.astype(np.float32), 32, 1)[:, :100], 4))
+    f = gram_factor(sample_rows(xc, 1024))
+    cands = [awq_scale(np.abs(xc).mean(0, dtype=np.float64), a) for a in (0.0, 0.3, 0.6)]
+    together = scaled_errors(f, w, cands, 4, 32, symmetric, fn)
+    assert together == [scaled_error(f, w, s, 4, 32, symmetric, fn) for s in cands]
+    assert together[0] > 0 and len(set(together)) == 3
