@@ -5,21 +5,13 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant import quantize
-from qcompiler.sqnr import sqnr_db
 from tests.quant.decoder_models import decoder
+from tests.quant.test_weight_only import logits_sqnr, ort_rtn, run
 
 ort = pytest.importorskip("onnxruntime")
-
-
-def run(model, feeds):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
 
 
 def levels_by_bits(model) -> dict:
@@ -47,9 +39,7 @@ def with_level(model, bits, level):
 
 def ort_rtn_sqnr(model, feeds, ref) -> float:
     """Logits SQNR of onnxruntime's own int4 block-32 RTN (the head left float) on the same model."""
-    q = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=False)
-    q.process()
-    return sqnr_db(ref, run(q.model.model, feeds))
+    return logits_sqnr(ref, run(ort_rtn(model), feeds))
 
 
 def test_eight_bit_head_runs_level4_when_level0_is_asked():
@@ -61,8 +51,8 @@ def test_eight_bit_head_runs_level4_when_level0_is_asked():
     assert levels_by_bits(q) == {4: [0], 8: [4]}
     notes = res.report["weight_only"]["layers"]["embed.weight"]["notes"]
     assert any("no fast level-0 kernel" in n for n in notes), notes
-    ours = sqnr_db(ref, run(q, feeds))
-    at_level0 = sqnr_db(ref, run(with_level(q, 8, 0), feeds))
+    ours = logits_sqnr(ref, run(q, feeds))
+    at_level0 = logits_sqnr(ref, run(with_level(q, 8, 0), feeds))
     theirs = ort_rtn_sqnr(model, feeds, ref)
     assert ours >= at_level0 - 0.3 and ours >= theirs - 0.1, (ours, at_level0, theirs)
 
@@ -75,7 +65,7 @@ def test_optimize_accuracy_runs_level0_everywhere(level):
     q = model_to_proto(res.model)
     assert levels_by_bits(q) == {4: [0], 8: [0]}
     ref = run(model, feeds)
-    assert sqnr_db(ref, run(q, feeds)) >= ort_rtn_sqnr(model, feeds, ref) - 0.1
+    assert logits_sqnr(ref, run(q, feeds)) >= ort_rtn_sqnr(model, feeds, ref) - 0.1
 
 
 def test_measured_head_keeps_level0_where_int8_activations_would_cost_too_much():
@@ -97,8 +87,8 @@ def test_measured_head_keeps_level0_where_int8_activations_would_cost_too_much()
     assert levels_by_bits(q) == {4: [0], 8: [0]}
     notes = res.report["weight_only"]["layers"]["embed.weight"]["notes"]
     assert any(n.startswith("accuracy_level 0: int8 activations would give") for n in notes), notes
-    ours = sqnr_db(ref, run(q, feeds))
-    assert ours >= sqnr_db(ref, run(with_level(q, 8, 4), feeds)) + 3.0
+    ours = logits_sqnr(ref, run(q, feeds))
+    assert ours >= logits_sqnr(ref, run(with_level(q, 8, 4), feeds)) + 3.0
     assert ours >= ort_rtn_sqnr(model, feeds, ref) - 0.1
 
 

@@ -17,8 +17,8 @@ import pytest
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.quant import quantize
 from qcompiler.quant.targets.profiles import PROFILES, get_profile
-from qcompiler.sqnr import sqnr_db
 from tests.quant.decoder_models import decoder
+from tests.quant.test_weight_only import logits_sqnr, run
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -35,13 +35,6 @@ def _cases():
                 yield pytest.param(name, bits, symmetric, id=f"{name}-w{bits}-{'sym' if symmetric else 'zp'}")
 
 
-def _run(model, feeds):
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
-
-
 def _attrs(node) -> dict:
     return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
 
@@ -50,7 +43,7 @@ def _attrs(node) -> dict:
 def test_weight_only_form_runs_in_onnxruntime(target, bits, symmetric):
     form = get_profile(target).weight_only
     model, feeds = decoder(seed=11)
-    ref = _run(model, feeds)
+    ref = run(model, feeds)
     res = quantize(model, None, target=target, weight_only=True, weight_bits=bits, head_bits=bits,
                    weight_symmetric=symmetric, progress=False)
     q = model_to_proto(res.model)
@@ -80,8 +73,8 @@ def test_weight_only_form_runs_in_onnxruntime(target, bits, symmetric):
         assert "GatherBlockQuantized" in ops, ops
     elif form.gather is None:
         assert "Gather" in ops, ops
-    got = _run(q, feeds)
-    assert sqnr_db(ref, got) >= SQNR_FLOOR_DB[bits], (target, bits, symmetric, sqnr_db(ref, got))
+    got = logits_sqnr(ref, run(q, feeds))
+    assert got >= SQNR_FLOOR_DB[bits], (target, bits, symmetric, got)
 
 
 @pytest.mark.parametrize("target", sorted(n for n in PROFILES if get_profile(n).weight_only is not None))
