@@ -217,23 +217,33 @@ def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
     return out
 
 
-def _angles(g, profile: Profile) -> set:
-    """Names of main-graph values read by a Sin/Cos, directly or through data movement and the ops whose inputs
-    share their output's grid (profile.tie_inputs_and_output: a rotary embedding's Concat(freqs, freqs)). A value
-    other nodes read too is included: a finer grid costs them nothing in accuracy."""
-    found, stack = set(), [n.inputs[0] for n in g.nodes if n.op_type in PERIODIC_OPS and n.inputs and n.inputs[0]]
-    moves, ties = set(profile.shares_input_encoding), set(profile.tie_inputs_and_output)
+def _climb(seeds, step) -> set:
+    """Names of `seeds` and of every value `step(value)` leads to from them, walking up towards the inputs;
+    `step` returns the values to go on to (none: stop there)."""
+    found, stack = set(), list(seeds)
     while stack:
         v = stack.pop()
         if v is None or v.name in found:
             continue
         found.add(v.name)
+        stack.extend(step(v))
+    return found
+
+
+def _angles(g, profile: Profile) -> set:
+    """Names of main-graph values read by a Sin/Cos, directly or through data movement and the ops whose inputs
+    share their output's grid (profile.tie_inputs_and_output: a rotary embedding's Concat(freqs, freqs)). A value
+    other nodes read too is included: a finer grid costs them nothing in accuracy."""
+    moves, ties = set(profile.shares_input_encoding), set(profile.tie_inputs_and_output)
+
+    def step(v):
         p = v.producer
         if p is not None and p.op_type in moves and p.inputs:
-            stack.append(p.inputs[0])
-        elif p is not None and p.op_type in ties:
-            stack.extend(x for x in p.inputs if x is not None and not x.is_constant())
-    return found
+            return [p.inputs[0]]
+        if p is not None and p.op_type in ties:
+            return [x for x in p.inputs if x is not None and not x.is_constant()]
+        return []
+    return _climb((n.inputs[0] for n in g.nodes if n.op_type in PERIODIC_OPS and n.inputs and n.inputs[0]), step)
 
 
 def _exp_inputs(g, profile: Profile) -> set:
@@ -244,15 +254,11 @@ def _exp_inputs(g, profile: Profile) -> set:
     a float16 model's clip) span ~1e4, so 8 bits give the scores one step of ~40 and minilm_l6's cosine fell to
     0.59. Nothing in the value's own statistics is wrong (the mask is a quarter to two thirds of its values);
     what is wrong is the step, measured in the units exp reads."""
-    found, stack = set(), [n.inputs[0] for n in g.nodes if n.op_type in EXP_OPS and n.inputs and n.inputs[0]]
     moves = set(profile.shares_input_encoding)
-    while stack:
-        v = stack.pop()
-        if v is None or v.name in found:
-            continue
-        found.add(v.name)
+
+    def step(v):
         p = v.producer
         if p is not None and p.op_type in moves and p.inputs and p.inputs[0] is not None and len(v.uses()) == 1:
-            stack.append(p.inputs[0])
-    return found
-
+            return [p.inputs[0]]
+        return []
+    return _climb((n.inputs[0] for n in g.nodes if n.op_type in EXP_OPS and n.inputs and n.inputs[0]), step)
