@@ -26,6 +26,7 @@ from qcompiler.passes.quantize import (  # noqa: F401  (registration)
     safety_net,
     seq_mse,
     smoothquant,
+    split_outlier_rows,
     untaken_branches,
     upcast_float16,
     weight_grid,

@@ -4,6 +4,7 @@
     simplify-shape-of, canonicalize, fold-weight-layout   (preparation; what exporters leave, see tests/quant/exporter_models.py)
     convert-opset        the output opset, chosen before the pipeline (qcompiler/quant/core/opset.py)
     fuse-hardswish       decomposed HardSwish becomes one op at opset >= 14 (after convert-opset)
+    split-outlier-rows   a per-tensor MatMul weight's few outlier rows become a second MatMul (exact in float)
     calibrate            one streaming pass over the calibration data
     place                the plan: what each value and weight use becomes (quant/placement/)
     assign-encodings     scales and zero points from the statistics (and per-block weight grids)
@@ -30,7 +31,7 @@ from qcompiler.quant.core.switches import pass_switches, wanted_passes
 
 PREPARE_PASSES = ("initializers-as-constants", "inline-functions", "constant-to-initializer", "upcast-float16",
                   "fold-batchnorm", "simplify-shape-of", "canonicalize", "fold-weight-layout")
-DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "calibrate", "place", "assign-encodings",
+DEFAULT_PIPELINE = PREPARE_PASSES + ("convert-opset", "fuse-hardswish", "split-outlier-rows", "calibrate", "place", "assign-encodings",
                                      "insert-qdq", "narrow-float-weights", "float16-islands", "measure-sqnr",
                                      "latency-search",
                                      "safety-net")

@@ -38,6 +38,7 @@ def place_weights(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) 
     """A per-use spec for every float weight slot of the profile, and an int32 spec for its bias slot."""
     # per use, in the main graph and inside If/Loop/Scan bodies (field notes §1)
     pc_ops = set(profile.per_channel_ops)
+    tables = set(profile.table_ops)
     for n in weight_nodes(g):
         slots = profile.weights.get(n.op_type, {})
         if not slots:
@@ -81,7 +82,10 @@ def place_weights(plan: QuantPlan, g, profile: Profile, opts: PlacementOptions) 
                         fallback += ", per-channel instead"
             rb = profile.weight.range_bits
             range_bits = min(bits, rb) if (rb and bits == 8) else bits
-            plan.set_use(n.name, slot, QuantSpec(kind="weight", bits=bits, symmetric=bool(s["weight_symmetric"]),
+            # a table the target quantizes as an activation (profile `table_ops`) takes the activations' symmetry
+            symmetric = s["act_symmetric"] if n.op_type in tables and not s["weights_ruled"] else \
+                s["weight_symmetric"]
+            plan.set_use(n.name, slot, QuantSpec(kind="weight", bits=bits, symmetric=bool(symmetric),
                                                  signed=True, axis=axis, block_size=block,
                                                  range_bits=range_bits, asked=bool(s["weights_ruled"]),
                                                  source=f"profile weights {n.op_type}{fallback}"))

@@ -8,7 +8,11 @@ A profile is data (PROFILES below, or a user's YAML/JSON/dict naming a `base`); 
   `range_bits` < `bits` narrows the weight grid (ort_cpu: 7, because u8 x s8 pairs summed into int16 saturate on
   AVX2 CPUs without VNNI under ORT's default optimization level; anchors F, as ORT's `reduce_range`).
 - `weights`: op -> {input slot: per-channel axis rule}; an axis rule is an int (negative counts from the end),
-  or `"gemm_transB"` (transB=1: axis 0, else axis 1). `bias`: op -> input slot stored as int32 with
+  or `"gemm_transB"` (transB=1: axis 0, else axis 1). A data-movement op listed here has its constant input
+  quantized like a weight (qnn_htp: an embedding Gather's table, as AIMET quantizes it and QNN runs it; `_TABLES`)
+  and its output carries that grid. `table_ops`: those of them whose constant takes the activation grid's
+  symmetry (AIMET gives it an input quantizer, not a parameter's; minilm_l6's position table on a symmetric 8-bit
+  grid: 15.2 dB, asymmetric 20.4 dB). `bias`: op -> input slot stored as int32 with
   scale = s_input * s_weight and zero point 0.
 - `per_channel_ops`: ops whose weights may be per-channel (others fall back to per-tensor).
 - `float_output_ops`: ops whose outputs are never quantized (not quantizable: ties never cross them).
@@ -104,6 +108,12 @@ NOT_QUANTIZABLE = ["Shape", "Size", "NonZero", "NonMaxSuppression", "TopK", "Arg
 
 _WEIGHTS = {"Conv": {1: 0}, "ConvTranspose": {1: 1}, "Gemm": {1: "gemm_transB"}, "MatMul": {1: -1},
             "LSTM": {1: 1, 2: 1}, "GRU": {1: 1, 2: 1}, "RNN": {1: 1, 2: 1}}
+# an embedding Gather's constant table (input 0) as the target runs it: on a grid, the Gather moving integers.
+# aimet_onnx's QuantizationSimModel (quantsim.py `_is_tensor_quantizable`) gives every float initializer that
+# is not a parameter of its connected graph (Gather's table is none) an input quantizer, which the default and
+# HTP configs turn on (`model_input.is_input_quantized`); Gather's output is in `op_outputs_to_ignore`, so the
+# Gather runs on the table's grid. Per tensor: Gather is in no `per_channel_ops`.
+_TABLES = {"Gather": {0: 0}}
 _BIAS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 _FIXED = {"Sigmoid": [0.0, 1.0], "Softmax": [0.0, 1.0], "Tanh": [-1.0, 1.0], "HardSigmoid": [0.0, 1.0]}
 _FUSED = [["Conv", "Relu"], ["Conv", "Clip"], ["Conv", "LeakyRelu"], ["Conv", "HardSwish"],
@@ -185,7 +195,7 @@ PROFILES: dict = {
         "activation": {"bits": 8, "symmetric": False},
         "weight": {"bits": 8, "symmetric": True, "range_bits": 8},
         "wide_activation_bits": 16,
-        "weights": _WEIGHTS, "bias": _BIAS,
+        "weights": {**_WEIGHTS, **_TABLES}, "bias": _BIAS, "table_ops": list(_TABLES),
         "per_channel_ops": ["Conv", "ConvTranspose", "LSTM", "GRU", "RNN"],
         "float_output_ops": NOT_QUANTIZABLE,
         "float_outputs": {"LSTM": [2]},
@@ -296,6 +306,7 @@ class Profile:
     float_kernel_ops: Tuple[str, ...] = ()
     requantizes_float_weights: Tuple[str, ...] = ()
     symmetric_dynamic_weight_ops: Tuple[str, ...] = ()
+    table_ops: Tuple[str, ...] = ()     # `weights` ops whose constant takes the activation grid's symmetry
     fusions: Optional[str] = None       # the runtime's QDQ fusion table (qcompiler/quant/targets/fusions.py): a name or a YAML path
     float16_compute: str = "float32"    # "float32" | "float16": FLOAT16_COMPUTE
     weight_only: Optional[WeightOnlyForm] = None   # None: the target has no weight-only kernel
@@ -423,7 +434,7 @@ FLOAT_KERNEL_WEIGHT_FORMS = ("grid", "float", "int")
 
 _NAME_LISTS = ("per_channel_ops", "float_output_ops", "shares_input_encoding", "tie_inputs_and_output",
                "bias_add_ops", "output_q_through", "float_kernel_ops", "requantizes_float_weights",
-               "symmetric_dynamic_weight_ops")
+               "symmetric_dynamic_weight_ops", "table_ops")
 _BOOLS = ("quantize_data_movement_outputs", "prefold_unfused_weight_dq")
 
 
