@@ -80,10 +80,12 @@ __all__ = ["TRIAL_SAMPLES", "_Quantizer", "_Trials", "activation_quantizers", "d
 
 def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: float, profile,
                    max_trials: Optional[int] = None, samples: Optional[int] = None, progress=None, source=None,
-                   params: Optional[dict] = None, executor=None, ray: Optional[str] = None):
+                   params: Optional[dict] = None, executor=None, ray: Optional[str] = None,
+                   prepared: Optional[dict] = None):
     """When the output SQNR in `errors` is below `floor`: find and fix the quantizers that break it (in place on
     `model`, `plan` and `acts`). Returns (Outcome, errors of the fixed model or None when nothing changed).
-    `source`: the float model as the caller gave it (float weights for phase 3). `executor` (an object with
+    `source`: the float model as the caller gave it (float weights for phase 3; `prepared`: those a prepare pass
+    wrote, ctx.prepared_weights). `executor` (an object with
     map(fn, items)) runs the independent trials (parallel.py); without one, `run_executor(ray, ...)`'s rule
     picks it, only once the net runs."""
     out = Outcome(before_db=worst_sqnr(errors))
@@ -103,7 +105,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
     out.executor = describe(executor)
     try:
         new_errors = _passes(model, plan, acts, kept, errors, floor, profile, source, params, out, clock, wide_bits, budget,
-                executor, progress)
+                executor, progress, prepared)
     finally:
         if own:
             executor.close()
@@ -113,7 +115,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
 
 
 def _passes(model, plan, acts, kept, errors, floor, profile, source, params, out: Outcome, clock, wide_bits,
-            budget: int, executor, progress) -> Optional[dict]:
+            budget: int, executor, progress, prepared: Optional[dict] = None) -> Optional[dict]:
     """The phases of run_safety_net (its docstring): the fixed model's errors, or None."""
     new_errors = None
     # NOTE: the trials' estimate (the worst samples, fake-quantized) and the real model (onnxruntime's fused
@@ -148,7 +150,7 @@ def _passes(model, plan, acts, kept, errors, floor, profile, source, params, out
             out.note += f"weights not searched: the time budget ({clock.seconds:.0f} s) was spent"
         elif out.after_db < floor and source is not None:
             fixed = weight_phase(model, plan, kept, new_errors or errors, floor, profile,
-                                 source, out, clock, shown.update, params, executor)
+                                 source, out, clock, shown.update, params, executor, prepared)
             new_errors = fixed if fixed is not None else new_errors
     if out.after_db < floor:
         fixed = body_fallback(model, plan, acts, kept, new_errors or errors, out)
@@ -342,7 +344,7 @@ class SafetyNet(QuantPass):
         outcome, fixed = run_safety_net(ctx.model, ctx.plan, ctx.activations, ctx.calibration.kept, ctx.errors,
                                         ctx.settings.min_sqnr, ctx.profile, progress=ctx.settings.progress,
                                         source=ctx.source, params=ctx.params, executor=ctx.settings.executor,
-                                        ray=ctx.settings.ray)
+                                        ray=ctx.settings.ray, prepared=ctx.prepared_weights)
         ctx.safety_net = outcome
         if fixed is not None:
             ctx.errors = fixed

@@ -59,10 +59,14 @@ class WeightChoice:
     float_w: np.ndarray
 
 
-def _source_weights(source):
-    """name -> float array getter over the caller's float model."""
+def _source_weights(source, prepared: Optional[dict] = None):
+    """name -> float array getter over the caller's float model, and the weights a prepare pass wrote
+    (`prepared`, which win: the model quantized holds them)."""
     if source is None:
         return None
+    if prepared:
+        get = _source_weights(source)
+        return lambda name: np.asarray(prepared[name]) if name in prepared else get(name)
     if isinstance(source, (str, os.PathLike)):
         m = load_model(os.fspath(source))
     elif hasattr(source, "SerializeToString"):
@@ -103,10 +107,10 @@ def _dequantize(q: np.ndarray, enc) -> np.ndarray:
     return ((q.astype(np.float64) - zp) * scale).astype(np.float32)
 
 
-def weight_choices(model, params: dict, profile, source):
+def weight_choices(model, params: dict, profile, source, prepared: Optional[dict] = None):
     """The main graph's weight DQs whose float original the source holds (unchanged), with their finer grid;
     and {why skipped: count}."""
-    get = _source_weights(source)
+    get = _source_weights(source, prepared)
     skipped: dict = {}
     if get is None:
         return [], {"no float model to read the weights from": 1}
@@ -148,13 +152,13 @@ def _switch_sites(choices: List[WeightChoice]) -> List[Site]:
 
 
 def weight_phase(model, plan, kept, errors, floor, profile, source, out, clock, on_trial=None,
-                 params: Optional[dict] = None, executor=None) -> Optional[dict]:
+                 params: Optional[dict] = None, executor=None, prepared: Optional[dict] = None) -> Optional[dict]:
     """Search and apply finer weight grids (module docstring) until the output is WEIGHT_MARGIN_DB above `floor`.
     Returns the new errors, or None."""
     target = floor + WEIGHT_MARGIN_DB
     if MAX_WEIGHT_TRIALS <= 2:
         return None            # no trial to spend on a search: no session either
-    choices, skipped = weight_choices(model, params, profile, source)
+    choices, skipped = weight_choices(model, params, profile, source, prepared)
     if skipped:
         note = "weights not searched: " + ", ".join(f"{n} {why}" for why, n in skipped.items())
         out.note = f"{out.note}; {note}" if out.note else note

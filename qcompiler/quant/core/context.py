@@ -54,6 +54,9 @@ class QuantContext:
     errors: Optional[dict] = None       # report.output_errors: per-output SQNR on the kept samples
     safety_net: Any = None              # safety_net.Outcome
     source: Any = None                  # the float model as the caller gave it (path, ModelProto or IR Model)
+    # float weights a prepare pass wrote (split-outlier-rows), by name: the safety net's weight phase reads them
+    # where `source` has none or another value
+    prepared_weights: Dict[str, Any] = field(default_factory=dict)
     latency: Optional[dict] = None      # measure-latency: float and quantized medians, their ratio
     kernels: Optional[dict] = None      # measure-latency: which nodes run on integer kernels, why not the rest
     latency_search: Optional[dict] = None  # latency-search: floor, SQNR before/after, pairs taken out
