@@ -19,7 +19,8 @@ on qnn_htp: 7 of its 36 MatMul weights, e.g. layer 0's down_proj 8.1 dB -> 28.8 
 
 Where it applies (profile facts, no target names): the MatMul's weight is quantized per tensor on the target
 (`weights` lists MatMul and `per_channel_ops` does not, or the run asked for per-tensor weights) at 8 bits or
-less, and no config rule keeps the node float. The sum goes after the bias Add of an exported Linear when there
+less, no config rule keeps the node float, and no encodings are loaded (`--load-encodings`: another tool's grids
+for the model as it is). The sum goes after the bias Add of an exported Linear when there
 is one (the MatMul + bias pair the target fuses stays as it was), else right after the MatMul.
 """
 from __future__ import annotations
@@ -137,6 +138,9 @@ class SplitOutlierRows(QuantPass):
     preserves_semantics = True
 
     def run(self, ctx) -> PassResult:
+        if getattr(ctx.settings, "load_encodings", None):
+            # NOTE: loaded encodings are another tool's grids for the model as it is: its weights stay whole
+            return PassResult(False, {"split": {}, "reason": "encodings loaded (--load-encodings)"})
         opts = ctx.options or PlacementOptions()
         g = ctx.model.graph
         done = {}
