@@ -112,7 +112,8 @@ _WEIGHTS = {"Conv": {1: 0}, "ConvTranspose": {1: 1}, "Gemm": {1: "gemm_transB"},
 # aimet_onnx's QuantizationSimModel (quantsim.py `_is_tensor_quantizable`) gives every float initializer that
 # is not a parameter of its connected graph (Gather's table is none) an input quantizer, which the default and
 # HTP configs turn on (`model_input.is_input_quantized`); Gather's output is in `op_outputs_to_ignore`, so the
-# Gather runs on the table's grid. Per tensor: Gather is in no `per_channel_ops`.
+# Gather runs on the table's grid. Per tensor: Gather is in no `per_channel_ops`. load_encodings_to_sim looks a
+# quantizer up in param_encodings as well as activation_encodings, so the file's param entry loads (aimet).
 _TABLES = {"Gather": {0: 0}}
 _BIAS = {"Conv": 2, "ConvTranspose": 2, "Gemm": 2}
 _FIXED = {"Sigmoid": [0.0, 1.0], "Softmax": [0.0, 1.0], "Tanh": [-1.0, 1.0], "HardSigmoid": [0.0, 1.0]}
@@ -218,7 +219,7 @@ PROFILES: dict = {
         # AIMET keeps its activations on the grid asked for: no 16-bit widening (a value 8 bits cannot carry
         # stays float and the file leaves it out; AIMET disables the quantizers a loaded file has no entry for)
         "wide_activation_bits": None,
-        "weights": _WEIGHTS, "bias": _BIAS,
+        "weights": {**_WEIGHTS, **_TABLES}, "bias": _BIAS, "table_ops": list(_TABLES),
         "per_channel_ops": ["Conv", "ConvTranspose", "Gemm", "MatMul"],
         "float_output_ops": NOT_QUANTIZABLE,
         "float_outputs": {"LSTM": [2]},
