@@ -10,9 +10,8 @@ from qcompiler.ir.value import Value
 def walk_up(seeds: Iterable[Optional[Value]], step: Callable[[Value], Iterable[Optional[Value]]]) -> List[Value]:
     """The values `seeds` holds and every value `step(value)` leads to from them, each once, in the order first
     reached (depth first). `step` returns the values to go on to, usually inputs of `value.producer`, none to
-    stop there; None entries (absent optional inputs) are skipped.
-
-    NOTE: iterative, with a stack: a decoder's chains run thousands of values deep, beyond Python's recursion."""
+    stop there; None entries (absent optional inputs) are skipped. Iterative (a stack): a walk of any depth stays
+    within Python's recursion limit."""
     found: dict = {}
     stack = list(seeds)
     while stack:
