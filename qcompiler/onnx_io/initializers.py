@@ -21,7 +21,10 @@ from qcompiler.input_files import open_regular
 from qcompiler.ir.tensor import Tensor
 from qcompiler.onnx_io.tensor_check import check_tensor, short
 
-_MODEL_GRAPH, _GRAPH_INITIALIZER, _TENSOR_NAME = 7, 5, 8
+# the field numbers as onnx's own schema gives them (7, 5 and 8)
+_MODEL_GRAPH = onnx.ModelProto.DESCRIPTOR.fields_by_name["graph"].number
+_GRAPH_INITIALIZER = onnx.GraphProto.DESCRIPTOR.fields_by_name["initializer"].number
+_TENSOR_NAME = onnx.TensorProto.DESCRIPTOR.fields_by_name["name"].number
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 
 

@@ -11,6 +11,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from qcompiler.errors import QCompilerError
+from qcompiler.onnx_io.exporter import _TAG_GRAPH, _TAG_INITIALIZER, _varint   # the writer's wire encoding
 from qcompiler.onnx_io.initializers import proto_initializers, read_initializers
 from tests.helpers import make_model, tinfo
 
@@ -65,22 +66,13 @@ def test_a_name_field_after_the_data_is_still_found(tmp_path):
     assert data.count(name_field) == 1
     moved = data.replace(name_field, b"") + name_field
     proto = _model()
-    graph = proto.graph.SerializeToString() + b"\x2a" + _varint(len(moved)) + moved   # field 5: one more initializer
+    graph = proto.graph.SerializeToString() + _TAG_INITIALIZER + _varint(len(moved)) + moved   # field 5: one more initializer
     proto.ClearField("graph")
     path = tmp_path / "m.onnx"
-    path.write_bytes(proto.SerializeToString() + b"\x3a" + _varint(len(graph)) + graph)   # field 7: the graph
+    path.write_bytes(proto.SerializeToString() + _TAG_GRAPH + _varint(len(graph)) + graph)   # field 7: the graph
     assert [t.name for t in onnx.load(str(path)).graph.initializer][-1] == "w2"
     got = read_initializers(str(path), ["w2", "w"])
     assert np.array_equal(got["w2"], w) and got["w"].shape == (64, 8)
-
-
-def _varint(n):
-    out = bytearray()
-    while True:
-        b, n = n & 0x7F, n >> 7
-        out.append(b | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
 
 
 def test_external_data_outside_the_model_folder_is_refused(tmp_path):
