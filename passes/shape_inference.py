@@ -8,6 +8,7 @@ from __future__ import annotations
 import onnx
 
 from qcompiler.onnx_io import model_to_proto
+from qcompiler.onnx_io.graph_protos import graph_protos
 from qcompiler.passmanager import Pass, PassResult, register_pass
 
 
@@ -26,17 +27,9 @@ class ShapeInference(Pass):
             return PassResult(False, {"error": str(e).splitlines()[0][:200]})
         infos = {}
 
-        def collect(gp):
+        for gp in graph_protos(inferred.graph):
             for vi in list(gp.value_info) + list(gp.output):
                 infos[vi.name] = vi
-            for n in gp.node:
-                for a in n.attribute:
-                    if a.type == onnx.AttributeProto.GRAPH:
-                        collect(a.g)
-                    elif a.type == onnx.AttributeProto.GRAPHS:
-                        for sg in a.graphs:
-                            collect(sg)
-        collect(inferred.graph)
         added = 0
         for g in model.graphs():
             for v in g.local_values():

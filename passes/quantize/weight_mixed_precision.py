@@ -34,6 +34,7 @@ from onnx import helper
 from qcompiler.errors import ArgumentError, ConfigError
 from qcompiler.onnx_io import model_to_proto
 from qcompiler.onnx_io.files import ONE_PROTO_MAX_BYTES
+from qcompiler.onnx_io.graph_protos import graph_protos
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.mixed_precision.search import relative_error
 from qcompiler.passes.quantize.plan_weights import DEFAULT_BLOCK, channel_block, stored_nk, weight_value
@@ -57,24 +58,13 @@ def measurable(ctx) -> bool:
     return weight_bytes(ctx.model) <= ONE_PROTO_MAX_BYTES
 
 
-def _graphs(gp):
-    yield gp
-    for n in gp.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(a.g)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for b in a.graphs:
-                    yield from _graphs(b)
-
-
 def weights_as_inputs(model, names) -> onnx.ModelProto:
     """The model as a ModelProto in which the initializers `names` (of the main graph or any body) are main-graph
     inputs instead: a body reads them from the outer scope as it read its own initializer."""
     proto = model_to_proto(model)
     names = set(names)
     moved = []
-    for gp in _graphs(proto.graph):
+    for gp in graph_protos(proto.graph):
         keep = [i for i in gp.initializer if i.name not in names]
         moved.extend(i for i in gp.initializer if i.name in names)
         if len(keep) != len(gp.initializer):

@@ -6,5 +6,7 @@ from qcompiler.ir.names import NameScope
 from qcompiler.ir.node import Attr, Node
 from qcompiler.ir.tensor import Tensor
 from qcompiler.ir.value import Usage, Value
+from qcompiler.ir.walk import walk_up
 
-__all__ = ["Graph", "Model", "Node", "Value", "Usage", "Attr", "Tensor", "NameScope", "verify", "SOURCE", "SINK"]
+__all__ = ["Graph", "Model", "Node", "Value", "Usage", "Attr", "Tensor", "NameScope", "verify", "SOURCE", "SINK",
+           "walk_up"]

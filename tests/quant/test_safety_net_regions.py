@@ -240,3 +240,34 @@ def test_a_per_tensor_weight_goes_per_channel_with_its_bias(tmp_path):
     wdq, bdq, xdq = made[conv.input[1]], made[conv.input[2]], made[conv.input[0]]
     s_w, s_b, s_in = inits[wdq.input[1]], inits[bdq.input[1]], inits[xdq.input[1]]
     assert s_w.shape == (16,) and np.allclose(s_b, s_in * s_w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_weights_from_a_model_file_read_only_those_the_net_needs(tmp_path, monkeypatch, external):
+    # the float originals come from the file (only the weights searched, external data included), the same
+    # ones the caller's ModelProto gives: the written models are byte for byte the same
+    from qcompiler.onnx_io import initializers
+    m, x = outlier_weight_model()
+    feeds = [{"x": s} for s in x]
+    path = str(tmp_path / "float.onnx")
+    saved = onnx.ModelProto()
+    saved.CopyFrom(m)      # saving with external data rewrites the proto it is given
+    onnx.save_model(saved, path, save_as_external_data=external, location="float.data", size_threshold=0)
+    asked = []
+    read = initializers.read_initializers
+
+    def spy(p, names):
+        names = list(names)
+        asked.append(names)
+        return read(p, names)
+    monkeypatch.setattr(safety_net.weights, "read_initializers", spy)
+    from_file = quantize(path, feeds, target="qnn_htp")
+    assert asked == [["/enc/w1", "/enc/w2"]]
+    from_proto = quantize(m, feeds, target="qnn_htp")
+    assert from_file.report["safety_net"]["changed"] == from_proto.report["safety_net"]["changed"]
+    assert [c["value"] for c in from_file.report["safety_net"]["changed"] if c["action"].startswith("weight")] == \
+        ["/enc/w1"]
+    from_file.save(str(tmp_path / "a.onnx"))
+    from_proto.save(str(tmp_path / "b.onnx"))
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert ort_sqnr(from_file, m, x, tmp_path) >= DEFAULT_MIN_SQNR_DB

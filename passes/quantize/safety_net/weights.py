@@ -27,8 +27,7 @@ import numpy as np
 
 from qcompiler.errors import QCompilerError
 from qcompiler.ir import verify
-from qcompiler.onnx_io.files import load_model
-from qcompiler.onnx_io.importer import model_from_proto
+from qcompiler.onnx_io.initializers import proto_initializers, read_initializers
 from qcompiler.ort_session import create_session
 from qcompiler.passes.quantize.mixed_precision.search import legal_candidates
 from qcompiler.passes.quantize.safety_net.parallel import trial_pool
@@ -59,22 +58,25 @@ class WeightChoice:
     float_w: np.ndarray
 
 
-def _source_weights(source, prepared: Optional[dict] = None):
-    """name -> float array getter over the caller's float model, and the weights a prepare pass wrote
-    (`prepared`, which win: the model quantized holds them)."""
-    if source is None:
-        return None
-    if prepared:
-        get = _source_weights(source)
-        return lambda name: np.asarray(prepared[name]) if name in prepared else get(name)
+def _source_weights(source, names, prepared: Optional[dict] = None) -> dict:
+    """{name: float array} for those of `names` the caller's float model holds as main-graph initializers, with
+    the weights a prepare pass wrote (`prepared`) winning: the model quantized holds them.
+
+    NOTE: from a file only these tensors are read (onnx_io.initializers): loading the whole float model again
+    held every weight once more beside the quantized model and its switchable copy."""
+    prepared = prepared or {}
+    out = {name: np.asarray(prepared[name]) for name in names if name in prepared}
+    names = [name for name in names if name not in out]
+    if not names or source is None:
+        return out
     if isinstance(source, (str, os.PathLike)):
-        m = load_model(os.fspath(source))
+        out.update(read_initializers(os.fspath(source), names))
     elif hasattr(source, "SerializeToString"):
-        m = model_from_proto(source)
+        out.update(proto_initializers(source, names))
     else:
-        m = source
-    inits = m.graph.initializers
-    return lambda name: (np.asarray(inits[name].const_value()) if name in inits else None)
+        inits = source.graph.initializers
+        out.update({name: np.asarray(inits[name].const_value()) for name in names if name in inits})
+    return out
 
 
 def sixteen_bit_weights(profile) -> bool:
@@ -110,13 +112,12 @@ def _dequantize(q: np.ndarray, enc) -> np.ndarray:
 def weight_choices(model, params: dict, profile, source, prepared: Optional[dict] = None):
     """The main graph's weight DQs whose float original the source holds (unchanged), with their finer grid;
     and {why skipped: count}."""
-    get = _source_weights(source, prepared)
-    skipped: dict = {}
-    if get is None:
+    if source is None and not prepared:
         return [], {"no float model to read the weights from": 1}
     g = model.graph
     wide_ok = model.opset >= 21 and sixteen_bit_weights(profile)
-    out = []
+    skipped: dict = {}
+    found = []   # (dq, key, enc, readers, why)
     for dq in g.nodes_by_op("DequantizeLinear"):
         qv = dq.inputs[0]
         if qv is None or qv.tensor is None or not qv.name.endswith(_SUFFIX):
@@ -129,11 +130,15 @@ def weight_choices(model, params: dict, profile, source, prepared: Optional[dict
             why = "no weight encoding"
         elif enc.bits < 8 or getattr(enc, "block_size", None):
             why = "per-block or below 8 bits"
-        w = None if why else get(key)
+        found.append((dq, key, enc, readers, why))
+    floats = _source_weights(source, [key for _, key, _, _, why in found if why is None], prepared)
+    out = []
+    for dq, key, enc, readers, why in found:
+        w = None if why else floats.get(key)
         if why is None and (w is None or not np.issubdtype(w.dtype, np.floating)):
             why = "not in the float model (a prepare pass made it)"
         if why is None:
-            q = np.asarray(qv.const_value())
+            q = np.asarray(dq.inputs[0].const_value())
             if q.shape != w.shape or not np.array_equal(_quantize_array(w, enc), q):
                 why = "changed since the float model (a prepare pass)"
         if why:

@@ -79,6 +79,7 @@ from onnx import TensorProto, helper
 from qcompiler.errors import DataError
 from qcompiler.ir.names import NameScope
 from qcompiler.onnx_io.exporter import model_to_proto, node_attr_protos
+from qcompiler.onnx_io.graph_protos import graph_protos
 from qcompiler.onnx_io.importer import model_from_proto
 from qcompiler.ort_session import create_session
 
@@ -377,20 +378,12 @@ def _types(model, stub: onnx.ModelProto) -> Dict[str, onnx.TypeProto]:
         inferred = onnx.shape_inference.infer_shapes(stub)
     except Exception:   # NOTE: inference is best effort here: values it cannot type are skipped with a reason
         return types
-    stack = [inferred.graph]
-    while stack:
-        g = stack.pop()
+    for g in graph_protos(inferred.graph):
         for vi in list(g.input) + list(g.value_info) + list(g.output):
             if _known(vi.type):
                 old = types.get(vi.name)
                 if old is None or not old.tensor_type.HasField("shape") or vi.type.tensor_type.HasField("shape"):
                     types[vi.name] = vi.type
-        for n in g.node:
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
     return types
 
 
@@ -409,9 +402,7 @@ def _vi(name: str, it: _Item) -> onnx.ValueInfoProto:
 
 def _all_names(proto: onnx.ModelProto) -> set:
     names = set()
-    stack = [proto.graph]
-    while stack:
-        g = stack.pop()
+    for g in graph_protos(proto.graph):
         names.update(v.name for v in g.input)
         names.update(v.name for v in g.output)
         names.update(v.name for v in g.value_info)
@@ -420,11 +411,6 @@ def _all_names(proto: onnx.ModelProto) -> set:
             names.update(n.input)
             names.update(n.output)
             names.add(n.name)
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    stack.append(a.g)
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    stack.extend(a.graphs)
     names.discard("")
     return names
 

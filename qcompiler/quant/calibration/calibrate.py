@@ -16,6 +16,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from qcompiler.errors import DataError
+from qcompiler.ir import walk_up
 from qcompiler.ort_session import create_session
 from qcompiler.progress import bar as progress_bar
 from qcompiler.quant.calibration.body_probe import BodyCalibration, has_bodies
@@ -272,17 +273,10 @@ OUTPUT_PATH_OPS = frozenset({"Softmax", "LogSoftmax", "Sigmoid", "Tanh", "Identi
 def output_adjacent(model) -> set:
     """Names of the graph outputs and of the values that reach one through `OUTPUT_PATH_OPS` only (their first
     input): the observers of these keep their observed min/max whatever the scheme."""
-    names: set = set()
-    stack = list(model.graph.outputs)
-    while stack:
-        v = stack.pop()
-        if v is None or v.name in names:
-            continue
-        names.add(v.name)
+    def step(v):
         p = v.producer
-        if p is not None and p.op_type in OUTPUT_PATH_OPS and p.inputs:
-            stack.append(p.inputs[0])
-    return names
+        return [p.inputs[0]] if p is not None and p.op_type in OUTPUT_PATH_OPS and p.inputs else []
+    return {v.name for v in walk_up(model.graph.outputs, step)}
 
 
 def _observe(res, arrays, feed, out_names, observe_inputs, graph_outputs, scheme, bits, symmetric, opts,

@@ -5,6 +5,7 @@ from typing import Dict
 
 import numpy as np
 
+from qcompiler.ir import walk_up
 from qcompiler.quant.calibration.calibrate import min_max_step
 from qcompiler.quant.core.plan import QuantPlan
 from qcompiler.quant.placement.float_regions import ACTIVATIONS_AS_BALANCED
@@ -217,19 +218,6 @@ def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
     return out
 
 
-def _climb(seeds, step) -> set:
-    """Names of `seeds` and of every value `step(value)` leads to from them, walking up towards the inputs;
-    `step` returns the values to go on to (none: stop there)."""
-    found, stack = set(), list(seeds)
-    while stack:
-        v = stack.pop()
-        if v is None or v.name in found:
-            continue
-        found.add(v.name)
-        stack.extend(step(v))
-    return found
-
-
 def _angles(g, profile: Profile) -> set:
     """Names of main-graph values read by a Sin/Cos, directly or through data movement and the ops whose inputs
     share their output's grid (profile.tie_inputs_and_output: a rotary embedding's Concat(freqs, freqs)). A value
@@ -243,7 +231,8 @@ def _angles(g, profile: Profile) -> set:
         if p is not None and p.op_type in ties:
             return [x for x in p.inputs if x is not None and not x.is_constant()]
         return []
-    return _climb((n.inputs[0] for n in g.nodes if n.op_type in PERIODIC_OPS and n.inputs and n.inputs[0]), step)
+    seeds = (n.inputs[0] for n in g.nodes if n.op_type in PERIODIC_OPS and n.inputs)
+    return {v.name for v in walk_up(seeds, step)}
 
 
 def _exp_inputs(g, profile: Profile) -> set:
@@ -261,4 +250,5 @@ def _exp_inputs(g, profile: Profile) -> set:
         if p is not None and p.op_type in moves and p.inputs and p.inputs[0] is not None and len(v.uses()) == 1:
             return [p.inputs[0]]
         return []
-    return _climb((n.inputs[0] for n in g.nodes if n.op_type in EXP_OPS and n.inputs and n.inputs[0]), step)
+    seeds = (n.inputs[0] for n in g.nodes if n.op_type in EXP_OPS and n.inputs)
+    return {v.name for v in walk_up(seeds, step)}

@@ -27,6 +27,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from qcompiler.ir.tensor import Tensor
+from qcompiler.onnx_io.graph_protos import graph_protos
 from qcompiler.onnx_io.rewrite import STUB_BYTES, rewritten_copy
 
 ON_INPUT = "qcompiler_switch_on"       # bool [switches]: quantized (True) or `off` (False)
@@ -77,16 +78,11 @@ class Switches:
 
 def rename_reads(graph, rename: Dict[str, str]) -> None:
     """Rename read values in `graph` and in every body below it (a body reads outer values by name)."""
-    for n in graph.node:
-        for s, x in enumerate(n.input):
-            if x in rename:
-                n.input[s] = rename[x]
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.GRAPH:
-                rename_reads(a.g, rename)
-            elif a.type == onnx.AttributeProto.GRAPHS:
-                for b in a.graphs:
-                    rename_reads(b, rename)
+    for g in graph_protos(graph):
+        for n in g.node:
+            for s, x in enumerate(n.input):
+                if x in rename:
+                    n.input[s] = rename[x]
 
 
 class _Builder:
