@@ -11,7 +11,7 @@ from onnx import helper as h
 from onnx import numpy_helper as nh
 
 from qcompiler.passes.quantize import safety_net
-from qcompiler.passes.quantize.safety_net.budget import MAX_SECONDS, MIN_SECONDS, budget_seconds
+from qcompiler.passes.quantize.safety_net.budget import MAX_RUNS, MIN_RUNS, Clock, budget_runs
 from qcompiler.passes.quantize.safety_net.regions import scope_prefixes
 from qcompiler.quant import quantize
 from qcompiler.quant.core.switches import DEFAULT_MIN_SQNR_DB
@@ -136,10 +136,23 @@ def test_scope_prefixes(name, scopes):
 
 
 def test_budget_grows_with_the_model_within_floor_and_cap():
-    assert budget_seconds(0.001, 50) == MIN_SECONDS
-    assert MIN_SECONDS < budget_seconds(0.05, 1000) < MAX_SECONDS
-    assert budget_seconds(0.05, 1000) < budget_seconds(0.05, 2000)
-    assert budget_seconds(1.0, 100000) == MAX_SECONDS
+    assert budget_runs(50) == MIN_RUNS
+    assert MIN_RUNS < budget_runs(5000) < MAX_RUNS
+    assert budget_runs(5000) < budget_runs(6000)
+    assert budget_runs(10 ** 6) == MAX_RUNS
+
+
+def test_budget_counts_runs_not_seconds():
+    """The same trials end the search on a quiet and on a busy machine: only the wall-time last resort reads
+    the clock."""
+    c = Clock(50, start=0.0)      # started "long ago": only MAX_SECONDS would notice
+    c.seconds = float("inf")
+    c.spend(MIN_RUNS - 1)
+    assert not c.out()
+    c.spend(1)
+    assert c.out() and "sample runs" in c.spent()
+    slow = Clock(50, start=0.0)   # the wall-time last resort
+    assert slow.out() and "wall time" in slow.spent()
 
 
 def test_cli_shows_the_trials_and_says_what_it_kept(tmp_path):

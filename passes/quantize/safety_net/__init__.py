@@ -19,7 +19,7 @@ each run only while the output is still below the floor:
 4. If/Loop/Scan bodies (`body_fallback`): their activation quantizers, all float at once.
 
 The fixes are applied to the real QDQ model and the output SQNR measured again on it (the real fused kernels);
-when still below the floor a second pass (MAX_PASSES) starts from it. The time budget grows with the model
+when still below the floor a second pass (MAX_PASSES) starts from it. The budget of sample runs grows with the model
 (`budget.py`); every region and weight trial is in the report (`safety_net.tried`) and the summary says in one
 line what was kept and why (`safety_net.summary`). Independent trials (the two halves of a group, one round's
 candidate regions) run at once on the run's executor (`parallel.py`; `--ray`), with the serial run's result.
@@ -110,6 +110,7 @@ def run_safety_net(model, plan, acts: dict, kept: list, errors: dict, floor: flo
         if own:
             executor.close()
     out.seconds_budget = round(clock.seconds, 1)
+    out.runs_budget, out.runs = clock.runs_budget, clock.runs
     out.summary = summary_line(out, floor)
     return out, new_errors
 
@@ -147,7 +148,7 @@ def _passes(model, plan, acts, kept, errors, floor, profile, source, params, out
                 break
         if out.after_db < floor and clock.out():
             out.note = f"{out.note}; " if out.note else ""
-            out.note += f"weights not searched: the time budget ({clock.seconds:.0f} s) was spent"
+            out.note += f"weights not searched: the search spent {clock.spent()}"
         elif out.after_db < floor and source is not None:
             fixed = weight_phase(model, plan, kept, new_errors or errors, floor, profile,
                                  source, out, clock, shown.update, params, executor, prepared)
@@ -277,7 +278,7 @@ def _one_pass(model, plan, kept, quants, floor, wide_bits, no_wide, out: Outcome
             out.parallel_trials += pool.trials
             pool.close()
     out.trials += trials.count
-    note = f"stopped after {clock.seconds:g} s of trials (budget)" if trials.out_of_time else ""
+    note = f"stopped after {clock.spent()}" if trials.out_of_time else ""
     return fixes, note
 
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from qcompiler.passes.quantize.safety_net.trials import _Trials, db
 
-MAX_REGION_TRIALS = 400     # region trials at most (the time budget usually ends them first)
+MAX_REGION_TRIALS = 400     # region trials at most (the run budget may end them first)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class RegionSearch:
         """The first candidate (in order) that reaches the target, each turned float alone while more than two
         trials are left. The candidates are independent: with a pool they run a batch at a time (as many as it
         has workers); the trials after the first hit are refunded and left out of `tried`, so the choice, the
-        record and the trial count are the serial run's (the time budget is checked before each batch)."""
+        record and the trial count are the serial run's (the run budget is checked before each batch)."""
         i = 0
         while i < len(candidates):
             n = min(self.trials.parallel(), self.trials.left() - 2)

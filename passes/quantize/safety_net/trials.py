@@ -9,7 +9,6 @@ weight DequantizeLinears the same way.
 from __future__ import annotations
 
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
@@ -169,7 +168,6 @@ class _Trials:
     def _errors(self, kept, on, wide, per_sample: bool = False, runs=None):
         """`runs`: the outputs of this setting computed elsewhere (harm_many), else run here."""
         self.count += 1
-        t0 = time.perf_counter()
         if runs is None:
             flags, w = self._flags(on, wide)
             feedx = {ON_INPUT: flags}
@@ -179,10 +177,10 @@ class _Trials:
             with ThreadPoolExecutor(max_workers=max(1, min(RUNS_IN_FLIGHT, os.cpu_count() or 1))) as pool:
                 out = self._reduce(kept, pool.map(lambda item: self.sess.run(self.names, {**item[0], **feedx},
                                                                              where="a safety-net trial"), kept))
-            if self.clock is not None and kept:
-                self.clock.observe((time.perf_counter() - t0) / len(kept))
         else:
             out = self._reduce(kept, runs)
+        if self.clock is not None:
+            self.clock.spend(len(kept))
         if self.on_trial is not None:
             self.on_trial()
         if per_sample:
@@ -214,7 +212,7 @@ class _Trials:
     def harm_many(self, settings) -> List[float]:
         """harm(on, wide) of each (on, wide) in `settings`, independent trials run at once on the pool (each
         counted as a trial); the same numbers as one harm() after another. Here instead: before the first
-        trial is timed (the budget's clock), and a single setting unless the pool has more workers than the
+        trial has run (the budget's clock), and a single setting unless the pool has more workers than the
         RUNS_IN_FLIGHT samples a trial runs here at once (then its samples are split over the workers)."""
         settings = list(settings)
         n = self.parallel()
@@ -227,8 +225,10 @@ class _Trials:
 
     def refund(self, n: int) -> None:
         """Trials run ahead of need (a batch past the first hit) are not charged: the trial cap ends a search
-        where the serial run ends it."""
+        where the serial run ends it, and the run budget too."""
         self.count -= n
+        if self.clock is not None:
+            self.clock.spend(-n * len(self.kept))
 
 
 def _ratio(e) -> float:

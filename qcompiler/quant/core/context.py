@@ -110,6 +110,8 @@ class Outcome:
     quantizer_search_db: Optional[float] = None        # what the quantizer-by-quantizer search reached (estimate)
     kept: Dict[str, str] = field(default_factory=dict)  # phase ("region", "weights") -> what it kept
     summary: str = ""                                  # one line: what was kept and why
-    seconds_budget: float = 0.0                        # the time budget (safety_net/budget.py)
+    seconds_budget: float = 0.0                        # the wall-time last resort (safety_net/budget.py)
+    runs_budget: int = 0                               # the budget of sample runs (safety_net/budget.py)
+    runs: int = 0                                      # sample runs spent
     executor: str = "serial"                           # what ran the independent trials (safety_net/parallel.py)
     parallel_trials: int = 0                           # trials it ran (with those past a batch's first hit)

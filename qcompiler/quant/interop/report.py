@@ -412,7 +412,8 @@ def report_fields(report: dict, outcome, floor: float, seconds: float) -> None:
                    "trials": outcome.trials, "samples_per_trial": outcome.samples, "changed": outcome.changed})
         if outcome.note:
             sn["note"] = outcome.note
-        sn.update({"summary": outcome.summary, "budget_seconds": outcome.seconds_budget,
+        sn.update({"summary": outcome.summary, "budget_runs": outcome.runs_budget, "runs": outcome.runs,
+                   "budget_seconds": outcome.seconds_budget,
                    "executor": outcome.executor, "parallel_trials": outcome.parallel_trials,
                    "quantizer_search_db": None if outcome.quantizer_search_db is None
                    else rounded_db(outcome.quantizer_search_db), "tried": outcome.tried})
