@@ -33,6 +33,7 @@ import numpy as np
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.placement.options import PlacementOptions, node_settings
+from qcompiler.quant.runtime.memory import drop_cached
 
 MAX_ROWS = 8              # rows split off one weight at most ("a few")
 MIN_ROWS_PER_SPLIT = 16   # the weight keeps at least this many rows per row split off
@@ -145,15 +146,21 @@ class SplitOutlierRows(QuantPass):
         g = ctx.model.graph
         done = {}
         for node in list(g.nodes_by_op("MatMul")):
-            w = node.inputs[1].const_value() if len(node.inputs) > 1 and node.inputs[1] is not None else None
-            if w is None or not np.issubdtype(np.asarray(w).dtype, np.floating) or node.inputs[0] is None:
+            if len(node.inputs) < 2 or node.inputs[1] is None or node.inputs[0] is None:
                 continue
+            # NOTE: the target's grid first: a weight is read only where a split could apply (a 2 GB model's
+            # weights on a per-channel target are never loaded here), and dropped again unless split
             grid = _per_tensor_grid(ctx.profile, opts, node)
-            if grid is None:
+            if grid is None or not node.inputs[1].is_constant():
+                continue
+            w = node.inputs[1].const_value()
+            if w is None or not np.issubdtype(np.asarray(w).dtype, np.floating):
+                drop_cached(node.inputs[1])
                 continue
             w = np.asarray(w)
             rows = outlier_rows(w, *grid)
             if not rows:
+                drop_cached(node.inputs[1])
                 continue
             before, after = grid_sqnr_db(w, [], *grid), grid_sqnr_db(w, rows, *grid)
             split(g, node, rows, ctx.prepared_weights)
