@@ -10,10 +10,14 @@ onnxruntime (`quantize_static`, QDQ, per-channel, MinMax, its default int8 types
 and the three models are timed round-robin in one process (qcompiler/quant/runtime/latency.py: default session options, a fixed
 intra-op thread count, median of --runs after warm-up). The table gives the medians, the two ratios
 qc/float and qc/ort, and how many nodes of each quantized model run on integer kernels in onnxruntime's
-optimized graph (qcompiler/quant/runtime/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
+optimized graph (qcompiler/quant/runtime/kernels.py), and the size of each file (float, qc, ort; MB and the ratios
+to float). `--details` prints, per model, why qcompiler's float nodes are float.
 `--optimize a,b` quantizes once per mode (qc rows `model/mode`, all timed in the same round-robin); `--eval` adds
-the accuracy column: the corpus model's own eval.py on the qc model (agreement, cosine or top-1 drop in points),
-or for a built model the output SQNR on its calibration samples (dB).
+the accuracy of the qc and the ort model: the corpus model's own eval.py (agreement, cosine or top-1 drop in
+points), or for a built model the worst output SQNR against float on its calibration samples (dB).
+The last column names the targets a row misses (`ok` when none): slow>float (qc/float > 1.05), slow>ort
+(qc/ort > 1.05 where ort's accuracy is within 0.5 point of qc's; dB for built models), acc<ort (qc less accurate
+than ort), size>ort (qc's file over 1.05x ort's).
 The CPU's instruction-set flags come first (AVX2 / AVX512-VNNI / AVX-VNNI: VNNI makes u8 x s8 products cheap).
 Compare ratios within one run; the machine is shared and absolute times move. The default clock is the timing
 thread's CPU time (qcompiler/quant/runtime/latency.py): under load the wall-clock median of a run longer than a scheduler slice
@@ -227,24 +231,62 @@ def cases(corpus, only):
     return out
 
 
-def accuracy(path, qc, report, tmp) -> str:
-    """The corpus model's eval.py on `qc` (its metric; a drop in points for top-1 metrics), else output SQNR."""
+def accuracy(path, model, samples, fmodel, tmp) -> tuple:
+    """(text, points) of `model`: the corpus model's eval.py (its metric in points, x100; a drop in points for
+    top-1 metrics), else the worst output SQNR against the float model on the calibration samples (dB). `points`
+    is higher-better and comparable between two models of the same row (the 0.5-point rule of the targets)."""
     folder = os.path.dirname(path) if path else None
     ev = os.path.join(folder, "eval.py") if folder else None
     if ev and os.path.isfile(ev):
         import subprocess
         qpath = os.path.join(tmp, "eval.qdq.onnx")
-        onnx.save(qc, qpath)
+        onnx.save(model, qpath)
         r = subprocess.run([sys.executable, ev, qpath], capture_output=True, text=True)
         try:
             d = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            return "eval failed"
+            return "eval failed", float("nan")
+        pts = 100 * d["value"]
         if d.get("metric") == "agreement" or "cosine" in str(d.get("metric")):
-            return f"{'agree' if d['metric'] == 'agreement' else 'cosine'} {d['value']:.4f}"
-        return f"drop {100 * (d['float_value'] - d['value']):.2f}pt"
-    worst = min((report.get("output_sqnr_db") or {"": float("nan")}).values())
-    return f"SQNR {worst:.1f} dB"
+            return f"{'agree' if d['metric'] == 'agreement' else 'cosine'} {d['value']:.4f}", pts
+        return f"drop {100 * (d['float_value'] - d['value']):.2f}pt", pts
+    from qcompiler.ort_session import create_session
+    from qcompiler.sqnr import db_from_powers, powers
+    fs, qs = create_session(fmodel, role="float"), create_session(model, role="quantized")
+    sig, noise = {}, {}
+    for feed in samples:
+        for i, (a, b) in enumerate(zip(fs.raw.run(None, feed), qs.raw.run(None, feed))):
+            s, n = powers(a, b)
+            sig[i], noise[i] = sig.get(i, 0.0) + s, noise.get(i, 0.0) + n
+    worst = min(db_from_powers(sig[i], noise[i]) for i in sig)
+    return f"SQNR {worst:.1f} dB", worst
+
+
+def file_bytes(model, path) -> int:
+    """Bytes of `model` written to `path` (one file: every model here is under 2 GB)."""
+    onnx.save(model, path)
+    return os.path.getsize(path)
+
+
+TOL = 0.05        # the targets: no model slower than float, or than onnxruntime's, by more than 5 %
+ACC_POINTS = 0.5  # ... than onnxruntime's where its accuracy is within this many points of ours
+
+
+def missed(r) -> str:
+    """The targets a row misses: slower than float or onnxruntime (at about its accuracy) by more than 5 %,
+    below onnxruntime's accuracy, or a file larger than onnxruntime's by more than 5 %."""
+    out = []
+    if r["qc_over_float"] > 1 + TOL:
+        out.append("slow>float")
+    acc_q, acc_o = r.get("accuracy_points"), r.get("ort_accuracy_points")
+    near = acc_q is None or acc_o is None or abs(acc_q - acc_o) <= ACC_POINTS
+    if r["qc_over_ort"] > 1 + TOL and near:
+        out.append("slow>ort")
+    if acc_q is not None and acc_o is not None and acc_q < acc_o:
+        out.append("acc<ort")
+    if r["qc_bytes"] > (1 + TOL) * r["ort_bytes"]:
+        out.append("size>ort")
+    return ",".join(out) or "ok"
 
 
 def main(argv=None):
@@ -271,7 +313,9 @@ def main(argv=None):
           + f"; threads={threads or 'default'}, runs={args.runs} (median, interleaved, {args.clock} clock)")
     modes = [m for m in args.optimize.split(",") if m]
     hdr = (f"{'model':25s} {'float ms':>9s} {'qc ms':>8s} {'ort ms':>8s} {'qc/float':>9s} {'qc/ort':>7s} "
-           f"{'int qc':>7s} {'int ort':>8s}" + (f" {'accuracy':>16s}" if args.eval else ""))
+           f"{'int qc':>7s} {'int ort':>8s} {'float MB':>9s} {'qc MB':>8s} {'ort MB':>8s} {'qc/float':>9s} "
+           f"{'ort/float':>9s}" + (f" {'accuracy':>16s} {'ort accuracy':>16s}" if args.eval else "")
+           + "  targets")
     rows, details = [], []
     tmp = tempfile.mkdtemp(prefix="bench-latency-")
     try:
@@ -286,15 +330,20 @@ def main(argv=None):
                 samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(N_CALIB)]
                 fpath = os.path.join(tmp, f"{name}.onnx")
                 onnx.save(fmodel, fpath)
-            qcs, t_qc, acc = {}, {}, {}
+            f_bytes = os.path.getsize(fpath)
+            qcs, t_qc, acc, q_bytes = {}, {}, {}, {}
             for mode in modes:
                 t0 = time.perf_counter()
                 res = quantize(fpath, list(samples), progress=False, optimize=mode)
                 qcs[mode] = model_to_proto(res.model)
                 t_qc[mode] = time.perf_counter() - t0
+                q_bytes[mode] = file_bytes(qcs[mode], os.path.join(tmp, f"{name}.qc.onnx"))
                 if args.eval:
-                    acc[mode] = accuracy(path, qcs[mode], res.report, tmp)
-            ort_model = ort_quantize(fpath, list(samples), os.path.join(tmp, f"{name}.ort.onnx"))
+                    acc[mode] = accuracy(path, qcs[mode], samples, fmodel, tmp)
+            ort_path = os.path.join(tmp, f"{name}.ort.onnx")
+            ort_model = ort_quantize(fpath, list(samples), ort_path)
+            o_bytes = os.path.getsize(ort_path)
+            ort_acc = accuracy(path, ort_model, samples, fmodel, tmp) if args.eval else None
             med = time_interleaved({"float": fmodel, **{f"qc/{m}": q for m, q in qcs.items()}, "ort": ort_model},
                                    samples[0], args.runs, args.warmup, threads, args.clock)
             ko = kernel_report(ort_model, threads=threads)
@@ -307,7 +356,13 @@ def main(argv=None):
                        "int_nodes_qc": kq.integer_count, "int_nodes_ort": ko.integer_count,
                        "float_nodes_qc": len(kq.float_nodes), "float_nodes_ort": len(ko.float_nodes),
                        "runtime_qdq_qc": kq.runtime_qdq, "runtime_qdq_ort": ko.runtime_qdq,
-                       "qc_quantize_s": round(t_qc[mode], 2), **({"accuracy": acc[mode]} if args.eval else {})}
+                       "float_bytes": f_bytes, "qc_bytes": q_bytes[mode], "ort_bytes": o_bytes,
+                       "qc_bytes_over_float": q_bytes[mode] / f_bytes, "ort_bytes_over_float": o_bytes / f_bytes,
+                       "qc_quantize_s": round(t_qc[mode], 2)}
+                if args.eval:
+                    row.update(accuracy=acc[mode][0], accuracy_points=acc[mode][1], ort_accuracy=ort_acc[0],
+                               ort_accuracy_points=ort_acc[1])
+                row["targets"] = missed(row)
                 rows.append(row)
                 print(f"{row['model']}: float {med['float']:.3f} ms, qc {q_ms:.3f} ms, ort {med['ort']:.3f} ms",
                       file=sys.stderr, flush=True)
@@ -318,8 +373,10 @@ def main(argv=None):
     print(hdr)
     for r in rows:
         print(f"{r['model']:25s} {r['float_ms']:9.3f} {r['qc_ms']:8.3f} {r['ort_ms']:8.3f} {r['qc_over_float']:9.2f} "
-              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d}"
-              + (f" {r['accuracy']:>16s}" if args.eval else ""))
+              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d} {r['float_bytes'] / 1e6:9.3f} "
+              f"{r['qc_bytes'] / 1e6:8.3f} {r['ort_bytes'] / 1e6:8.3f} {r['qc_bytes_over_float']:9.2f} "
+              f"{r['ort_bytes_over_float']:9.2f}"
+              + (f" {r['accuracy']:>16s} {r['ort_accuracy']:>16s}" if args.eval else "") + f"  {r['targets']}")
     for name, kq in details:
         print(f"\n{name}: {kq.integer_count} nodes on integer kernels, {len(kq.float_nodes)} float; "
               f"onnxruntime keeps {kq.runtime_qdq} Q/DQ")
