@@ -100,11 +100,12 @@ def test_an_lstm_gets_no_qdq_pair_and_its_weights_stay_float_unless_asked():
     assert not quantize(m, cal, optimize="latency").report.get("prefolded_params")     # latency: float weights
 
 
+@pytest.mark.parametrize("key", ["min_macs", "macs_per_border_element"])
 @pytest.mark.parametrize("bad", [-1, True, "big", 1.5])
-def test_a_bad_min_macs_is_one_config_error(bad):
+def test_a_bad_min_macs_is_one_config_error(bad, key):
     doc = {"target": "x", "runtime": "y", "fusions": [{"name": "conv", "ops": ["Conv"], "action": "replace",
-                                                      "kernel": "QLinearConv", "min_macs": bad}]}
-    with pytest.raises(ConfigError, match="min_macs"):
+                                                      "kernel": "QLinearConv", key: bad}]}
+    with pytest.raises(ConfigError, match=key):
         parse_fusions(doc, "t.yaml")
 
 
@@ -128,12 +129,60 @@ def test_balanced_sends_a_small_island_between_float_convs_float_and_keeps_a_big
     m, cal = _island(4, 8)                  # conv1: 9 k MACs, 2 borders with float Convs
     kr = kernel_report(quantize(m, cal).model)
     assert not any(n.integer for n in kr.nodes) and not kr.runtime_qdq, kr.runtime_qdq
-    m, cal = _island(16, 48)                # conv1: 5.3 M MACs >= 2 x 500 k
+    m, cal = _island(32, 32)                # conv1: 9.4 M MACs >= 2 x 500 k + 64 x 65.5 k border elements
     kr = kernel_report(quantize(m, cal).model)
     assert {n.node: n.integer for n in kr.nodes}.get("conv1") is True
     # accuracy keeps every quantizer, small island or not
     m, cal = _island(4, 8)
     assert kernel_report(quantize(m, cal, optimize="accuracy").model).runtime_qdq
+
+
+def _pointwise_island(cin, cout, hw, k, seed=6):
+    """Conv+HardSwish (float unit) -> Conv kxk cin->cout (an island) -> depthwise Conv+HardSwish (float unit): a
+    MobileNet projection when k == 1."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape):
+        return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w(cin, 16, 3, 3), "w0"), (w(cout, cin, k, k), "w1"),
+                                                          (w(cout, 1, 3, 3), "w2"))]
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1] * 4),
+             helper.make_node("HardSwish", ["c0"], ["h0"], name="hs0"),
+             helper.make_node("Conv", ["h0", "w1"], ["c1"], name="conv1", pads=[k // 2] * 4),
+             helper.make_node("Conv", ["c1", "w2"], ["c2"], name="conv2", pads=[1] * 4, group=cout),
+             helper.make_node("HardSwish", ["c2"], ["y"], name="hs2")]
+    m = make_model(nodes, [tinfo("x", [1, 16, hw, hw])], [tinfo("y", [1, cout, hw, hw])], inits, opset=14)
+    cal = [{"x": rng.standard_normal((1, 16, hw, hw)).astype(np.float32)} for _ in range(4)]
+    return m, cal
+
+
+def _output_sqnr(float_model, quant_model, feeds) -> float:
+    from qcompiler.ort_session import create_session
+    from qcompiler.sqnr import db_from_powers, powers
+    f, q = create_session(float_model, role="float"), create_session(quant_model, role="quantized")
+    sig = noise = 0.0
+    for feed in feeds:
+        s, n = powers(f.raw.run(None, feed)[0], q.raw.run(None, feed)[0])
+        sig, noise = sig + s, noise + n
+    return db_from_powers(sig, noise)
+
+
+@pytest.mark.parametrize("optimize", ["balanced", "latency"])
+def test_a_pointwise_island_on_a_wide_tensor_stays_float_a_3x3_one_runs_qlinearconv(optimize):
+    """The size rule weighs the elements at a border, not only its count: a 1x1 Conv 64->24 at 40x40 (2.5 M
+    MACs, 141 k border elements) ran 64 us slower as a QLinearConv island between float Conv units (its Q alone
+    35 us; MobileNet-style models 1.08x float), so it stays float with no Q/DQ; a 3x3 Conv 64->64 at 20x20 (15 M
+    MACs, 51 k elements) ran 93 us faster, so it runs QLinearConv at its accuracy."""
+    m, cal = _pointwise_island(64, 24, 40, 1)
+    q = model_to_proto(quantize(m, cal, optimize=optimize, progress=False).model)
+    assert {n.node: n.kernel for n in kernel_report(q).nodes}["conv1"] == "Conv"
+    assert not [n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in ("h0", "c1")]
+    assert _output_sqnr(m, q, cal) >= 25      # conv0 (3x3, 15 M MACs) still runs QLinearConv
+    m, cal = _pointwise_island(64, 64, 20, 3)
+    q = model_to_proto(quantize(m, cal, optimize=optimize, progress=False).model)
+    kr = kernel_report(q)
+    assert {n.node: n.kernel for n in kr.nodes}["conv1"] == "QLinearConv"
+    assert _output_sqnr(m, q, cal) >= 25
 
 
 def test_balanced_counts_no_border_at_a_float_op_that_is_no_conv():
