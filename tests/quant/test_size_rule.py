@@ -14,7 +14,7 @@ from qcompiler.quant.api import quantize
 from qcompiler.quant.targets.fusions import load_fusions, parse_fusions
 from qcompiler.quant.runtime.kernels import kernel_report
 from qcompiler.quant.placement.cost import macs_per_call, reduction_length
-from tests.helpers import make_model, tinfo
+from tests.helpers import make_model, run, sqnr_db, tinfo
 
 
 def _conv_relu(c, hw, seed=0):
@@ -138,46 +138,41 @@ def test_balanced_sends_a_small_island_between_float_convs_float_and_keeps_a_big
 
 
 def _pointwise_island(cin, cout, hw, k, seed=6):
-    """Conv+HardSwish (float unit) -> Conv kxk cin->cout (an island) -> depthwise Conv+HardSwish (float unit): a
-    MobileNet projection when k == 1."""
+    """Depthwise Conv+HardSwish (a float unit) -> Conv kxk cin->cout (an island) -> depthwise Conv+HardSwish (a
+    float unit): a MobileNet projection when k == 1."""
     rng = np.random.default_rng(seed)
 
     def w(*shape):
         return (rng.standard_normal(shape) / np.sqrt(np.prod(shape[1:]))).astype(np.float32)
-    inits = [numpy_helper.from_array(a, n) for a, n in ((w(cin, 16, 3, 3), "w0"), (w(cout, cin, k, k), "w1"),
+    inits = [numpy_helper.from_array(a, n) for a, n in ((w(cin, 1, 3, 3), "w0"), (w(cout, cin, k, k), "w1"),
                                                           (w(cout, 1, 3, 3), "w2"))]
-    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1] * 4),
+    nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1] * 4, group=cin),
              helper.make_node("HardSwish", ["c0"], ["h0"], name="hs0"),
              helper.make_node("Conv", ["h0", "w1"], ["c1"], name="conv1", pads=[k // 2] * 4),
              helper.make_node("Conv", ["c1", "w2"], ["c2"], name="conv2", pads=[1] * 4, group=cout),
              helper.make_node("HardSwish", ["c2"], ["y"], name="hs2")]
-    m = make_model(nodes, [tinfo("x", [1, 16, hw, hw])], [tinfo("y", [1, cout, hw, hw])], inits, opset=14)
-    cal = [{"x": rng.standard_normal((1, 16, hw, hw)).astype(np.float32)} for _ in range(4)]
+    m = make_model(nodes, [tinfo("x", [1, cin, hw, hw])], [tinfo("y", [1, cout, hw, hw])], inits, opset=14)
+    cal = [{"x": rng.standard_normal((1, cin, hw, hw)).astype(np.float32)} for _ in range(4)]
     return m, cal
 
 
 def _output_sqnr(float_model, quant_model, feeds) -> float:
-    from qcompiler.ort_session import create_session
-    from qcompiler.sqnr import db_from_powers, powers
-    f, q = create_session(float_model, role="float"), create_session(quant_model, role="quantized")
-    sig = noise = 0.0
-    for feed in feeds:
-        s, n = powers(f.raw.run(None, feed)[0], q.raw.run(None, feed)[0])
-        sig, noise = sig + s, noise + n
-    return db_from_powers(sig, noise)
+    return sqnr_db(np.concatenate([run(float_model, f)[0] for f in feeds]),
+                   np.concatenate([run(quant_model, f)[0] for f in feeds]))
 
 
 @pytest.mark.parametrize("optimize", ["balanced", "latency"])
 def test_a_pointwise_island_on_a_wide_tensor_stays_float_a_3x3_one_runs_qlinearconv(optimize):
-    """The size rule weighs the elements at a border, not only its count: a 1x1 Conv 64->24 at 40x40 (2.5 M
-    MACs, 141 k border elements) ran 64 us slower as a QLinearConv island between float Conv units (its Q alone
-    35 us; MobileNet-style models 1.08x float), so it stays float with no Q/DQ; a 3x3 Conv 64->64 at 20x20 (15 M
-    MACs, 51 k elements) ran 93 us faster, so it runs QLinearConv at its accuracy."""
+    """The size rule weighs the elements at a border, not only its count: a 1x1 Conv 64->24 at 40x40 between float
+    depthwise Conv+HardSwish units (2.5 M MACs, 141 k border elements) ran 330 us as a QLinearConv island against
+    280 us float (MobileNet-style models 1.08x float), so it stays float with no Q/DQ; a 3x3 Conv 64->64 at 20x20
+    (15 M MACs, 51 k elements) ran 215 us against 364 us, so it runs QLinearConv at its accuracy (onnxruntime
+    1.32, one thread, AVX-512 VNNI, CPU clock, median of 150 interleaved runs; timing is stated, not asserted)."""
     m, cal = _pointwise_island(64, 24, 40, 1)
     q = model_to_proto(quantize(m, cal, optimize=optimize, progress=False).model)
     assert {n.node: n.kernel for n in kernel_report(q).nodes}["conv1"] == "Conv"
     assert not [n for n in q.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in ("h0", "c1")]
-    assert _output_sqnr(m, q, cal) >= 25      # conv0 (3x3, 15 M MACs) still runs QLinearConv
+    assert _output_sqnr(m, q, cal) >= 60      # float kernels with exact weights
     m, cal = _pointwise_island(64, 64, 20, 3)
     q = model_to_proto(quantize(m, cal, optimize=optimize, progress=False).model)
     kr = kernel_report(q)
