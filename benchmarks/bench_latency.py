@@ -2,6 +2,7 @@
 
 usage: python benchmarks/bench_latency.py [--corpus DIR] [--models a,b] [--runs 30] [--threads 1] [--clock cpu|wall]
                                          [--optimize balanced[,latency,...]] [--eval] [--details]
+                                         [--ort-variants per_channel[,per_tensor]]
 
 For each corpus model (DIR/*/model.onnx with calib.npz; read in place, never copied) and three small models
 built here with random weights (MobileNet-style Conv+HardSwish+SE, ResNet-style Conv+BN+Relu+Add, a BERT-style
@@ -10,10 +11,17 @@ onnxruntime (`quantize_static`, QDQ, per-channel, MinMax, its default int8 types
 and the three models are timed round-robin in one process (qcompiler/quant/runtime/latency.py: default session options, a fixed
 intra-op thread count, median of --runs after warm-up). The table gives the medians, the two ratios
 qc/float and qc/ort, and how many nodes of each quantized model run on integer kernels in onnxruntime's
-optimized graph (qcompiler/quant/runtime/kernels.py). `--details` prints, per model, why qcompiler's float nodes are float.
+optimized graph (qcompiler/quant/runtime/kernels.py), and the size of each file (float, qc, ort; MB and the ratios
+to float). `--details` prints, per model, why qcompiler's float nodes are float.
 `--optimize a,b` quantizes once per mode (qc rows `model/mode`, all timed in the same round-robin); `--eval` adds
-the accuracy column: the corpus model's own eval.py on the qc model (agreement, cosine or top-1 drop in points),
-or for a built model the output SQNR on its calibration samples (dB).
+the accuracy of the qc and the ort model: the corpus model's own eval.py (agreement, cosine or top-1 drop in
+points), or for a built model the worst output SQNR against float on its calibration samples (dB).
+`--ort-variants per_channel,per_tensor` quantizes with onnxruntime once per variant, times all of them in the
+same round-robin and lists them under the table; the ort columns show the first, its accuracy column the best.
+The last column names the targets a row misses (`ok` when none): slow>float (qc/float > 1.05), slow>ort
+(qc/ort > 1.05 against any variant whose accuracy is within 0.5 point of qc's; dB for built models), acc<ort (qc
+less accurate than ort's best variant), size>float (qc's file larger than float's), size>ort (under `--optimize size` only: qc's file over
+1.05x ort's; `balanced` keeps a float kernel's weights exact float, docs/optimize.md).
 The CPU's instruction-set flags come first (AVX2 / AVX512-VNNI / AVX-VNNI: VNNI makes u8 x s8 products cheap).
 Compare ratios within one run; the machine is shared and absolute times move. The default clock is the timing
 thread's CPU time (qcompiler/quant/runtime/latency.py): under load the wall-clock median of a run longer than a scheduler slice
@@ -196,7 +204,10 @@ class _Reader:
         return self.samples[self.i - 1]
 
 
-def ort_quantize(float_path, samples, out_path):
+ORT_VARIANTS = ("per_channel", "per_tensor")
+
+
+def ort_quantize(float_path, samples, out_path, variant="per_channel"):
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, quantize_static
 
     class Reader(_Reader, CalibrationDataReader):
@@ -204,8 +215,8 @@ def ort_quantize(float_path, samples, out_path):
 
     import logging
     logging.getLogger().setLevel(logging.ERROR)
-    quantize_static(float_path, out_path, Reader(samples), quant_format=QuantFormat.QDQ, per_channel=True,
-                    calibrate_method=CalibrationMethod.MinMax)
+    quantize_static(float_path, out_path, Reader(samples), quant_format=QuantFormat.QDQ,
+                    per_channel=variant == "per_channel", calibrate_method=CalibrationMethod.MinMax)
     return onnx.load(out_path)
 
 
@@ -227,24 +238,69 @@ def cases(corpus, only):
     return out
 
 
-def accuracy(path, qc, report, tmp) -> str:
-    """The corpus model's eval.py on `qc` (its metric; a drop in points for top-1 metrics), else output SQNR."""
+def accuracy(path, model, samples, fmodel, tmp) -> tuple:
+    """(text, points) of `model`: the corpus model's eval.py (its metric in points, x100; a drop in points for
+    top-1 metrics), else the worst output SQNR against the float model on the calibration samples (dB). `points`
+    is higher-better and comparable between two models of the same row (the 0.5-point rule of the targets)."""
     folder = os.path.dirname(path) if path else None
     ev = os.path.join(folder, "eval.py") if folder else None
     if ev and os.path.isfile(ev):
         import subprocess
         qpath = os.path.join(tmp, "eval.qdq.onnx")
-        onnx.save(qc, qpath)
+        onnx.save(model, qpath)
         r = subprocess.run([sys.executable, ev, qpath], capture_output=True, text=True)
         try:
             d = json.loads(r.stdout.strip().splitlines()[-1])
         except (ValueError, IndexError):
-            return "eval failed"
+            return "eval failed", float("nan")
+        pts = 100 * d["value"]
         if d.get("metric") == "agreement" or "cosine" in str(d.get("metric")):
-            return f"{'agree' if d['metric'] == 'agreement' else 'cosine'} {d['value']:.4f}"
-        return f"drop {100 * (d['float_value'] - d['value']):.2f}pt"
-    worst = min((report.get("output_sqnr_db") or {"": float("nan")}).values())
-    return f"SQNR {worst:.1f} dB"
+            return f"{'agree' if d['metric'] == 'agreement' else 'cosine'} {d['value']:.4f}", pts
+        return f"drop {100 * (d['float_value'] - d['value']):.2f}pt", pts
+    from qcompiler.ort_session import create_session
+    from qcompiler.sqnr import db_from_powers, powers
+    fs, qs = create_session(fmodel, role="float"), create_session(model, role="quantized")
+    sig, noise = {}, {}
+    for feed in samples:
+        for i, (a, b) in enumerate(zip(fs.raw.run(None, feed), qs.raw.run(None, feed))):
+            s, n = powers(a, b)
+            sig[i], noise[i] = sig.get(i, 0.0) + s, noise.get(i, 0.0) + n
+    worst = min(db_from_powers(sig[i], noise[i]) for i in sig)
+    return f"SQNR {worst:.1f} dB", worst
+
+
+def file_bytes(model, path) -> int:
+    """Bytes of `model` written to `path` (one file: every model here is under 2 GB)."""
+    onnx.save(model, path)
+    return os.path.getsize(path)
+
+
+TOL = 0.05        # the targets: no model slower than float, or than onnxruntime's, by more than 5 %
+ACC_POINTS = 0.5  # ... than onnxruntime's where its accuracy is within this many points of ours
+
+
+def missed(r) -> str:
+    """The targets a row misses: slower than float or onnxruntime (at about its accuracy) by more than 5 %,
+    below onnxruntime's accuracy, a file larger than float's, or (`--optimize size`, the objective that buys
+    bytes) larger than onnxruntime's by more than 5 %. `balanced` keeps a float kernel's weights exact float
+    (docs/optimize.md): its file is judged against float only."""
+    out = []
+    if r["qc_over_float"] > 1 + TOL:
+        out.append("slow>float")
+    acc_q = r.get("accuracy_points")
+    variants = r["ort_variants"].values()
+    if any(r["qc_ms"] > (1 + TOL) * v["ms"] and (acc_q is None or v.get("accuracy_points") is None
+                                                  or abs(acc_q - v["accuracy_points"]) <= ACC_POINTS)
+           for v in variants):
+        out.append("slow>ort")
+    best = max((v["accuracy_points"] for v in variants if v.get("accuracy_points") is not None), default=None)
+    if acc_q is not None and best is not None and acc_q < best:
+        out.append("acc<ort")
+    if r["qc_bytes"] > r["float_bytes"]:
+        out.append("size>float")
+    if r["optimize"] == "size" and r["qc_bytes"] > (1 + TOL) * r["ort_bytes"]:
+        out.append("size>ort")
+    return ",".join(out) or "ok"
 
 
 def main(argv=None):
@@ -259,6 +315,9 @@ def main(argv=None):
     ap.add_argument("--details", action="store_true", help="why qcompiler's float nodes are float, per model")
     ap.add_argument("--optimize", default="balanced", help="comma-separated --optimize modes for qcompiler")
     ap.add_argument("--eval", action="store_true", help="accuracy of each qc model (corpus eval.py, else SQNR dB)")
+    ap.add_argument("--ort-variants", default="per_channel",
+                    help=f"comma-separated quantize_static variants ({', '.join(ORT_VARIANTS)}); the first fills "
+                         "the ort columns, the targets are judged against every one")
     args = ap.parse_args(argv)
     only = {m for m in args.models.split(",") if m}
     threads = args.threads or None
@@ -270,8 +329,14 @@ def main(argv=None):
           + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in flags.items())
           + f"; threads={threads or 'default'}, runs={args.runs} (median, interleaved, {args.clock} clock)")
     modes = [m for m in args.optimize.split(",") if m]
+    ort_variants = [v for v in args.ort_variants.split(",") if v]
+    if not ort_variants or any(v not in ORT_VARIANTS for v in ort_variants):
+        ap.error(f"--ort-variants: a comma-separated list of {', '.join(ORT_VARIANTS)}")
+    aw = 30 if len(ort_variants) > 1 else 16
     hdr = (f"{'model':25s} {'float ms':>9s} {'qc ms':>8s} {'ort ms':>8s} {'qc/float':>9s} {'qc/ort':>7s} "
-           f"{'int qc':>7s} {'int ort':>8s}" + (f" {'accuracy':>16s}" if args.eval else ""))
+           f"{'int qc':>7s} {'int ort':>8s} {'float MB':>9s} {'qc MB':>8s} {'ort MB':>8s} {'qc/float':>9s} "
+           f"{'ort/float':>9s}" + (f" {'accuracy':>16s} {'ort accuracy':>{aw}s}" if args.eval else "")
+           + "  targets")
     rows, details = [], []
     tmp = tempfile.mkdtemp(prefix="bench-latency-")
     try:
@@ -286,18 +351,31 @@ def main(argv=None):
                 samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(N_CALIB)]
                 fpath = os.path.join(tmp, f"{name}.onnx")
                 onnx.save(fmodel, fpath)
-            qcs, t_qc, acc = {}, {}, {}
+            f_bytes = os.path.getsize(fpath)
+            qcs, t_qc, acc, q_bytes = {}, {}, {}, {}
             for mode in modes:
                 t0 = time.perf_counter()
                 res = quantize(fpath, list(samples), progress=False, optimize=mode)
                 qcs[mode] = model_to_proto(res.model)
                 t_qc[mode] = time.perf_counter() - t0
+                q_bytes[mode] = file_bytes(qcs[mode], os.path.join(tmp, f"{name}.qc.onnx"))
                 if args.eval:
-                    acc[mode] = accuracy(path, qcs[mode], res.report, tmp)
-            ort_model = ort_quantize(fpath, list(samples), os.path.join(tmp, f"{name}.ort.onnx"))
-            med = time_interleaved({"float": fmodel, **{f"qc/{m}": q for m, q in qcs.items()}, "ort": ort_model},
+                    acc[mode] = accuracy(path, qcs[mode], samples, fmodel, tmp)
+            orts, ovar = {}, {}
+            for v in ort_variants:
+                ort_path = os.path.join(tmp, f"{name}.ort.{v}.onnx")
+                orts[v] = ort_quantize(fpath, list(samples), ort_path, v)
+                ovar[v] = {"bytes": os.path.getsize(ort_path)}
+                if args.eval:
+                    ovar[v]["accuracy"], ovar[v]["accuracy_points"] = accuracy(path, orts[v], samples, fmodel, tmp)
+            med = time_interleaved({"float": fmodel, **{f"qc/{m}": q for m, q in qcs.items()},
+                                    **{f"ort/{v}": o for v, o in orts.items()}},
                                    samples[0], args.runs, args.warmup, threads, args.clock)
-            ko = kernel_report(ort_model, threads=threads)
+            for v in ort_variants:
+                ovar[v]["ms"] = med[f"ort/{v}"]
+            first = ovar[ort_variants[0]]
+            med["ort"], o_bytes = first["ms"], first["bytes"]
+            ko = kernel_report(orts[ort_variants[0]], threads=threads)
             for mode, qc in qcs.items():
                 kq = kernel_report(qc, threads=threads)
                 q_ms = med[f"qc/{mode}"]
@@ -307,10 +385,18 @@ def main(argv=None):
                        "int_nodes_qc": kq.integer_count, "int_nodes_ort": ko.integer_count,
                        "float_nodes_qc": len(kq.float_nodes), "float_nodes_ort": len(ko.float_nodes),
                        "runtime_qdq_qc": kq.runtime_qdq, "runtime_qdq_ort": ko.runtime_qdq,
-                       "qc_quantize_s": round(t_qc[mode], 2), **({"accuracy": acc[mode]} if args.eval else {})}
+                       "float_bytes": f_bytes, "qc_bytes": q_bytes[mode], "ort_bytes": o_bytes,
+                       "qc_bytes_over_float": q_bytes[mode] / f_bytes, "ort_bytes_over_float": o_bytes / f_bytes,
+                       "qc_quantize_s": round(t_qc[mode], 2), "ort_variants": ovar}
+                if args.eval:
+                    best = max(ort_variants, key=lambda v: ovar[v]["accuracy_points"])
+                    row.update(accuracy=acc[mode][0], accuracy_points=acc[mode][1],
+                               ort_accuracy=ovar[best]["accuracy"] + (f" [{best}]" if len(ort_variants) > 1 else ""),
+                               ort_accuracy_points=ovar[best]["accuracy_points"])
+                row["targets"] = missed(row)
                 rows.append(row)
-                print(f"{row['model']}: float {med['float']:.3f} ms, qc {q_ms:.3f} ms, ort {med['ort']:.3f} ms",
-                      file=sys.stderr, flush=True)
+                print(f"{row['model']}: float {med['float']:.3f} ms, qc {q_ms:.3f} ms, "
+                      + ", ".join(f"ort/{v} {ovar[v]['ms']:.3f} ms" for v in ort_variants), file=sys.stderr, flush=True)
                 if args.details:
                     details.append((row["model"], kq))
     finally:
@@ -318,8 +404,16 @@ def main(argv=None):
     print(hdr)
     for r in rows:
         print(f"{r['model']:25s} {r['float_ms']:9.3f} {r['qc_ms']:8.3f} {r['ort_ms']:8.3f} {r['qc_over_float']:9.2f} "
-              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d}"
-              + (f" {r['accuracy']:>16s}" if args.eval else ""))
+              f"{r['qc_over_ort']:7.2f} {r['int_nodes_qc']:7d} {r['int_nodes_ort']:8d} {r['float_bytes'] / 1e6:9.3f} "
+              f"{r['qc_bytes'] / 1e6:8.3f} {r['ort_bytes'] / 1e6:8.3f} {r['qc_bytes_over_float']:9.2f} "
+              f"{r['ort_bytes_over_float']:9.2f}"
+              + (f" {r['accuracy']:>16s} {r['ort_accuracy']:>{aw}s}" if args.eval else "") + f"  {r['targets']}")
+    if len(ort_variants) > 1:
+        print("\nonnxruntime variants (ms, MB, accuracy):")
+        for r in rows:
+            print(f"  {r['model']:25s} " + "; ".join(
+                f"{v} {d['ms']:.3f} ms {d['bytes'] / 1e6:.3f} MB" + (f" {d['accuracy']}" if 'accuracy' in d else "")
+                for v, d in r["ort_variants"].items()))
     for name, kq in details:
         print(f"\n{name}: {kq.integer_count} nodes on integer kernels, {len(kq.float_nodes)} float; "
               f"onnxruntime keeps {kq.runtime_qdq} Q/DQ")

@@ -109,6 +109,7 @@ class QuantPlan:
         self.narrow_candidates: List[str] = []  # widened values narrowed to 8 bits for an integer kernel (idem)
         self.narrow_weights: Dict[Tuple[str, int], tuple] = {}  # (node, slot) -> (group root, float weight)
         self.node_macs: Dict[str, float] = {}   # multiply-accumulates per call (placement/cost.py size rule)
+        self.sizes: Dict[str, dict] = {}        # value name -> {"count", "calls"} observed (the rule's borders)
         self.macs: Dict[str, float] = {}        # the same for every sized node (the summary's integer share)
 
     # --- specs ------------------------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from qcompiler.quant.placement.bodies import (
     tie_bodies,
 )
 from qcompiler.quant.placement.body_float_regions import drop_body_float_regions
-from qcompiler.quant.placement.cost import SIZED_OPS, node_macs
+from qcompiler.quant.placement.cost import SIZED_OPS, node_macs, observed_sizes
 from qcompiler.quant.placement.dynamic_weights import symmetric_dynamic_weights
 from qcompiler.quant.placement.float_regions import (
     ACTIVATIONS_AS_BALANCED,
@@ -99,6 +99,7 @@ def build_plan(model, profile: Profile, dtypes: Dict[str, np.dtype], stats: Dict
         table = load_fusions(profile.fusions)
         sized = {op for r in table.fusions if r.min_macs for op in r.ops}
         plan.node_macs = node_macs(g, stats, sized) if sized else {}
+        plan.sizes = observed_sizes(stats)
         fast = opts.optimize == "latency"     # narrowing and the latency search: latency only (see float_regions)
         drop_float_region_quantizers(plan, g, table, everywhere=True,  # then passes/quantize/latency_search.py
                                      narrow=fast, cost=opts.optimize)

@@ -5,7 +5,9 @@ On onnxruntime's CPU EP a QLinearConv runs in NHWC (Transposes around it) and ne
 and a DequantizeLinear after it, while the float Conv next to it runs in NCHWc and fuses its activation. A
 region of integer kernels joined by quantized values pays these only at its border, so the rule is per region:
 its multiply-accumulates per call must reach the fusion table's `min_macs` (ort_cpu only) for each Q or DQ at
-its border (`small_regions`). The nodes of a region below it are judged "float kernel" by placement
+its border, plus `macs_per_border_element` for each element of the values those convert: a Q, a reorder and a
+Transpose each touch every element, so a 1x1 Conv on a wide tensor (MobileNet's projections) does not pay
+where a 3x3 Conv of the same borders does (`small_regions`). The nodes of a region below it are judged "float kernel" by placement
 (float_regions._Kernels.size_rule), so their Q/DQ pairs go with the rest of the float region's. digits_cnn (one
 region, 2.3 M MACs, 2 borders) stays integer; ppocr_cls's islands between float HardSwish Convs go float.
 Under `balanced` (`layout_only`) a border counts only with a float Conv across it (through its elementwise
@@ -88,6 +90,18 @@ def _observed_size(v, stats: Dict[str, dict]) -> Optional[dict]:
     return None
 
 
+def observed_sizes(stats: Dict[str, dict]) -> Dict[str, dict]:
+    """value name -> {"count", "calls"}: what the size rule reads of the calibration statistics (plan.sizes)."""
+    return {k: {"count": s["count"], "calls": s["calls"]} for k, s in stats.items()
+            if isinstance(s, dict) and s.get("count") and s.get("calls")}
+
+
+def elements_per_call(v, sizes: Dict[str, dict]) -> float:
+    """Elements of `v` per call (0 when calibration did not see it or anything of its size behind it)."""
+    st = _observed_size(v, sizes)
+    return st["count"] / st["calls"] if st else 0.0
+
+
 def macs_per_call(node, stats: Dict[str, dict]) -> Optional[float]:
     """Multiply-accumulates of one call of `node` from the calibration statistics, or None when unknown."""
     out = node.outputs[0] if node.outputs else None
@@ -136,9 +150,9 @@ def _near_layout_op(node, downstream: bool, depth: int = 0) -> bool:
 def small_regions(k, g, layout_only: bool = False) -> set:
     """ids of the main-graph nodes whose integer region is too small to pay for its border: a region is a set
     of integer kernels joined by quantized values (directly, through the Relu/Clip a unit absorbs, or through
-    ops whose Q/DQ the runtime drops); it
-    pays when its multiply-accumulates per call reach `min_macs` for each Q or DQ at its border (each value
-    entering it from a float op or a graph input, each value leaving it to a float op or a graph output).
+    ops whose Q/DQ the runtime drops); it pays when its multiply-accumulates per call reach `min_macs` for each
+    Q or DQ at its border (each value entering it from a float op or a graph input, each value leaving it to a
+    float op or a graph output) plus `macs_per_border_element` per element of those values (plan.sizes).
 
     `layout_only` (`--optimize balanced`): only a border with a float Conv across it counts (LAYOUT_OPS: the
     layout change is the cost that sinks small islands), never a graph input or output, a Q or DQ next to a
@@ -181,7 +195,7 @@ def small_regions(k, g, layout_only: bool = False) -> set:
                 out.append(None)
         return out
 
-    border = {}
+    border = {}                         # id(node) -> the values at its region's border (a Q or DQ each)
     for n in nodes:
         for v in n.outputs:
             rs = readers(v)
@@ -189,7 +203,7 @@ def small_regions(k, g, layout_only: bool = False) -> set:
                 if r is not None:
                     parent[find(id(r))] = find(id(n))
             if None in rs:
-                border[id(n)] = border.get(id(n), 0) + 1
+                border.setdefault(id(n), []).append(v)
     for n in nodes:                     # activation inputs that do not come from an integer kernel
         for slot, v in enumerate(n.inputs):
             use = k.plan.uses.get((n.name, slot))
@@ -205,16 +219,18 @@ def small_regions(k, g, layout_only: bool = False) -> set:
             if layout_only and not _near_layout_op(p, False):
                 continue                # balanced: a graph input or a float op that is no Conv is no border
             if p is None or id(p) not in ids:
-                border[id(n)] = border.get(id(n), 0) + 1
-    macs, known, need, crossings, products = {}, {}, {}, {}, set()
+                border.setdefault(id(n), []).append(v)
+    macs, known, need, per_elem, crossings, elems, products = {}, {}, {}, {}, {}, {}, set()
     for n in nodes:
         root = find(id(n))
-        crossings[root] = crossings.get(root, 0) + border.get(id(n), 0)
+        crossings[root] = crossings.get(root, 0) + len(border.get(id(n), ()))
+        elems[root] = elems.get(root, 0.0) + sum(elements_per_call(v, k.plan.sizes) for v in border.get(id(n), ()))
         rule = k.rule(n, "replace")
         if rule is not None and not rule.inputs_from_integer:
             products.add(root)
         if rule is not None and rule.min_macs:
             need[root] = max(need.get(root, 0), rule.min_macs)
+            per_elem[root] = max(per_elem.get(root, 0), rule.macs_per_border_element)
             m = k.plan.node_macs.get(n.name)
             if m is None:
                 known[root] = False
@@ -223,7 +239,8 @@ def small_regions(k, g, layout_only: bool = False) -> set:
     small = set()
     for i in ids:
         root = find(i)
-        if known.get(root, True) and need.get(root, 0) and macs.get(root, 0.0) < need[root] * crossings.get(root, 0):
+        cost = need.get(root, 0) * crossings.get(root, 0) + per_elem.get(root, 0) * elems.get(root, 0.0)
+        if known.get(root, True) and need.get(root, 0) and macs.get(root, 0.0) < cost:
             small.add(i)
         elif root not in products:
             small.add(i)                # elementwise units only: no products to pay for their Q/DQ

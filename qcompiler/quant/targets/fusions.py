@@ -53,6 +53,7 @@ class Fusion:
     min_opset: dict = field(default_factory=dict)
     block_size: dict = field(default_factory=dict)
     min_macs: int = 0                 # below this many multiply-accumulates per call the op stays float
+    macs_per_border_element: int = 0  # ... and this many more per element of each value at the region's border
     inputs_from_integer: bool = False  # pays only when every activation input comes from an integer kernel
     note: str = ""
 
@@ -133,10 +134,11 @@ def _record(d, i: int, src: str) -> Fusion:
             if not isinstance(d[k], bool):
                 raise ConfigError(f"{where}: {k} must be true or false, got {short(d[k])}")
             kw[k] = d[k]
-    if "min_macs" in d:
-        if isinstance(d["min_macs"], bool) or not isinstance(d["min_macs"], int) or d["min_macs"] < 0:
-            raise ConfigError(f"{where}: min_macs must be a whole number >= 0, got {short(d['min_macs'])}")
-        kw["min_macs"] = d["min_macs"]
+    for k in ("min_macs", "macs_per_border_element"):
+        if k in d:
+            if isinstance(d[k], bool) or not isinstance(d[k], int) or d[k] < 0:
+                raise ConfigError(f"{where}: {k} must be a whole number >= 0, got {short(d[k])}")
+            kw[k] = d[k]
     for k in ("min_opset", "block_size"):
         if k in d:
             if not isinstance(d[k], dict):
