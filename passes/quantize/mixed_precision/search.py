@@ -131,6 +131,7 @@ from qcompiler.quant.placement.options import config_with_rules, node_settings
 from qcompiler.quant.runtime.latency import time_interleaved
 from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.runtime.switch_pool import SwitchPool
+from qcompiler.passes.quantize.mixed_precision.rounding import WeightRounding
 from qcompiler.passes.quantize.mixed_precision.switched import (
     batched_feeds,
     float16_switch_proto,
@@ -456,6 +457,8 @@ class Search:
         self.layer_bytes: Dict[str, Dict[str, int]] = {}   # layer -> candidate -> bytes as stored (stored_bytes)
         self.knock: Dict[str, Dict[str, frozenset]] = {}   # layer -> output kind -> readers stored float (knock_on)
         self.input_names = list(kept[0][0]) if kept else []
+        # every candidate's weights rounded by GPTQ on their grid, from the search's own samples (rounding.py)
+        self.rounding = WeightRounding(ctx.model, self.feeds[:self.n_search])
         self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
             self._float_score(0, len(kept))
@@ -535,6 +538,7 @@ class Search:
         scheme = self.ctx.settings.scheme
         assign_encodings(plan, m, cal, scheme)
         assign_block_encodings(plan, m, scheme)
+        self.rounding.apply(m, plan)
         f16 = float16_nodes(m, config, plan.dtypes)
         decide_storage(plan, m)
         fm = float_macs(plan)
@@ -1283,6 +1287,11 @@ def apply_result(ctx, search: Search, res: Result) -> None:
     cal = ctx.calibration
     ctx.plan = build_plan(ctx.model, ctx.profile, cal.dtypes, search.stats, ctx.options)
     ctx.float16 = float16_nodes(ctx.model, cfg, ctx.plan.dtypes)
+    # the weights as the search measured them: their encodings now, with GPTQ's integers (frozen, so
+    # assign-encodings keeps them and insert-qdq writes them)
+    assign_encodings(ctx.plan, ctx.model, cal, ctx.settings.scheme)
+    assign_block_encodings(ctx.plan, ctx.model, ctx.settings.scheme)
+    search.rounding.apply(ctx.model, ctx.plan)
 
 
 def format_table(mp: dict) -> str:
