@@ -27,7 +27,13 @@ from threadpoolctl import threadpool_limits
 from qcompiler.passes.quantize.adaround import AdaRoundOptions, _capture, _targets, qrange
 from qcompiler.passes.quantize.gptq import gptq_quantize
 from qcompiler.quant.core.encoding import broadcast_qparams
-from qcompiler.quant.core.qdq import _quantize_array
+from qcompiler.quant.core.qdq import storage_dtype
+
+
+# the clipping of a narrow grid (NARROW_BITS or fewer): each output row keeps the scale, among these fractions of
+# its min/max one, whose GPTQ rounding has the least error on the layer output (a per-tensor grid keeps its own)
+CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+NARROW_BITS = 4
 
 
 class WeightRounding:
@@ -65,10 +71,10 @@ class WeightRounding:
                 grams = self.grams.get(node.name)
                 if grams is None:
                     continue
-                ints = self._round(node.name, spec.encoding, layer, grams)
-                if ints is None:
+                got = self._round(node.name, spec.encoding, layer, grams)
+                if got is None:
                     continue
-                spec.rounded = ints
+                spec.rounded, spec.encoding.scale = got
                 spec.frozen = True
                 spec.encoding.frozen = True
                 spec.encoding.meta["gptq"] = True
@@ -77,8 +83,17 @@ class WeightRounding:
         self.seconds += time.perf_counter() - t0
         return done
 
-    def _round(self, name: str, enc, layer, grams) -> Optional[np.ndarray]:
+    def _round(self, name: str, enc, layer, grams) -> Optional[tuple]:
+        """(integers in the weight's layout, the encoding's scale with the chosen clipping), None: not rounded."""
         if enc.block_size:
+            return None
+        qlo, qhi = qrange(enc)
+        bits = int(np.ceil(np.log2(qhi - qlo + 1)))
+        key = (name, qlo, qhi, enc.axis, np.asarray(enc.scale).tobytes(), np.asarray(enc.zero_point).tobytes())
+        if key in self.cache:
+            return self.cache[key]
+        self.cache[key] = None      # below: the rounding, when this grid has one
+        if not 1 <= bits <= 8:
             return None
         scale, zp = broadcast_qparams(enc, layer.weight.shape)
         full = layer.weight.shape
@@ -86,31 +101,41 @@ class WeightRounding:
         z_lin = layer.to_lin(np.broadcast_to(zp, full))
         if not (np.all(s_lin == s_lin[..., :1]) and np.all(z_lin == z_lin[..., :1])):
             return None     # not one grid per output row: GPTQ's column loop assumes one
-        qlo, qhi = qrange(enc)
-        levels = qhi - qlo + 1
-        bits = int(np.ceil(np.log2(levels)))
-        if not 1 <= bits <= 8:
-            return None
-        key = (name, qlo, qhi, np.asarray(s_lin[..., 0]).tobytes(), np.asarray(z_lin[..., 0]).tobytes())
-        hit = self.cache.get(key)
-        if hit is not None:
-            return hit
         w_lin = layer.to_lin(layer.weight)
+        per_row = enc.axis is not None
+        fractions = CLIP_FRACTIONS if bits <= NARROW_BITS and per_row else (1.0,)
         out = np.empty(w_lin.shape, np.float64)
+        scales = np.empty(w_lin.shape[:2], np.float64)
         for g in range(w_lin.shape[0]):
-            s_row = s_lin[g, :, 0].astype(np.float32)
-            zp_row = (z_lin[g, :, 0] - qlo).astype(np.float64)
+            w = np.asarray(w_lin[g], np.float64)
+            s_row = s_lin[g, :, 0].astype(np.float64)
+            zp_row = z_lin[g, :, 0].astype(np.float64) - qlo
+            h = np.asarray(grams[g], np.float64)
+            # every fraction at once: GPTQ's rows are independent, so the candidates are rows of one stacked call
+            f = np.repeat(np.asarray(fractions, np.float64), len(s_row))
+            s_all, z_all = np.tile(s_row, len(fractions)) * f, np.tile(zp_row, len(fractions))
 
-            def grid(_block, s_row=s_row, zp_row=zp_row):
-                return s_row, zp_row
+            def grid(_block, s=s_all.astype(np.float32), z=z_all):
+                return s, z
             try:
-                codes, _, _, _ = gptq_quantize(np.asarray(w_lin[g], np.float32), grams[g], bits, None, grid_fn=grid)
+                codes, _, _, _ = gptq_quantize(np.tile(w, (len(fractions), 1)).astype(np.float32), h, bits, None,
+                                               grid_fn=grid)
             except (ValueError, np.linalg.LinAlgError):
                 return None
-            out[g] = np.clip(codes.astype(np.float64) + qlo, qlo, qhi)
-        ints = layer.from_lin(out)
-        near = _quantize_array(layer.weight, enc)
-        ints = ints.astype(near.dtype)
-        self.cache[key] = ints
-        return ints
+            q = np.clip(codes.astype(np.float64) + qlo, qlo, qhi)
+            e = np.tile(w, (len(fractions), 1)) - (q - (z_all + qlo)[:, None]) * s_all[:, None]
+            loss = np.sum((e @ h) * e, axis=1).reshape(len(fractions), -1)   # each row's output error
+            pick = np.argmin(loss, axis=0)                 # ties: the first, the min/max grid itself
+            rows = pick * len(s_row) + np.arange(len(s_row))
+            out[g], scales[g] = q[rows], s_all[rows]
+        ints = layer.from_lin(out).astype(storage_dtype(enc))
+        # the chosen clipping, per output row, back in the encoding's own layout
+        scale = np.asarray(layer.from_lin(scales[..., None] * np.ones_like(w_lin)), np.float64)
+        if enc.axis is not None:
+            other = tuple(i for i in range(scale.ndim) if i != enc.axis)
+            scale = scale.max(axis=other) if other else scale
+        else:
+            scale = scale.ravel()[0]
+        self.cache[key] = (ints, np.asarray(scale, np.asarray(enc.scale).dtype).reshape(np.shape(enc.scale)))
+        return self.cache[key]
 

@@ -95,7 +95,7 @@ float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chos
 passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
 MACs than the plain run when the plain run passed; under `--optimize latency` the fewest float MACs, then
 bytes. On a target whose runtime is onnxruntime (its fusion table says so) the choice and the plain run are then
-timed interleaved (CPU clock, one thread, the first kept sample): the plain run replaces a choice slower by more
+timed interleaved (CPU clock, one thread, the first LATENCY_SAMPLES kept samples): the plain run replaces a choice slower by more
 than LATENCY_TOLERANCE when it passed (under latency, whenever it is faster); report `latency` {plan_ms,
 plain_ms} and `float_macs` {plan, plain}. Latency weighs under `balanced` (the default) and `latency` only:
 `size` asked for the smallest file and `accuracy` for every quantizer as asked (both are still timed). A candidate the target would
@@ -107,6 +107,7 @@ and returned when it meets the rule and its file is no larger than the search's 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import tempfile
@@ -169,7 +170,11 @@ SWITCH_OFF_TOLERANCE = 1e-4
 # the choice may run this much slower than the plain run before the plain run is returned (timing noise)
 LATENCY_TOLERANCE = 0.05
 LATENCY_OBJECTIVES = ("balanced", "latency")     # the --optimize values under which the choice weighs latency
-LATENCY_RUNS = 30     # above this, each candidate's IR model is collected at once (memory.release)
+# the choice and the plain run are timed on the first LATENCY_SAMPLES kept samples, LATENCY_RUNS interleaved
+# rounds (each round: every sample once) after LATENCY_WARMUP untimed ones
+LATENCY_SAMPLES = 4
+LATENCY_RUNS = 10
+LATENCY_WARMUP = 2
 
 
 @dataclass(frozen=True)
@@ -315,13 +320,9 @@ def stored_bytes(model, layers: List[Layer]) -> Dict[str, int]:
 
 
 # --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
-def run_candidate(item) -> Optional[list]:
-    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
-    sample, [{output name: array}], or None when onnxruntime refuses the model."""
-    if item is None:     # a candidate the plan cannot carry at this opset
-        return None
-    model_bytes, samples_path, n_inputs = item
-    import onnxruntime as ort
+@functools.lru_cache(maxsize=4)
+def load_feeds(samples_path: str, n_inputs: int, mtime_ns: int) -> List[dict]:
+    """The samples a search wrote (read once per process and file: digits_cnn's search read it 14 times)."""
     with np.load(samples_path, allow_pickle=False) as z:
         feeds = []
         names = [str(x) for x in z["__names__"]]
@@ -329,6 +330,17 @@ def run_candidate(item) -> Optional[list]:
         while f"s{i}_0" in z.files:
             feeds.append({names[j]: z[f"s{i}_{j}"] for j in range(n_inputs)})
             i += 1
+    return feeds
+
+
+def run_candidate(item) -> Optional[list]:
+    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
+    sample, [{output name: array}], or None when onnxruntime refuses the model."""
+    if item is None:     # a candidate the plan cannot carry at this opset
+        return None
+    model_bytes, samples_path, n_inputs = item
+    import onnxruntime as ort
+    feeds = load_feeds(samples_path, n_inputs, os.stat(samples_path).st_mtime_ns)
     for level in (None, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
         try:
             sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
@@ -454,6 +466,7 @@ class Search:
         self.float_outs = [dict(o) for _, o in kept]
         self.feeds = [dict(f) for f, _ in kept]
         self.rounds: Dict[str, str] = {}    # candidate -> how its sensitivity round was measured
+        self.verified: Dict[tuple, Tuple[bool, "Trial"]] = {}   # (assignment, rest level) -> (passed, trial)
         self.layer_bytes: Dict[str, Dict[str, int]] = {}   # layer -> candidate -> bytes as stored (stored_bytes)
         self.knock: Dict[str, Dict[str, frozenset]] = {}   # layer -> output kind -> readers stored float (knock_on)
         self.input_names = list(kept[0][0]) if kept else []
@@ -1055,7 +1068,8 @@ class Search:
         return best
 
     def time_options(self, options, layers) -> Optional[List[float]]:
-        """Median CPU milliseconds of each option's QDQ model, timed interleaved on the first kept sample."""
+        """Median CPU milliseconds per sample of each option's QDQ model, timed interleaved on the first
+        LATENCY_SAMPLES kept samples."""
         models = {}
         for i, (_, assignment, level) in enumerate(options):
             b = self.lower(self.config_for(assignment, layers, rest=level))
@@ -1063,15 +1077,23 @@ class Search:
                 return None
             models[i] = b
         try:
-            ms = time_interleaved(models, self.feeds[0] if self.feeds else None, runs=LATENCY_RUNS,
-                                  threads=1, clock="cpu")
+            ms = time_interleaved(models, self.feeds[:LATENCY_SAMPLES] or None, runs=LATENCY_RUNS,
+                                  warmup=LATENCY_WARMUP, threads=1, clock="cpu")
+            n = max(1, min(len(self.feeds), LATENCY_SAMPLES))
+            ms = {k: v / n for k, v in ms.items()}      # per sample
         except QCompilerError:
             return None
         return [ms[i] for i in range(len(options))]
 
     def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
         """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
-        errors is within the budget and its drop on the held-out samples alone is within the budget."""
+        errors is within the budget and its drop on the held-out samples alone is within the budget. An
+        assignment already verified (the tightened greedy and the last pass often come back to one) is not
+        measured again: its trial is copied."""
+        key = (tuple(sorted(assignment.items())), level)
+        seen = self.verified.get(key)
+        if seen is not None:
+            return seen[0], copy.copy(seen[1])
         d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
         se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
@@ -1081,6 +1103,7 @@ class Search:
             self.unresolved = True
         ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
             (held is None or held <= self.budget)
+        self.verified[key] = (ok, copy.copy(t))
         return ok, t
 
     def spread(self, outs) -> Tuple[float, Optional[float]]:
@@ -1092,8 +1115,15 @@ class Search:
         return se, held
 
     def reference(self, res: Result, name: str) -> None:
-        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
+        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve (not again
+        when it was verified: the plain run usually was)."""
         a = {l.name: name for l in res.layers}
+        seen = self.verified.get((tuple(sorted(a.items())), res.rest))
+        if seen is not None:
+            t = seen[1]
+            res.trials.append(Trial(f"all {name}", a, t.weight_bytes, t.drop, file_bytes=t.file_bytes,
+                                    float_macs=t.float_macs))
+            return
         d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d,
                                 file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
