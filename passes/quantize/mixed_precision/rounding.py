@@ -18,6 +18,7 @@ round-to-nearest.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Dict, List, Optional
 
@@ -45,6 +46,17 @@ class WeightRounding:
         self.cache: Dict[tuple, np.ndarray] = {}
         self.seconds = 0.0
         self.rounded = 0          # weight uses given GPTQ integers (cache hits included)
+        self.keep_nearest: set = set()   # (node, weight bits) the search measured better at round-to-nearest
+        self.off = False
+
+    @contextlib.contextmanager
+    def nearest(self):
+        """Every weight at round-to-nearest inside the block (the search measures both roundings)."""
+        self.off = True
+        try:
+            yield
+        finally:
+            self.off = False
 
     def _capture(self, targets) -> None:
         """The Gram matrices of the targets not seen yet, from one float run."""
@@ -62,8 +74,11 @@ class WeightRounding:
     def apply(self, model, plan) -> int:
         """Give every eligible weight use of `plan` (of `model`, after assign-encodings) its GPTQ integers;
         returns how many."""
+        if self.off:
+            return 0
         t0 = time.perf_counter()
         targets, _ = _targets(model, plan)
+        targets = [t for t in targets if (t[0].name, int(t[1].encoding.bits)) not in self.keep_nearest]
         with threadpool_limits(1, "blas"):
             self._capture(targets)
             done = 0
@@ -122,9 +137,13 @@ class WeightRounding:
                                                grid_fn=grid)
             except (ValueError, np.linalg.LinAlgError):
                 return None
-            q = np.clip(codes.astype(np.float64) + qlo, qlo, qhi)
-            e = np.tile(w, (len(fractions), 1)) - (q - (z_all + qlo)[:, None]) * s_all[:, None]
-            loss = np.sum((e @ h) * e, axis=1).reshape(len(fractions), -1)   # each row's output error
+            # round-to-nearest on the plan's grid is a candidate too: no row ends worse than it on its own loss
+            q = np.concatenate([np.clip(codes.astype(np.float64) + qlo, qlo, qhi),
+                                np.clip(np.rint(w / s_row[:, None]) + zp_row[:, None] + qlo, qlo, qhi)])
+            s_all = np.concatenate([s_all, s_row])
+            e = np.tile(w, (len(fractions) + 1, 1)) - (q - np.concatenate([z_all, zp_row])[:, None] - qlo) * \
+                s_all[:, None]
+            loss = np.sum((e @ h) * e, axis=1).reshape(len(fractions) + 1, -1)   # each row's output error
             pick = np.argmin(loss, axis=0)                 # ties: the first, the min/max grid itself
             rows = pick * len(s_row) + np.arange(len(s_row))
             out[g], scales[g] = q[rows], s_all[rows]

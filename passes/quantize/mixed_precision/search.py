@@ -671,6 +671,18 @@ class Search:
                                     relative_error(self.float_outs[:len(o)], o))
         return drops
 
+    def measure_round(self, c: str, todo: List[Layer], layers: List[Layer]) -> Tuple[list, list]:
+        """(drops, relative errors) of each layer of `todo` alone at `c`: one switchable model, else (no
+        switchable form) one model per layer."""
+        if not todo:
+            return [], []
+        measured = self.measure_switched(c, todo, layers)
+        if measured is None:
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
+                                 sensitivity=True)
+            measured = drops, self.last_errors
+        return list(measured[0]), list(measured[1])
+
     def measure_switched(self, c: str, todo: List[Layer], layers: List[Layer]):
         """(drops, relative errors) of each layer of `todo` alone at candidate `c`, from one switchable model
         (switched.py), or None where that model cannot stand in for the per-layer ones."""
@@ -779,11 +791,16 @@ class Search:
                     todo.append(l)
                     continue
                 inferred.setdefault(l.name, []).append(c)
-            measured = self.measure_switched(c, todo, layers) if todo else None
-            if measured is None:     # no switchable form: one model per layer
-                drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
-                                     sensitivity=True)
-                measured = drops, self.last_errors
+            measured = self.measure_round(c, todo, layers)
+            if todo and BY_NAME[c].weight_bits and BY_NAME[c].precision == "int":
+                # the same round with round-to-nearest weights: each layer keeps the rounding that measured
+                # the smaller drop (GPTQ's layer loss is the smaller one, but not always the model's)
+                with self.rounding.nearest():
+                    nearest = self.measure_round(c, todo, layers)
+                for i, l in enumerate(todo):
+                    if nearest[0][i] < measured[0][i]:
+                        self.rounding.keep_nearest.add((l.name, BY_NAME[c].weight_bits))
+                        measured[0][i], measured[1][i] = nearest[0][i], nearest[1][i]
             for l, d, e in zip(todo, *measured):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
@@ -973,7 +990,32 @@ class Search:
         floor: Dict[str, int] = {}    # layer -> lowest rank not ruled out
         weigh = self.ctx.settings.optimize in LATENCY_OBJECTIVES   # then no step may add float MACs
         k = 1
-        for _ in range(SHRINK_STEPS):
+        steps = SHRINK_STEPS
+        # first, every layer to float16 where that costs next to nothing alone (NEGLIGIBLE of the budget) and
+        # makes the file smaller (a float layer; an 8-bit one whose kernel runs float among float16 neighbours
+        # and so stores float weights), all at once: one verification instead of one per step (integer moves
+        # of small drop alone do not add up that way: their 8-bit outputs meet their neighbours')
+        free = {}
+        now = self.model_bytes(assignment, layers)
+        for l in layers:
+            c = "float16"
+            if c not in names or assignment[l.name] == c or table[l.name].get(c, math.inf) > NEGLIGIBLE * self.budget:
+                continue
+            nxt = dict(assignment)
+            nxt[l.name] = c
+            if now - self.model_bytes(nxt, layers) >= 1.0:
+                free[l.name] = c
+        if len(free) > 1:
+            nxt = dict(assignment, **free)
+            ok, t = self.verify(nxt, layers, level)
+            t.what = f"verify shrink {len(free)} moves of negligible drop"
+            res.trials.append(t)
+            steps -= 1
+            if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0) and (not weigh or (
+                    t.float_macs if t.float_macs is not None else math.inf) <= (
+                    trial.float_macs if trial.float_macs is not None else math.inf)):
+                assignment, trial = nxt, t
+        for _ in range(steps):
             now = self.model_bytes(assignment, layers)
             moves = []
             for l in layers:
