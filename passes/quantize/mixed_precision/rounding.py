@@ -13,8 +13,11 @@ verification stays honest), captured the first time a plan asks for a layer; eac
 once and cached, so the search's many lowerings of the same layer at the same candidate cost nothing more.
 The integers go on the plan as learned roundings (`QuantSpec.rounded`, frozen: assign-encodings keeps them and
 insert-qdq writes them), the contract adaround already uses. A weight this cannot express as a linear map
-(adaround's skip reasons), a per-block grid, or one whose grid is not one scale per output row keeps
-round-to-nearest.
+(adaround's skip reasons), a per-block grid, one whose grid is not one scale per output row, or a Conv of more
+than MAX_GROUPS groups keeps round-to-nearest. GPTQ's loss is the layer's, not the model's: on ppocr_cls a third
+of the layers measured a larger drop alone with it than with round-to-nearest, so the search measures both
+(search.py: each sensitivity round of an integer candidate twice) and each layer keeps the better
+(`keep_nearest`).
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ from qcompiler.quant.core.qdq import storage_dtype
 # its min/max one, whose GPTQ rounding has the least error on the layer output (a per-tensor grid keeps its own)
 CLIP_FRACTIONS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
 NARROW_BITS = 4
+# a grouped Conv with more groups (a depthwise one) keeps round-to-nearest: GPTQ would run once per group (ppocr_cls:
+# 1,800 calls, most of the rounding's time) to move each 3x3 filter's error among its own nine weights
+MAX_GROUPS = 4
 
 
 class WeightRounding:
@@ -47,6 +53,7 @@ class WeightRounding:
         self.seconds = 0.0
         self.rounded = 0          # weight uses given GPTQ integers (cache hits included)
         self.keep_nearest: set = set()   # (node, weight bits) the search measured better at round-to-nearest
+        self.uses: set = set()           # (node, weight bits) given GPTQ integers at least once
         self.off = False
 
     @contextlib.contextmanager
@@ -89,6 +96,7 @@ class WeightRounding:
                 got = self._round(node.name, spec.encoding, layer, grams)
                 if got is None:
                     continue
+                self.uses.add((node.name, int(spec.encoding.bits)))
                 spec.rounded, spec.encoding.scale = got
                 spec.frozen = True
                 spec.encoding.frozen = True
@@ -100,7 +108,7 @@ class WeightRounding:
 
     def _round(self, name: str, enc, layer, grams) -> Optional[tuple]:
         """(integers in the weight's layout, the encoding's scale with the chosen clipping), None: not rounded."""
-        if enc.block_size:
+        if enc.block_size or len(grams) > MAX_GROUPS:
             return None
         qlo, qhi = qrange(enc)
         bits = int(np.ceil(np.log2(qhi - qlo + 1)))

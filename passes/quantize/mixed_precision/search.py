@@ -792,15 +792,17 @@ class Search:
                     continue
                 inferred.setdefault(l.name, []).append(c)
             measured = self.measure_round(c, todo, layers)
-            if todo and BY_NAME[c].weight_bits and BY_NAME[c].precision == "int":
-                # the same round with round-to-nearest weights: each layer keeps the rounding that measured
-                # the smaller drop (GPTQ's layer loss is the smaller one, but not always the model's)
+            bits = BY_NAME[c].weight_bits if BY_NAME[c].precision == "int" else None
+            rounded = [i for i, l in enumerate(todo) if (l.name, bits) in self.rounding.uses]
+            if rounded:
+                # the same round with round-to-nearest weights for the layers GPTQ rounded: each keeps the
+                # rounding that measured the smaller drop (GPTQ's layer loss is smaller, not always the model's)
                 with self.rounding.nearest():
-                    nearest = self.measure_round(c, todo, layers)
-                for i, l in enumerate(todo):
-                    if nearest[0][i] < measured[0][i]:
-                        self.rounding.keep_nearest.add((l.name, BY_NAME[c].weight_bits))
-                        measured[0][i], measured[1][i] = nearest[0][i], nearest[1][i]
+                    nearest = self.measure_round(c, [todo[i] for i in rounded], layers)
+                for i, d, e in zip(rounded, *nearest):
+                    if d < measured[0][i]:
+                        self.rounding.keep_nearest.add((todo[i].name, bits))
+                        measured[0][i], measured[1][i] = d, e
             for l, d, e in zip(todo, *measured):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
