@@ -17,7 +17,9 @@ insert-qdq writes them), the contract adaround already uses. A weight this canno
 than MAX_GROUPS groups keeps round-to-nearest. GPTQ's loss is the layer's, not the model's: on ppocr_cls a third
 of the layers measured a larger drop alone with it than with round-to-nearest, so the search measures both
 (search.py: each sensitivity round of an integer candidate twice) and each layer keeps the better
-(`keep_nearest`).
+(`keep_nearest`). A layer whose input rows span fewer directions than it has inputs (a Gemm after a Flatten reads
+one row per sample: 16 samples for 512 inputs) keeps round-to-nearest too: GPTQ would move its error into the
+directions the samples never showed, where other inputs find it.
 """
 from __future__ import annotations
 
@@ -77,6 +79,9 @@ class WeightRounding:
             if gram is None and quad is not None and not why and quad.rows is not None:
                 r = np.asarray(quad.rows, np.float64)
                 gram = np.matmul(r.transpose(0, 2, 1), r) / max(quad.count, 1)
+            if gram is not None and any(np.linalg.matrix_rank(np.asarray(g, np.float64), hermitian=True) < g.shape[0]
+                                        for g in gram):
+                gram = None     # fewer independent input rows than weights per row: see RANK below
             self.grams[node.name] = None if gram is None else list(gram)
 
     def apply(self, model, plan) -> int:
