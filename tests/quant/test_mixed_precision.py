@@ -337,6 +337,7 @@ def test_budget_holds_on_fresh_samples_when_the_calibration_set_is_tiny(budget, 
         m.setattr(mpm, "HOLDOUT_MIN", 10 ** 9)
         m.setattr(mpm, "VERIFY_MARGIN", 0.0)
         old, old_drop = fresh_drop()
-    # NOTE: since the search counts real bytes its old-rule plan at 1 % lands at 0.99 % on the fresh samples
-    # (over the budget at 2 %): twice the held-out rule's drop, within the budget by luck
-    assert old["drop"] <= budget and old_drop > max(drop, 0.9 * budget), (old_drop, drop)
+    # NOTE: since the search counts real bytes and rounds its weights with GPTQ, its old-rule plan at 1 % lands at
+    # 0.90 % on the fresh samples (over the budget at 2 %): twice the held-out rule's drop (0.46 %), within the
+    # budget by luck
+    assert old["drop"] <= budget and old_drop > max(1.5 * drop, 0.5 * budget), (old_drop, drop)
