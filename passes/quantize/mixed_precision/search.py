@@ -35,6 +35,11 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
    The table is measured on the first SENSITIVITY_SAMPLES samples (it only ranks the layers; every
    whole-model measurement uses all the kept samples).
+   **Weights.** Every integer candidate's Conv/Gemm/MatMul weights are rounded by GPTQ on their plan grid
+   (rounding.py: from one float run over the search's samples, cached per layer and grid; 4-bit rows also
+   choose their clipping); an integer round is measured a second time with round-to-nearest for the layers
+   GPTQ rounded, and each layer keeps the rounding that measured the smaller drop alone. Every later
+   measurement and the model returned (apply_result) carry the same integers.
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
    activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
@@ -75,7 +80,8 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
 8. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
    assignments tried (weight bytes, measured drop; the verifications also their held-out drop and margin),
    `drop` (every kept sample), `margin` (k x SE), `margin_k`, `held_out_drop`, `search_drop` (the search's
-   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, the seconds. The CLI prints
+   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, `rounding` (the layers and bit
+   widths GPTQ rounded, those round-to-nearest measured better on, its seconds), the seconds. The CLI prints
    the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
@@ -89,7 +95,10 @@ float such a reader saves nothing until its writer moves, so the greedy also run
 given settings (the most estimated drop removed per byte added, then down again) and the estimate keeps the
 smaller. A final pass (shrink) moves layers of the verified plan (or of every layer float, when that is what
 passed) to cheaper candidates, 1, 2, 4, ... at once, keeping each step whose verification passes under the same
-rule and whose file is no larger (SHRINK_STEPS verifications). Every measured model also carries the cost
+rule and whose file is no larger (SHRINK_STEPS verifications); its first step moves, in one verification, every
+layer to float16 whose float16 drop alone is negligible and whose move makes the file smaller (a float layer, or
+an 8-bit one that runs a float kernel among float16 neighbours and so stores float weights: ppocr_cls 362 -> 299
+KB). An assignment verified once is never measured again (its trial is copied). Every measured model also carries the cost
 model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
 float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
 passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
@@ -411,6 +420,7 @@ class Result:
     latency: Optional[dict] = None              # plan_ms, plain_ms (CPU clock) on a target timed here
     float_macs: Optional[dict] = None           # plan, plain: multiply-accumulates on float kernels (cost model)
     plain_file_bytes: Optional[int] = None      # the plain run's (every layer at the given settings)
+    rounding: Optional[dict] = None             # the GPTQ rounding of the weights (rounding.py)
 
     def to_dict(self) -> dict:
         def num(x):
@@ -430,7 +440,7 @@ class Result:
                 "sensitivity_rounds": dict(self.rounds),
                 "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
                 "file_bytes": self.file_bytes, "plain_file_bytes": self.plain_file_bytes,
-                "latency": self.latency, "float_macs": self.float_macs,
+                "latency": self.latency, "float_macs": self.float_macs, "rounding": self.rounding,
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
                 "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop),
@@ -974,6 +984,10 @@ class Search:
                              f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
         res.whole_model_float = level == "float" and all(c == "float" for c in res.assignment.values())
         res.weight_bytes = self.weight_bytes(res.assignment, layers, level)
+        rd = self.rounding
+        res.rounding = {"gptq": sorted({f"{n} {b}-bit" for n, b in rd.uses - rd.keep_nearest}),
+                        "nearest_measured_better": sorted(f"{n} {b}-bit" for n, b in rd.keep_nearest),
+                        "seconds": round(rd.seconds, 3)}
         res.seconds["assignment"] = time.perf_counter() - t1
         res.seconds["total"] = time.perf_counter() - t0
         res.evaluations = self.evaluations
