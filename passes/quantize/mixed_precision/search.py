@@ -494,6 +494,7 @@ class Search:
         # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
         self.errors: Dict[str, Dict[str, float]] = {}
         self.last_errors: List[float] = []
+        self.last_exact: List[bool] = []
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
@@ -578,6 +579,9 @@ class Search:
             return None
         m, fm = lowered
         self.last_float_macs.append(fm)
+        # no quantizer, no cast, nothing added: the float model itself, whose outputs the calibration kept
+        self.last_exact.append(sum(1 for _ in m.graph.nodes) == len(self.all_nodes) and not any(
+            n.op_type in ("QuantizeLinear", "DequantizeLinear", "Cast") for n in m.graph.nodes))
         out = model_to_proto(m).SerializeToString()
         del m, lowered
         if len(self.base_bytes) > COLLECT_OVER_BYTES:
@@ -654,10 +658,12 @@ class Search:
         first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
         on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
         path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
-        self.last_sizes, self.last_float_macs = [], []
+        n = self.sensitivity_samples if sensitivity else self.n_kept if every else self.n_search
+        self.last_sizes, self.last_float_macs, self.last_exact = [], [], []
+        exact = set()
 
         def items():
-            for cfg in configs:
+            for i, cfg in enumerate(configs):
                 if sensitivity and time.perf_counter() > self.deadline:
                     self.timed_out = True
                     self.last_sizes.append(None)
@@ -666,9 +672,14 @@ class Search:
                     continue
                 b = self.lower(cfg)
                 self.last_sizes.append(None if b is None else len(b))
+                if b is not None and self.last_exact[-1]:
+                    exact.add(i)    # the float model: its outputs are the kept float ones, not run again
+                    yield None
+                    continue
                 yield None if b is None else (b, path, len(self.input_names))
         before = self.timed_out
         outs = self.executor.map(run_candidate, items()) if configs else []
+        outs = [self.float_outs[:n] if i in exact else o for i, o in enumerate(outs)]
         self.evaluations += len(configs) if not self.timed_out or before else \
             sum(o is not None for o in outs)
         drops, self.last_errors = [], []
@@ -716,10 +727,11 @@ class Search:
             m = lowered[0]
             # the bytes as the plan would store them: every layer at `c` among the rest at the given settings
             # (with the rest float, a layer between float nodes runs a float kernel and keeps float weights)
-            placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
-            for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
-                self.layer_bytes.setdefault(name, {})[c] = b
-            del placed
+            if not all(c in self.layer_bytes.get(l.name, {}) for l in todo):   # (a second rounding: known)
+                placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
+                for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
+                    self.layer_bytes.setdefault(name, {})[c] = b
+                del placed
             # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
             # Convs) drops what the model with every switch off drops
             proto, has = switchable_proto(m, self.ctx.model, todo)
@@ -832,9 +844,12 @@ class Search:
                              self.ctx.options.act_bits != 16 else [])
         # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
         # is chosen once, and a level the held-out samples break would make every assignment fail
-        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
+        # one level at a time, cheapest first: a level within REST_SHARE is taken and the next is not measured
+        p = self.power
         rest_drops, guarded, rest_trials = {}, {}, {}
-        for lv, d, outs, size, fm in zip(levels, drops, self.last_outs, self.last_sizes, self.last_float_macs):
+        for lv in levels:
+            d = self.measure([self.config_for(all_float, layers, rest=lv)], every=True)[0]
+            outs, size, fm = self.last_outs[0], self.last_sizes[0], self.last_float_macs[0]
             rest_drops[lv] = d
             se, held = self.spread(outs)
             guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
@@ -842,8 +857,9 @@ class Search:
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
                                     margin=VERIFY_MARGIN * se, file_bytes=size, float_macs=fm)
             res.trials.append(rest_trials[lv])
+            if guarded[lv] ** p <= REST_SHARE * self.budget ** p:
+                break
         rest_drops["float"] = guarded["float"] = 0.0
-        p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
             next(lv for lv, d in guarded.items() if d <= self.budget)
         rest_drops = {lv: guarded[lv] if lv == level else d for lv, d in rest_drops.items()}
@@ -961,7 +977,7 @@ class Search:
             ok = True
             t, assignment, level = self.choose(options, plain_option, layers, res)
         if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
-            order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
+            order = levels + ["float"]
             for lv in order[order.index(level):]:
                 level, assignment = lv, dict(all_float)
                 ok, t = self.verify(assignment, layers, level)

@@ -27,12 +27,17 @@ def _act_bits(plan: QuantPlan, table: Dict[str, int], v) -> Optional[int]:
 
 def integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
     """Will the runtime run `node` as an integer kernel (profile `integer_weight_kernels`, read from the plan
-    before encodings exist, as storage.unfused_reason reads it once they do)? Unsure cases answer True."""
+    before encodings exist, as storage.unfused_reason reads it once they do: its input, its weight and, where
+    the rule asks, its output at the rule's bits)? Unsure cases answer True."""
     rule = plan.profile.integer_weight_kernels.get(node.op_type)
     if rule is None:
         return False
     bits = rule.act_bits
     if not node.inputs or _act_bits(plan, table, node.inputs[0]) != bits:
+        return False
+    # the weight too (storage.unfused_reason's rule): a 4-bit or 16-bit weight is dequantized for a float kernel
+    w = plan.uses.get((node.name, 1))
+    if w is None or w.keep_float or w.kind != "weight" or w.bits != bits:
         return False
     if rule.output_q:
         through = set(plan.profile.output_q_through)
