@@ -495,6 +495,7 @@ class Search:
         self.errors: Dict[str, Dict[str, float]] = {}
         self.last_errors: List[float] = []
         self.last_exact: List[bool] = []
+        self._macs: Dict[tuple, float] = {}   # plan_float_macs
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
@@ -791,6 +792,13 @@ class Search:
                      samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
         for name, b in stored_bytes(ctx.model, layers).items():
             self.layer_bytes.setdefault(name, {})["float"] = b
+        # 0. under an objective that weighs latency, a plain run within the budget is the floor: no plan may run
+        # more float multiply-accumulates (choose). It is verified first, and a candidate whose move alone (from
+        # the plain run) already does (plan_float_macs: the plan, no session) is neither measured nor chosen;
+        # when that leaves every layer at the plain settings, the plain run is the answer
+        banned = self.banned_by_plain(layers, names, res)
+        if banned is not None and all(set(names) - banned.get(l.name, set()) <= {self.plain_name()} for l in layers):
+            return self.plain_result(res, layers, t0)
         # 1. sensitivity: round by round over the candidates, every layer at once (one switchable model a round)
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
@@ -801,6 +809,9 @@ class Search:
                 continue
             todo = []
             for l in layers:
+                if banned and c in banned.get(l.name, ()):
+                    table[l.name][c] = self.errors[l.name][c] = math.inf   # never chosen (step 0)
+                    continue
                 w8 = table[l.name].get("W8A8")
                 if w8 is not None and c == "W4A8" and not w8 <= self.budget:
                     # 4-bit weights on a layer whose 8-bit ones alone break the budget: never chosen
@@ -1009,6 +1020,54 @@ class Search:
         res.evaluations = self.evaluations
         return res
 
+    def plain_name(self) -> str:
+        return f"W{self.ctx.options.weight_bits}A{self.ctx.options.act_bits}"
+
+    def banned_by_plain(self, layers, names, res) -> Optional[Dict[str, set]]:
+        """Under balanced/latency, when the plain run passes the rule: layer -> the candidates whose move alone
+        puts more float multiply-accumulates on the plan than the plain run (LATENCY_TOLERANCE); None when the
+        plain run does not pass (or is no candidate, or the objective does not weigh latency)."""
+        plain = self.plain_name()
+        if self.ctx.settings.optimize not in LATENCY_OBJECTIVES or plain not in names or not layers:
+            return None
+        all_plain = {l.name: plain for l in layers}
+        ok, t = self.verify(all_plain, layers, "base")
+        t.what = f"verify all {plain} (the plain run)"
+        res.trials.append(t)
+        res.plain_file_bytes = t.file_bytes
+        if not ok:
+            return None
+        self._plain_trial = t
+        cap = (t.float_macs or 0.0) * (1 + LATENCY_TOLERANCE)
+        banned = {l.name: {c for c in names if c != plain and
+                           self.plan_float_macs(dict(all_plain, **{l.name: c}), layers, "base") > cap}
+                  for l in layers}
+        n = sum(len(v) for v in banned.values())
+        if n:
+            res.notes.append(f"mixed precision: the plain run meets the budget; {n} layer moves that would run more "
+                             f"multiply-accumulates on float kernels than it were not measured")
+        return banned
+
+    def plain_result(self, res, layers, t0) -> Result:
+        """The result when the plain run is the only plan allowed (banned_by_plain)."""
+        t = self._plain_trial
+        res.assignment = {l.name: self.plain_name() for l in layers}
+        res.drop, res.held_out_drop, res.margin, res.search_drop = t.drop, t.held_out, t.margin, t.drop
+        res.file_bytes = res.plain_file_bytes = t.file_bytes
+        res.rest, res.rest_drops = "base", {}
+        res.table = {l.name: {} for l in layers}
+        if t.float_macs is not None:
+            res.float_macs = {"plan": int(t.float_macs), "plain": int(t.float_macs)}
+        res.notes.append("mixed precision: every cheaper move would run more multiply-accumulates on float kernels "
+                         "than the plain run, which meets the budget: the plain run is returned")
+        res.weight_bytes = self.weight_bytes(res.assignment, layers, "base")
+        rd = self.rounding
+        res.rounding = {"gptq": sorted({f"{n} {b}-bit" for n, b in rd.uses - rd.keep_nearest}),
+                        "nearest_measured_better": [], "seconds": round(rd.seconds, 3)}
+        res.seconds["total"] = time.perf_counter() - t0
+        res.evaluations = self.evaluations
+        return res
+
     def shrink(self, assignment, trial, layers, names, table, level, res):
         """From a verified assignment, move layers to cheaper candidates while the verification still passes and
         the file shrinks: each layer's move that saves the most bytes (model_bytes, readers included) per
@@ -1047,7 +1106,9 @@ class Search:
                     t.float_macs if t.float_macs is not None else math.inf) <= (
                     trial.float_macs if trial.float_macs is not None else math.inf)):
                 assignment, trial = nxt, t
-        for _ in range(steps):
+        spent, rounds = 0, 0     # verifications made; rounds of the loop (a move ruled out unmeasured is free)
+        while spent < steps and rounds < 4 * steps + len(layers):
+            rounds += 1
             now = self.model_bytes(assignment, layers)
             moves = []
             for l in layers:
@@ -1069,11 +1130,24 @@ class Search:
             if not moves:
                 break
             moves.sort(key=lambda m: -m[0])
+            if weigh:
+                # a move the cost model already puts on more float MACs cannot be kept: ruled out unmeasured
+                limit = trial.float_macs if trial.float_macs is not None else math.inf
+                while moves and self.plan_float_macs(dict(assignment, **{moves[0][1]: moves[0][2]}),
+                                                     layers, level) > limit:
+                    floor[moves[0][1]] = rank[moves[0][2]] + 1
+                    moves.pop(0)
+                if not moves:
+                    continue
             take = moves[:k]
             nxt = dict(assignment)
             for _, name, c in take:
                 nxt[name] = c
+            if weigh and len(take) > 1 and self.plan_float_macs(nxt, layers, level) > limit:
+                k = max(1, len(take) // 2)
+                continue
             ok, t = self.verify(nxt, layers, level)
+            spent += 1
             t.what = "verify shrink " + ", ".join(f"{name} {c}" for _, name, c in take)
             res.trials.append(t)
             if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0) and (not weigh or (
@@ -1087,6 +1161,17 @@ class Search:
                 _, name, c = take[0]
                 floor[name] = rank[c] + 1
         return assignment, trial
+
+    def plan_float_macs(self, assignment, layers, level) -> float:
+        """The cost model's float multiply-accumulates of `assignment` from its plan alone (no encodings, no
+        session): what a verification would report as `float_macs`."""
+        key = (tuple(sorted(assignment.items())), level)
+        if key not in self._macs:
+            cal = self.ctx.calibration
+            plan = build_plan(self.ctx.model, self.profile, cal.dtypes, self.stats,
+                              self.options_for(self.config_for(assignment, layers, rest=level)))
+            self._macs[key] = float_macs(plan)
+        return self._macs[key]
 
     def choose(self, options, plain_option, layers, res):
         """The option (trial, assignment, rest level) to return, all within the rule: the smallest file, or under
@@ -1164,7 +1249,7 @@ class Search:
         errors is within the budget and its drop on the held-out samples alone is within the budget. An
         assignment already verified (the tightened greedy and the last pass often come back to one) is not
         measured again: its trial is copied."""
-        key = (tuple(sorted(assignment.items())), level)
+        key = (tuple(sorted(assignment.items())), level, frozenset(self.rounding.keep_nearest))
         seen = self.verified.get(key)
         if seen is not None:
             return seen[0], copy.copy(seen[1])
@@ -1192,7 +1277,7 @@ class Search:
         """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve (not again
         when it was verified: the plain run usually was)."""
         a = {l.name: name for l in res.layers}
-        seen = self.verified.get((tuple(sorted(a.items())), res.rest))
+        seen = self.verified.get((tuple(sorted(a.items())), res.rest, frozenset(self.rounding.keep_nearest)))
         if seen is not None:
             t = seen[1]
             res.trials.append(Trial(f"all {name}", a, t.weight_bytes, t.drop, file_bytes=t.file_bytes,
@@ -1403,7 +1488,7 @@ def format_table(mp: dict) -> str:
     rows = [("layer", "op", "chosen", "drop alone %", "weights")]
     for name, l in mp["layers"].items():
         s = l["sensitivity"].get(l["chosen"])
-        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else str(s)
+        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else "not measured" if s is None else str(s)
         rows.append((name[:60], l["op"], l["chosen"], s, str(l["weights"])))
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]
