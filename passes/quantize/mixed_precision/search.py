@@ -1060,6 +1060,15 @@ class Search:
             res.float_macs = {"plan": int(t.float_macs), "plain": int(t.float_macs)}
         res.notes.append("mixed precision: every cheaper move would run more multiply-accumulates on float kernels "
                          "than the plain run, which meets the budget: the plain run is returned")
+        if runs_on_onnxruntime(self.profile.fusions):    # its latency, as every returned plan reports it
+            ms = self.time_options([(t, res.assignment, "base")], layers)
+            if ms is not None:
+                res.latency = {"clock": "cpu", "threads": 1, "plan_ms": round(ms[0], 4),
+                               "plain_ms": round(ms[0], 4)}
+        if self.unresolved:
+            res.notes.append(f"mixed precision: the metric moved on none of the {self.n_kept} samples: it cannot "
+                             f"see a drop below ~{300 / max(self.n_kept, 1):.2g} % (3/n) there, above the budget; "
+                             f"use a smooth metric or more calibration samples")
         res.weight_bytes = self.weight_bytes(res.assignment, layers, "base")
         rd = self.rounding
         res.rounding = {"gptq": sorted({f"{n} {b}-bit" for n, b in rd.uses - rd.keep_nearest}),
