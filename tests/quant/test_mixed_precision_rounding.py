@@ -114,6 +114,10 @@ def test_an_fc_heavy_cnn_stays_within_the_budget_and_never_above_a_passing_plain
     m, cal, fresh = _cnn("fc")
     for budget, optimize in ((0.02, "size"), (0.05, "balanced")):
         mp, q = _search(m, cal, budget, optimize)
+        # the 512-input Gemm sees one row per sample (16 search samples): GPTQ would fit the rounding to those
+        # 16 directions, so it keeps round-to-nearest; the convolutions (many patches per sample) are rounded
+        assert not any(r.startswith("fc1 ") for r in mp["rounding"]["gptq"]), mp["rounding"]
+        assert any(r.startswith("conv1 ") for r in mp["rounding"]["gptq"]), mp["rounding"]
         assert mp["drop"] + mp["margin"] <= budget and mp["held_out_drop"] <= budget, mp
         assert _relative_error(m, q, fresh) <= FRESH_SLACK * budget, (budget, _relative_error(m, q, fresh))
         if optimize == "balanced":   # the plain run meets 5 %: nothing larger and nothing on more float kernels
@@ -121,3 +125,18 @@ def test_an_fc_heavy_cnn_stays_within_the_budget_and_never_above_a_passing_plain
             assert not plain or plain[0]["drop"] + plain[0]["margin"] <= budget, plain
             assert mp["file_bytes"] <= mp["plain_file_bytes"], mp["trials"]
             assert mp["float_macs"]["plan"] <= mp["float_macs"]["plain"], mp["float_macs"]
+
+
+def test_a_plain_run_within_the_budget_is_returned_after_one_measurement_under_balanced():
+    """On ort_cpu a 4-bit Conv, a float16 and a float layer all run float kernels: when the plain W8A8 run meets
+    the budget, no cheaper move can keep its speed, so nothing else is measured."""
+    m, cal, fresh = _cnn("conv")
+    budget = 0.02
+    mp, q = _search(m, cal, budget, "balanced")
+    assert mp["evaluations"] == 1 and [t["what"] for t in mp["trials"]][0].startswith("verify all W8A8"), mp
+    assert mp["file_bytes"] == mp["plain_file_bytes"] and mp["float_macs"]["plan"] == 0, mp
+    assert mp["latency"]["plan_ms"] > 0 and any("plain run is returned" in n for n in mp["notes"]), mp
+    assert mp["drop"] + mp["margin"] <= budget and _relative_error(m, q, fresh) <= FRESH_SLACK * budget
+    # the plain run over the budget: the search runs
+    mp, _ = _search(m, cal, 0.002, "balanced")
+    assert mp["evaluations"] > 1 and not any("plain run is returned" in n for n in mp["notes"]), mp
