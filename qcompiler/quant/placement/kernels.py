@@ -35,10 +35,12 @@ def integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
     bits = rule.act_bits
     if not node.inputs or _act_bits(plan, table, node.inputs[0]) != bits:
         return False
-    # the weight too (storage.unfused_reason's rule): a 4-bit or 16-bit weight is dequantized for a float kernel
-    w = plan.uses.get((node.name, 1))
-    if w is None or w.keep_float or w.kind != "weight" or w.bits != bits:
-        return False
+    # its weight too, where the plan has one (storage.unfused_reason's rule): a float, 4-bit or 16-bit weight is
+    # read by a float kernel (a MatMul of two activations has none: its second input is judged as an activation)
+    for slot in plan.profile.weights.get(node.op_type) or ():
+        w = plan.uses.get((node.name, slot))
+        if w is not None and w.kind == "weight" and (w.keep_float or w.bits != bits):
+            return False
     if rule.output_q:
         through = set(plan.profile.output_q_through)
         v = node.outputs[0]
