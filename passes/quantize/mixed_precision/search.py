@@ -496,6 +496,8 @@ class Search:
         self.last_errors: List[float] = []
         self.last_exact: List[bool] = []
         self._macs: Dict[tuple, float] = {}   # plan_float_macs
+        self._parts: Dict[tuple, float] = {}  # model_bytes' terms: (layer, candidate, reader lost) -> bytes
+        self._kinds: Dict[str, Optional[str]] = {}   # candidate -> output_kind
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
@@ -720,6 +722,7 @@ class Search:
             for l in todo:
                 self.layer_bytes.setdefault(l.name, {})[c] = got_bytes.get(
                     l.name, self.layer_bytes.get(l.name, {}).get("float", 0) // 2)
+            self._parts.clear()
         else:
             lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
             if lowered is None:
@@ -733,6 +736,7 @@ class Search:
                 for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
                     self.layer_bytes.setdefault(name, {})[c] = b
                 del placed
+                self._parts.clear()
             # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
             # Convs) drops what the model with every switch off drops
             proto, has = switchable_proto(m, self.ctx.model, todo)
@@ -1032,7 +1036,7 @@ class Search:
             return None
         all_plain = {l.name: plain for l in layers}
         ok, t = self.verify(all_plain, layers, "base")
-        t.what = f"verify all {plain} (the plain run)"
+        t.what = f"verify all {plain} (the plain run, first: every weight rounded by GPTQ)"
         res.trials.append(t)
         res.plain_file_bytes = t.file_bytes
         if not ok:
@@ -1358,6 +1362,7 @@ class Search:
         budget = self.budget ** p
         while True:
             best, best_eff = None, -1.0
+            cur_bytes = self.model_bytes(cur, layers) if self.knock else 0.0
             for l in layers:
                 now = cur[l.name]
                 d_now = scale * max(0.0, table[l.name].get(now, 0.0)) ** p
@@ -1371,7 +1376,7 @@ class Search:
                     if self.knock:
                         nxt = dict(cur)
                         nxt[l.name] = c
-                        saved = self.model_bytes(cur, layers) - self.model_bytes(nxt, layers)
+                        saved = cur_bytes - self.model_bytes(nxt, layers)
                     else:
                         saved = self.saved_bytes(l, now, c)
                     err = self.errors.get(l.name, {})
@@ -1402,18 +1407,30 @@ class Search:
         measured), readers included: a layer at an integer candidate whose writer's output loses its integer
         kernel (knock_on) stores float weights. Activation bits break ties (Candidate.cost)."""
         lost = set()
+        kinds = self._kinds
         for name, c in assignment.items():
-            k = output_kind(BY_NAME[c], self.ctx.options.act_bits)
+            k = kinds.get(c)
+            if k is None and c not in kinds:
+                k = kinds[c] = output_kind(BY_NAME[c], self.ctx.options.act_bits)
             if k is not None:
                 lost |= self.knock.get(name, {}).get(k, frozenset())
         total = 0.0
+        parts = self._parts
         for l in layers:
-            c = BY_NAME[assignment.get(l.name, "float")]
-            known = self.layer_bytes.get(l.name, {})
-            name = "float" if c.precision == "int" and l.name in lost else c.name
-            total += known[name] if name in known else l.weight_elements * BY_NAME[name].weight_bytes_per_element
-            total += c.cost - c.weight_bytes_per_element
+            c = assignment.get(l.name, "float")
+            key = (l.name, c, l.name in lost)
+            v = parts.get(key)
+            if v is None:
+                v = parts[key] = self._part(l, BY_NAME[c], key[2])
+            total += v
         return total
+
+    def _part(self, l: Layer, c: Candidate, reader_lost: bool) -> float:
+        """One layer's term of model_bytes (cached in self._parts, emptied when layer_bytes changes)."""
+        known = self.layer_bytes.get(l.name, {})
+        name = "float" if c.precision == "int" and reader_lost else c.name
+        b = known[name] if name in known else l.weight_elements * BY_NAME[name].weight_bytes_per_element
+        return b + c.cost - c.weight_bytes_per_element
 
     def knock_on(self, layers: List[Layer], names: List[str]) -> Dict[str, Dict[str, frozenset]]:
         """layer -> output kind (output_kind) -> the other layers that lose their integer kernel (integer_kernel,
