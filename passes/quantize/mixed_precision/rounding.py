@@ -79,9 +79,8 @@ class WeightRounding:
             if gram is None and quad is not None and not why and quad.rows is not None:
                 r = np.asarray(quad.rows, np.float64)
                 gram = np.matmul(r.transpose(0, 2, 1), r) / max(quad.count, 1)
-            if gram is not None and any(np.linalg.matrix_rank(np.asarray(g, np.float64), hermitian=True) < g.shape[0]
-                                        for g in gram):
-                gram = None     # fewer independent input rows than weights per row: see RANK below
+            if gram is not None and quad.count < gram.shape[-1]:
+                gram = None     # fewer input rows than inputs: H cannot be of full rank (module docstring)
             self.grams[node.name] = None if gram is None else list(gram)
 
     def apply(self, model, plan) -> int:
