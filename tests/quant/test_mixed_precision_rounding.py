@@ -106,8 +106,9 @@ def test_gptq_rounding_is_what_buys_the_bytes(monkeypatch):
     # each layer alone at W4A8 (the table; "inf": not measured, its W8A8 alone broke the budget)
     w4 = {n: float(l["sensitivity"]["W4A8"]) for n, l in mp["layers"].items()}
     w4_nearest = {n: float(l["sensitivity"]["W4A8"]) for n, l in nearest["layers"].items()}
-    assert all(np.isfinite(v) for v in w4.values()), w4
-    assert sum(w4.values()) < 0.5 * sum(v for v in w4_nearest.values() if np.isfinite(v)), (w4, w4_nearest)
+    both = [n for n in w4 if np.isfinite(w4[n]) and np.isfinite(w4_nearest[n])]
+    assert len(both) >= 3, (w4, w4_nearest)
+    assert sum(w4[n] for n in both) < 0.5 * sum(w4_nearest[n] for n in both), (w4, w4_nearest)
 
 
 def test_an_fc_heavy_cnn_stays_within_the_budget_and_never_above_a_passing_plain_run():

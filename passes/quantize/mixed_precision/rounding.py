@@ -17,7 +17,7 @@ insert-qdq writes them), the contract adaround already uses. A weight this canno
 than MAX_GROUPS groups keeps round-to-nearest. GPTQ's loss is the layer's, not the model's: on ppocr_cls a third
 of the layers measured a larger drop alone with it than with round-to-nearest, so the search measures both
 (search.py: each sensitivity round of an integer candidate twice) and each layer keeps the better
-(`keep_nearest`). A layer whose input rows span fewer directions than it has inputs (a Gemm after a Flatten reads
+(`keep_nearest`). A layer with far fewer input rows than inputs (MIN_ROWS_PER_INPUT; a Gemm after a Flatten reads
 one row per sample: 16 samples for 512 inputs) keeps round-to-nearest too: GPTQ would move its error into the
 directions the samples never showed, where other inputs find it.
 """
@@ -44,6 +44,9 @@ NARROW_BITS = 4
 # depthwise layer of ppocr_cls: 1,800 calls, most of the rounding's time); digits_cnn's 32-channel depthwise Conv
 # gains from it (W8A8 alone 0.45 -> 0.26 %)
 MAX_GROUPS = 32
+# a layer whose calibration rows number fewer than this many per input keeps round-to-nearest: its Gram matrix is
+# far from full rank (digits_cnn's last Conv, 256 rows for 288 inputs, still gains from GPTQ: the damping covers it)
+MIN_ROWS_PER_INPUT = 0.5
 
 
 class WeightRounding:
@@ -79,8 +82,8 @@ class WeightRounding:
             if gram is None and quad is not None and not why and quad.rows is not None:
                 r = np.asarray(quad.rows, np.float64)
                 gram = np.matmul(r.transpose(0, 2, 1), r) / max(quad.count, 1)
-            if gram is not None and quad.count < gram.shape[-1]:
-                gram = None     # fewer input rows than inputs: H cannot be of full rank (module docstring)
+            if gram is not None and quad.count < MIN_ROWS_PER_INPUT * gram.shape[-1]:
+                gram = None     # far fewer input rows than inputs (module docstring)
             self.grams[node.name] = None if gram is None else list(gram)
 
     def apply(self, model, plan) -> int:
