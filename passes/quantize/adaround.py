@@ -490,7 +490,7 @@ def _capture(model, samples, targets, opts: AdaRoundOptions):
     quads = []
     for k, (node, spec, layer, r) in enumerate(targets):
         if grams[k] is not None:
-            quads.append(_Quadratic(gram=grams[k] / max(counts[k], 1)))
+            quads.append(_Quadratic(gram=grams[k] / max(counts[k], 1), count=counts[k]))   # count: the rows seen
         elif kept[k]:
             allrows = np.concatenate(kept[k], axis=1).astype(np.float64)
             quads.append(_Quadratic(rows=allrows, count=counts[k]))

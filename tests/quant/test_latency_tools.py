@@ -203,6 +203,18 @@ def test_measure_latency_returns_both_medians_and_their_ratio():
     assert list(med) == ["a", "b", "c"] and all(v > 0 for v in med.values())
 
 
+def test_time_interleaved_times_a_list_of_feeds_as_one_round():
+    m = _conv_relu_model()
+    feeds = _samples([1, 3, 8, 8])
+    one = time_interleaved({"a": m}, feeds[:1], runs=5, warmup=1, clock="cpu")["a"]
+    eight = time_interleaved({"a": m}, feeds, runs=5, warmup=1, clock="cpu")["a"]
+    assert eight > 2 * one, (one, eight)     # a round runs every feed: about 8x one run
+    with pytest.raises(ArgumentError, match="at least one feed"):
+        time_interleaved({"a": m}, [], runs=1)
+    with pytest.raises(ArgumentError, match="no input 'x'"):
+        time_interleaved({"a": m}, [feeds[0], {"y": feeds[1]["x"]}], runs=1)
+
+
 @pytest.mark.parametrize("kw", [{"runs": 0}, {"warmup": -1}, {"threads": 0}, {"runs": True}, {"clock": "tsc"},
                                 {"clock": "cpu", "threads": 2}])
 def test_measure_latency_argument_errors(kw):

@@ -94,7 +94,9 @@ def test_a_looser_budget_is_cheaper_and_4_bits_cost_more_than_16():
     assert {v["chosen"] for v in ml["layers"].values()} == {"W4A8"}   # 20 %: every layer at 4 bits fits
     assert mt["drop"] <= 0.003 and ml["drop"] <= 0.2
     whats = [t["what"] for t in mt["trials"]]
-    assert whats[:2] == ["layers float, rest base", "layers float, rest A16"] and "greedy" in whats
+    # the other nodes' levels cheapest first; 16-bit ones measured only when the given settings break the share
+    assert whats[0] == "layers float, rest base" and "greedy" in whats
+    assert ("layers float, rest A16" in whats) == (float(mt["rest_drops"]["base"]) > 0.003 * 0.5 ** 0.5), mt
     assert "conv1" in format_table(ml) and "chosen" in format_table(ml)
 
 
@@ -337,6 +339,7 @@ def test_budget_holds_on_fresh_samples_when_the_calibration_set_is_tiny(budget, 
         m.setattr(mpm, "HOLDOUT_MIN", 10 ** 9)
         m.setattr(mpm, "VERIFY_MARGIN", 0.0)
         old, old_drop = fresh_drop()
-    # NOTE: since the search counts real bytes its old-rule plan at 1 % lands at 0.99 % on the fresh samples
-    # (over the budget at 2 %): twice the held-out rule's drop, within the budget by luck
-    assert old["drop"] <= budget and old_drop > max(drop, 0.9 * budget), (old_drop, drop)
+    # NOTE: since the search counts real bytes and rounds its weights with GPTQ, its old-rule plan at 1 % lands at
+    # 0.90 % on the fresh samples (over the budget at 2 %): twice the held-out rule's drop (0.46 %), within the
+    # budget by luck
+    assert old["drop"] <= budget and old_drop > max(1.5 * drop, 0.5 * budget), (old_drop, drop)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from qcompiler.onnx_io import model_to_proto
-from qcompiler.passes.quantize.mixed_precision import search
+from qcompiler.passes.quantize.mixed_precision import rounding, search
 from qcompiler.quant.api import quantize
 from qcompiler.quant.runtime.executor import SerialExecutor
 from tests.helpers import run
@@ -26,6 +26,9 @@ def _relative_error(m, q, cal):
 
 def test_the_shrink_pass_gives_a_smaller_plan_within_the_budget(monkeypatch):
     m, cal = _deep_cnn()
+    # NOTE: with its weights rounded by GPTQ (rounding.py) the search's first plan on this model is already the
+    # smallest that passes, so nothing is left for the last pass: round-to-nearest here, where it has work
+    monkeypatch.setattr(rounding.WeightRounding, "apply", lambda self, model, plan: 0)
 
     def searched():
         res = quantize(m, cal, target="qnn_htp", max_drop=BUDGET, executor=SerialExecutor(),

@@ -35,6 +35,11 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
    the budget (their drop taken as W8A8's: a finer grid is no worse; report 'sensitivity_inferred'); a model
    The table is measured on the first SENSITIVITY_SAMPLES samples (it only ranks the layers; every
    whole-model measurement uses all the kept samples).
+   **Weights.** Every integer candidate's Conv/Gemm/MatMul weights are rounded by GPTQ on their plan grid
+   (rounding.py: from one float run over the search's samples, cached per layer and grid; 4-bit rows also
+   choose their clipping); an integer round is measured a second time with round-to-nearest for the layers
+   GPTQ rounded, and each layer keeps the rounding that measured the smaller drop alone. Every later
+   measurement and the model returned (apply_result) carry the same integers.
 5. **The other nodes.** Everything outside the layers (Add, pooling, Softmax, LayerNorm, the model input, ...)
    is measured with every layer float at the given settings and, where the profile has them, at 16-bit
    activations: it runs at the cheapest of these (or float) whose drop is within REST_SHARE of the budget
@@ -75,7 +80,8 @@ each layer gets, then the plan is built again and the rest of the pipeline runs 
 8. **Output.** report['mixed_precision']: budget, metric, the chosen candidate and sensitivity per layer, the
    assignments tried (weight bytes, measured drop; the verifications also their held-out drop and margin),
    `drop` (every kept sample), `margin` (k x SE), `margin_k`, `held_out_drop`, `search_drop` (the search's
-   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, the seconds. The CLI prints
+   choice on its own samples), `samples` ({search: n, held_out: m}), `rule`, `rounding` (the layers and bit
+   widths GPTQ rounded, those round-to-nearest measured better on, its seconds), the seconds. The CLI prints
    the table and writes a Pareto plot (weight bytes against drop of every assignment tried) beside the report as
    `<report>.pareto.png` when matplotlib is installed (`pip install 'qcompiler[plot]'`), else one note.
 
@@ -89,13 +95,16 @@ float such a reader saves nothing until its writer moves, so the greedy also run
 given settings (the most estimated drop removed per byte added, then down again) and the estimate keeps the
 smaller. A final pass (shrink) moves layers of the verified plan (or of every layer float, when that is what
 passed) to cheaper candidates, 1, 2, 4, ... at once, keeping each step whose verification passes under the same
-rule and whose file is no larger (SHRINK_STEPS verifications). Every measured model also carries the cost
+rule and whose file is no larger (SHRINK_STEPS verifications); its first step moves, in one verification, every
+layer to float16 whose float16 drop alone is negligible and whose move makes the file smaller (a float layer, or
+an 8-bit one that runs a float kernel among float16 neighbours and so stores float weights: ppocr_cls 362 -> 299
+KB). An assignment verified once is never measured again (its trial is copied). Every measured model also carries the cost
 model's multiply-accumulates on float kernels (`float_macs`, placement/kernels.py: a value widened or kept
 float turns its 8-bit-only Conv/MatMul readers float). The returned plan is chosen among the assignments that
 passed the rule (the search's, the plain run, every layer float): the smallest file, never one with more float
 MACs than the plain run when the plain run passed; under `--optimize latency` the fewest float MACs, then
 bytes. On a target whose runtime is onnxruntime (its fusion table says so) the choice and the plain run are then
-timed interleaved (CPU clock, one thread, the first kept sample): the plain run replaces a choice slower by more
+timed interleaved (CPU clock, one thread, the first LATENCY_SAMPLES kept samples): the plain run replaces a choice slower by more
 than LATENCY_TOLERANCE when it passed (under latency, whenever it is faster); report `latency` {plan_ms,
 plain_ms} and `float_macs` {plan, plain}. Latency weighs under `balanced` (the default) and `latency` only:
 `size` asked for the smallest file and `accuracy` for every quantizer as asked (both are still timed). A candidate the target would
@@ -107,6 +116,7 @@ and returned when it meets the rule and its file is no larger than the search's 
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import os
 import tempfile
@@ -131,6 +141,7 @@ from qcompiler.quant.placement.options import config_with_rules, node_settings
 from qcompiler.quant.runtime.latency import time_interleaved
 from qcompiler.quant.runtime.memory import release
 from qcompiler.quant.runtime.switch_pool import SwitchPool
+from qcompiler.passes.quantize.mixed_precision.rounding import WeightRounding
 from qcompiler.passes.quantize.mixed_precision.switched import (
     batched_feeds,
     float16_switch_proto,
@@ -168,7 +179,11 @@ SWITCH_OFF_TOLERANCE = 1e-4
 # the choice may run this much slower than the plain run before the plain run is returned (timing noise)
 LATENCY_TOLERANCE = 0.05
 LATENCY_OBJECTIVES = ("balanced", "latency")     # the --optimize values under which the choice weighs latency
-LATENCY_RUNS = 30     # above this, each candidate's IR model is collected at once (memory.release)
+# the choice and the plain run are timed on the first LATENCY_SAMPLES kept samples, LATENCY_RUNS interleaved
+# rounds (each round: every sample once) after LATENCY_WARMUP untimed ones
+LATENCY_SAMPLES = 4
+LATENCY_RUNS = 10
+LATENCY_WARMUP = 2
 
 
 @dataclass(frozen=True)
@@ -314,13 +329,9 @@ def stored_bytes(model, layers: List[Layer]) -> Dict[str, int]:
 
 
 # --- the worker: run one candidate model on the kept samples (module level: picklable by reference) ---------
-def run_candidate(item) -> Optional[list]:
-    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
-    sample, [{output name: array}], or None when onnxruntime refuses the model."""
-    if item is None:     # a candidate the plan cannot carry at this opset
-        return None
-    model_bytes, samples_path, n_inputs = item
-    import onnxruntime as ort
+@functools.lru_cache(maxsize=4)
+def load_feeds(samples_path: str, n_inputs: int, mtime_ns: int) -> List[dict]:
+    """The samples a search wrote (read once per process and file: digits_cnn's search read it 14 times)."""
     with np.load(samples_path, allow_pickle=False) as z:
         feeds = []
         names = [str(x) for x in z["__names__"]]
@@ -328,6 +339,17 @@ def run_candidate(item) -> Optional[list]:
         while f"s{i}_0" in z.files:
             feeds.append({names[j]: z[f"s{i}_{j}"] for j in range(n_inputs)})
             i += 1
+    return feeds
+
+
+def run_candidate(item) -> Optional[list]:
+    """item = (serialized ModelProto bytes, samples .npz path, input names): the model's outputs on every
+    sample, [{output name: array}], or None when onnxruntime refuses the model."""
+    if item is None:     # a candidate the plan cannot carry at this opset
+        return None
+    model_bytes, samples_path, n_inputs = item
+    import onnxruntime as ort
+    feeds = load_feeds(samples_path, n_inputs, os.stat(samples_path).st_mtime_ns)
     for level in (None, ort.GraphOptimizationLevel.ORT_ENABLE_BASIC):
         try:
             sess = create_session(model_bytes, role="mixed-precision candidate", threads=1, opt_level=level)
@@ -398,6 +420,7 @@ class Result:
     latency: Optional[dict] = None              # plan_ms, plain_ms (CPU clock) on a target timed here
     float_macs: Optional[dict] = None           # plan, plain: multiply-accumulates on float kernels (cost model)
     plain_file_bytes: Optional[int] = None      # the plain run's (every layer at the given settings)
+    rounding: Optional[dict] = None             # the GPTQ rounding of the weights (rounding.py)
 
     def to_dict(self) -> dict:
         def num(x):
@@ -417,7 +440,7 @@ class Result:
                 "sensitivity_rounds": dict(self.rounds),
                 "margin": num(self.margin), "margin_k": VERIFY_MARGIN, "samples": dict(self.samples),
                 "file_bytes": self.file_bytes, "plain_file_bytes": self.plain_file_bytes,
-                "latency": self.latency, "float_macs": self.float_macs,
+                "latency": self.latency, "float_macs": self.float_macs, "rounding": self.rounding,
                 "rule": f"drop + {VERIFY_MARGIN:g} x standard error <= budget on every kept sample, "
                         f"held-out drop <= budget",
                 "trials": [dict({"what": t.what, "weight_bytes": t.weight_bytes, "drop": num(t.drop),
@@ -453,9 +476,12 @@ class Search:
         self.float_outs = [dict(o) for _, o in kept]
         self.feeds = [dict(f) for f, _ in kept]
         self.rounds: Dict[str, str] = {}    # candidate -> how its sensitivity round was measured
+        self.verified: Dict[tuple, Tuple[bool, "Trial"]] = {}   # (assignment, rest level) -> (passed, trial)
         self.layer_bytes: Dict[str, Dict[str, int]] = {}   # layer -> candidate -> bytes as stored (stored_bytes)
         self.knock: Dict[str, Dict[str, frozenset]] = {}   # layer -> output kind -> readers stored float (knock_on)
         self.input_names = list(kept[0][0]) if kept else []
+        # every candidate's weights rounded by GPTQ on their grid, from the search's own samples (rounding.py)
+        self.rounding = WeightRounding(ctx.model, self.feeds[:self.n_search])
         self._float_scores: Dict[Tuple[int, int], float] = {}
         if metric is not None and kept:
             self._float_score(0, len(kept))
@@ -468,6 +494,10 @@ class Search:
         # and the back-off where the metric cannot (an agreement on 64 samples is 0 for most single layers)
         self.errors: Dict[str, Dict[str, float]] = {}
         self.last_errors: List[float] = []
+        self.last_exact: List[bool] = []
+        self._macs: Dict[tuple, float] = {}   # plan_float_macs
+        self._parts: Dict[tuple, float] = {}  # model_bytes' terms: (layer, candidate, reader lost) -> bytes
+        self._kinds: Dict[str, Optional[str]] = {}   # candidate -> output_kind
         self.all_nodes = [n.name for n in ctx.model.graph.nodes]
         self.other_weight_bytes = 0
         self._dir = tempfile.TemporaryDirectory(prefix="qcompiler-mp-")
@@ -535,6 +565,7 @@ class Search:
         scheme = self.ctx.settings.scheme
         assign_encodings(plan, m, cal, scheme)
         assign_block_encodings(plan, m, scheme)
+        self.rounding.apply(m, plan)
         f16 = float16_nodes(m, config, plan.dtypes)
         decide_storage(plan, m)
         fm = float_macs(plan)
@@ -551,6 +582,9 @@ class Search:
             return None
         m, fm = lowered
         self.last_float_macs.append(fm)
+        # no quantizer, no cast, nothing added: the float model itself, whose outputs the calibration kept
+        self.last_exact.append(sum(1 for _ in m.graph.nodes) == len(self.all_nodes) and not any(
+            n.op_type in ("QuantizeLinear", "DequantizeLinear", "Cast") for n in m.graph.nodes))
         out = model_to_proto(m).SerializeToString()
         del m, lowered
         if len(self.base_bytes) > COLLECT_OVER_BYTES:
@@ -627,10 +661,12 @@ class Search:
         first `sensitivity_samples` kept samples for the sensitivity table, on the search's samples otherwise,
         on every kept sample (held-out ones too) with `every` (then self.last_outs has the outputs)."""
         path = self.sens_path if sensitivity else self.all_path if every else self.samples_path
-        self.last_sizes, self.last_float_macs = [], []
+        n = self.sensitivity_samples if sensitivity else self.n_kept if every else self.n_search
+        self.last_sizes, self.last_float_macs, self.last_exact = [], [], []
+        exact = set()
 
         def items():
-            for cfg in configs:
+            for i, cfg in enumerate(configs):
                 if sensitivity and time.perf_counter() > self.deadline:
                     self.timed_out = True
                     self.last_sizes.append(None)
@@ -639,9 +675,14 @@ class Search:
                     continue
                 b = self.lower(cfg)
                 self.last_sizes.append(None if b is None else len(b))
+                if b is not None and self.last_exact[-1]:
+                    exact.add(i)    # the float model: its outputs are the kept float ones, not run again
+                    yield None
+                    continue
                 yield None if b is None else (b, path, len(self.input_names))
         before = self.timed_out
         outs = self.executor.map(run_candidate, items()) if configs else []
+        outs = [self.float_outs[:n] if i in exact else o for i, o in enumerate(outs)]
         self.evaluations += len(configs) if not self.timed_out or before else \
             sum(o is not None for o in outs)
         drops, self.last_errors = [], []
@@ -653,6 +694,18 @@ class Search:
             self.last_errors.append(drops[-1] if self.metric is None or o is None else
                                     relative_error(self.float_outs[:len(o)], o))
         return drops
+
+    def measure_round(self, c: str, todo: List[Layer], layers: List[Layer]) -> Tuple[list, list]:
+        """(drops, relative errors) of each layer of `todo` alone at `c`: one switchable model, else (no
+        switchable form) one model per layer."""
+        if not todo:
+            return [], []
+        measured = self.measure_switched(c, todo, layers)
+        if measured is None:
+            drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
+                                 sensitivity=True)
+            measured = drops, self.last_errors
+        return list(measured[0]), list(measured[1])
 
     def measure_switched(self, c: str, todo: List[Layer], layers: List[Layer]):
         """(drops, relative errors) of each layer of `todo` alone at candidate `c`, from one switchable model
@@ -669,6 +722,7 @@ class Search:
             for l in todo:
                 self.layer_bytes.setdefault(l.name, {})[c] = got_bytes.get(
                     l.name, self.layer_bytes.get(l.name, {}).get("float", 0) // 2)
+            self._parts.clear()
         else:
             lowered = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="float"))
             if lowered is None:
@@ -677,10 +731,12 @@ class Search:
             m = lowered[0]
             # the bytes as the plan would store them: every layer at `c` among the rest at the given settings
             # (with the rest float, a layer between float nodes runs a float kernel and keeps float weights)
-            placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
-            for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
-                self.layer_bytes.setdefault(name, {})[c] = b
-            del placed
+            if not all(c in self.layer_bytes.get(l.name, {}) for l in todo):   # (a second rounding: known)
+                placed = self.lower_model(self.config_for({l.name: c for l in todo}, layers, rest="base"))
+                for name, b in stored_bytes(placed[0] if placed is not None else m, todo).items():
+                    self.layer_bytes.setdefault(name, {})[c] = b
+                del placed
+                self._parts.clear()
             # a layer with no quantizer in this model (placement left none: ppocr_cls's islands between float
             # Convs) drops what the model with every switch off drops
             proto, has = switchable_proto(m, self.ctx.model, todo)
@@ -740,6 +796,13 @@ class Search:
                      samples={"search": self.n_search, "held_out": self.n_kept - self.n_search})
         for name, b in stored_bytes(ctx.model, layers).items():
             self.layer_bytes.setdefault(name, {})["float"] = b
+        # 0. under an objective that weighs latency, a plain run within the budget is the floor: no plan may run
+        # more float multiply-accumulates (choose). It is verified first, and a candidate whose move alone (from
+        # the plain run) already does (plan_float_macs: the plan, no session) is neither measured nor chosen;
+        # when that leaves every layer at the plain settings, the plain run is the answer
+        banned = self.banned_by_plain(layers, names, res)
+        if banned is not None and all(set(names) - banned.get(l.name, set()) <= {self.plain_name()} for l in layers):
+            return self.plain_result(res, layers, t0)
         # 1. sensitivity: round by round over the candidates, every layer at once (one switchable model a round)
         table: Dict[str, Dict[str, float]] = {l.name: {"float": 0.0} for l in layers}
         self.errors = {l.name: {"float": 0.0} for l in layers}
@@ -750,6 +813,9 @@ class Search:
                 continue
             todo = []
             for l in layers:
+                if banned and c in banned.get(l.name, ()):
+                    table[l.name][c] = self.errors[l.name][c] = math.inf   # never chosen (step 0)
+                    continue
                 w8 = table[l.name].get("W8A8")
                 if w8 is not None and c == "W4A8" and not w8 <= self.budget:
                     # 4-bit weights on a layer whose 8-bit ones alone break the budget: never chosen
@@ -762,11 +828,20 @@ class Search:
                     todo.append(l)
                     continue
                 inferred.setdefault(l.name, []).append(c)
-            measured = self.measure_switched(c, todo, layers) if todo else None
-            if measured is None:     # no switchable form: one model per layer
-                drops = self.measure([self.config_for({l.name: c}, layers, rest="float") for l in todo],
-                                     sensitivity=True)
-                measured = drops, self.last_errors
+            measured = self.measure_round(c, todo, layers)
+            bits = BY_NAME[c].weight_bits if BY_NAME[c].precision == "int" else None
+            rounded = [i for i, l in enumerate(todo) if (l.name, bits) in self.rounding.uses and
+                       measured[0][i] > NEGLIGIBLE * self.budget]
+            if rounded:
+                # the same round with round-to-nearest weights for the layers GPTQ rounded (and left a drop
+                # above NEGLIGIBLE: below it the other rounding cannot buy anything): each keeps the rounding
+                # that measured the smaller drop (GPTQ's layer loss is smaller, not always the model's)
+                with self.rounding.nearest():
+                    nearest = self.measure_round(c, [todo[i] for i in rounded], layers)
+                for i, d, e in zip(rounded, *nearest):
+                    if d < measured[0][i]:
+                        self.rounding.keep_nearest.add((todo[i].name, bits))
+                        measured[0][i], measured[1][i] = d, e
             for l, d, e in zip(todo, *measured):
                 table[l.name][c] = d
                 self.errors[l.name][c] = e
@@ -786,9 +861,12 @@ class Search:
                              self.ctx.options.act_bits != 16 else [])
         # measured as the verification measures (every kept sample; drop + margin, held-out drop): the level
         # is chosen once, and a level the held-out samples break would make every assignment fail
-        drops = self.measure([self.config_for(all_float, layers, rest=lv) for lv in levels], every=True)
+        # one level at a time, cheapest first: a level within REST_SHARE is taken and the next is not measured
+        p = self.power
         rest_drops, guarded, rest_trials = {}, {}, {}
-        for lv, d, outs, size, fm in zip(levels, drops, self.last_outs, self.last_sizes, self.last_float_macs):
+        for lv in levels:
+            d = self.measure([self.config_for(all_float, layers, rest=lv)], every=True)[0]
+            outs, size, fm = self.last_outs[0], self.last_sizes[0], self.last_float_macs[0]
             rest_drops[lv] = d
             se, held = self.spread(outs)
             guarded[lv] = max(d + VERIFY_MARGIN * se, held or 0.0) if outs is not None else math.inf
@@ -796,8 +874,9 @@ class Search:
                                     self.weight_bytes(all_float, layers, lv), d, held_out=held,
                                     margin=VERIFY_MARGIN * se, file_bytes=size, float_macs=fm)
             res.trials.append(rest_trials[lv])
+            if guarded[lv] ** p <= REST_SHARE * self.budget ** p:
+                break
         rest_drops["float"] = guarded["float"] = 0.0
-        p = self.power
         level = next((lv for lv, d in guarded.items() if d ** p <= REST_SHARE * self.budget ** p), None) or \
             next(lv for lv, d in guarded.items() if d <= self.budget)
         rest_drops = {lv: guarded[lv] if lv == level else d for lv, d in rest_drops.items()}
@@ -915,7 +994,7 @@ class Search:
             ok = True
             t, assignment, level = self.choose(options, plain_option, layers, res)
         if not ok:   # every layer float, the rest at its level, then the next levels up (float: exact)
-            order = [lv for lv in ("base", "A16", "float") if lv in rest_drops]
+            order = levels + ["float"]
             for lv in order[order.index(level):]:
                 level, assignment = lv, dict(all_float)
                 ok, t = self.verify(assignment, layers, level)
@@ -938,7 +1017,68 @@ class Search:
                              f"{100 * rest_drops['base']:.3g} % at the given settings: they run at {level}")
         res.whole_model_float = level == "float" and all(c == "float" for c in res.assignment.values())
         res.weight_bytes = self.weight_bytes(res.assignment, layers, level)
+        rd = self.rounding
+        res.rounding = {"gptq": sorted({f"{n} {b}-bit" for n, b in rd.uses - rd.keep_nearest}),
+                        "nearest_measured_better": sorted(f"{n} {b}-bit" for n, b in rd.keep_nearest),
+                        "seconds": round(rd.seconds, 3)}
         res.seconds["assignment"] = time.perf_counter() - t1
+        res.seconds["total"] = time.perf_counter() - t0
+        res.evaluations = self.evaluations
+        return res
+
+    def plain_name(self) -> str:
+        return f"W{self.ctx.options.weight_bits}A{self.ctx.options.act_bits}"
+
+    def banned_by_plain(self, layers, names, res) -> Optional[Dict[str, set]]:
+        """Under balanced/latency, when the plain run passes the rule: layer -> the candidates whose move alone
+        puts more float multiply-accumulates on the plan than the plain run (LATENCY_TOLERANCE); None when the
+        plain run does not pass (or is no candidate, or the objective does not weigh latency)."""
+        plain = self.plain_name()
+        if self.ctx.settings.optimize not in LATENCY_OBJECTIVES or plain not in names or not layers:
+            return None
+        all_plain = {l.name: plain for l in layers}
+        ok, t = self.verify(all_plain, layers, "base")
+        t.what = f"verify all {plain} (the plain run, first: every weight rounded by GPTQ)"
+        res.trials.append(t)
+        res.plain_file_bytes = t.file_bytes
+        if not ok:
+            return None
+        self._plain_trial = t
+        cap = (t.float_macs or 0.0) * (1 + LATENCY_TOLERANCE)
+        banned = {l.name: {c for c in names if c != plain and
+                           self.plan_float_macs(dict(all_plain, **{l.name: c}), layers, "base") > cap}
+                  for l in layers}
+        n = sum(len(v) for v in banned.values())
+        if n:
+            res.notes.append(f"mixed precision: the plain run meets the budget; {n} layer moves that would run more "
+                             f"multiply-accumulates on float kernels than it were not measured")
+        return banned
+
+    def plain_result(self, res, layers, t0) -> Result:
+        """The result when the plain run is the only plan allowed (banned_by_plain)."""
+        t = self._plain_trial
+        res.assignment = {l.name: self.plain_name() for l in layers}
+        res.drop, res.held_out_drop, res.margin, res.search_drop = t.drop, t.held_out, t.margin, t.drop
+        res.file_bytes = res.plain_file_bytes = t.file_bytes
+        res.rest, res.rest_drops = "base", {}
+        res.table = {l.name: {} for l in layers}
+        if t.float_macs is not None:
+            res.float_macs = {"plan": int(t.float_macs), "plain": int(t.float_macs)}
+        res.notes.append("mixed precision: every cheaper move would run more multiply-accumulates on float kernels "
+                         "than the plain run, which meets the budget: the plain run is returned")
+        if runs_on_onnxruntime(self.profile.fusions):    # its latency, as every returned plan reports it
+            ms = self.time_options([(t, res.assignment, "base")], layers)
+            if ms is not None:
+                res.latency = {"clock": "cpu", "threads": 1, "plan_ms": round(ms[0], 4),
+                               "plain_ms": round(ms[0], 4)}
+        if self.unresolved:
+            res.notes.append(f"mixed precision: the metric moved on none of the {self.n_kept} samples: it cannot "
+                             f"see a drop below ~{300 / max(self.n_kept, 1):.2g} % (3/n) there, above the budget; "
+                             f"use a smooth metric or more calibration samples")
+        res.weight_bytes = self.weight_bytes(res.assignment, layers, "base")
+        rd = self.rounding
+        res.rounding = {"gptq": sorted({f"{n} {b}-bit" for n, b in rd.uses - rd.keep_nearest}),
+                        "nearest_measured_better": [], "seconds": round(rd.seconds, 3)}
         res.seconds["total"] = time.perf_counter() - t0
         res.evaluations = self.evaluations
         return res
@@ -956,7 +1096,34 @@ class Search:
         floor: Dict[str, int] = {}    # layer -> lowest rank not ruled out
         weigh = self.ctx.settings.optimize in LATENCY_OBJECTIVES   # then no step may add float MACs
         k = 1
-        for _ in range(SHRINK_STEPS):
+        steps = SHRINK_STEPS
+        # first, every layer to float16 where that costs next to nothing alone (NEGLIGIBLE of the budget) and
+        # makes the file smaller (a float layer; an 8-bit one whose kernel runs float among float16 neighbours
+        # and so stores float weights), all at once: one verification instead of one per step (integer moves
+        # of small drop alone do not add up that way: their 8-bit outputs meet their neighbours')
+        free = {}
+        now = self.model_bytes(assignment, layers)
+        for l in layers:
+            c = "float16"
+            if c not in names or assignment[l.name] == c or table[l.name].get(c, math.inf) > NEGLIGIBLE * self.budget:
+                continue
+            nxt = dict(assignment)
+            nxt[l.name] = c
+            if now - self.model_bytes(nxt, layers) >= 1.0:
+                free[l.name] = c
+        if len(free) > 1:
+            nxt = dict(assignment, **free)
+            ok, t = self.verify(nxt, layers, level)
+            t.what = f"verify shrink {len(free)} moves of negligible drop"
+            res.trials.append(t)
+            steps -= 1
+            if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0) and (not weigh or (
+                    t.float_macs if t.float_macs is not None else math.inf) <= (
+                    trial.float_macs if trial.float_macs is not None else math.inf)):
+                assignment, trial = nxt, t
+        spent, rounds = 0, 0     # verifications made; rounds of the loop (a move ruled out unmeasured is free)
+        while spent < steps and rounds < 4 * steps + len(layers):
+            rounds += 1
             now = self.model_bytes(assignment, layers)
             moves = []
             for l in layers:
@@ -978,11 +1145,24 @@ class Search:
             if not moves:
                 break
             moves.sort(key=lambda m: -m[0])
+            if weigh:
+                # a move the cost model already puts on more float MACs cannot be kept: ruled out unmeasured
+                limit = trial.float_macs if trial.float_macs is not None else math.inf
+                while moves and self.plan_float_macs(dict(assignment, **{moves[0][1]: moves[0][2]}),
+                                                     layers, level) > limit:
+                    floor[moves[0][1]] = rank[moves[0][2]] + 1
+                    moves.pop(0)
+                if not moves:
+                    continue
             take = moves[:k]
             nxt = dict(assignment)
             for _, name, c in take:
                 nxt[name] = c
+            if weigh and len(take) > 1 and self.plan_float_macs(nxt, layers, level) > limit:
+                k = max(1, len(take) // 2)
+                continue
             ok, t = self.verify(nxt, layers, level)
+            spent += 1
             t.what = "verify shrink " + ", ".join(f"{name} {c}" for _, name, c in take)
             res.trials.append(t)
             if ok and (t.file_bytes or 0) <= (trial.file_bytes or 0) and (not weigh or (
@@ -996,6 +1176,17 @@ class Search:
                 _, name, c = take[0]
                 floor[name] = rank[c] + 1
         return assignment, trial
+
+    def plan_float_macs(self, assignment, layers, level) -> float:
+        """The cost model's float multiply-accumulates of `assignment` from its plan alone (no encodings, no
+        session): what a verification would report as `float_macs`."""
+        key = (tuple(sorted(assignment.items())), level)
+        if key not in self._macs:
+            cal = self.ctx.calibration
+            plan = build_plan(self.ctx.model, self.profile, cal.dtypes, self.stats,
+                              self.options_for(self.config_for(assignment, layers, rest=level)))
+            self._macs[key] = float_macs(plan)
+        return self._macs[key]
 
     def choose(self, options, plain_option, layers, res):
         """The option (trial, assignment, rest level) to return, all within the rule: the smallest file, or under
@@ -1051,7 +1242,8 @@ class Search:
         return best
 
     def time_options(self, options, layers) -> Optional[List[float]]:
-        """Median CPU milliseconds of each option's QDQ model, timed interleaved on the first kept sample."""
+        """Median CPU milliseconds per sample of each option's QDQ model, timed interleaved on the first
+        LATENCY_SAMPLES kept samples."""
         models = {}
         for i, (_, assignment, level) in enumerate(options):
             b = self.lower(self.config_for(assignment, layers, rest=level))
@@ -1059,15 +1251,23 @@ class Search:
                 return None
             models[i] = b
         try:
-            ms = time_interleaved(models, self.feeds[0] if self.feeds else None, runs=LATENCY_RUNS,
-                                  threads=1, clock="cpu")
+            ms = time_interleaved(models, self.feeds[:LATENCY_SAMPLES] or None, runs=LATENCY_RUNS,
+                                  warmup=LATENCY_WARMUP, threads=1, clock="cpu")
+            n = max(1, min(len(self.feeds), LATENCY_SAMPLES))
+            ms = {k: v / n for k, v in ms.items()}      # per sample
         except QCompilerError:
             return None
         return [ms[i] for i in range(len(options))]
 
     def verify(self, assignment: Dict[str, str], layers: List[Layer], level: str) -> Tuple[bool, Trial]:
         """Measure `assignment` on every kept sample: accepted when its drop there plus VERIFY_MARGIN standard
-        errors is within the budget and its drop on the held-out samples alone is within the budget."""
+        errors is within the budget and its drop on the held-out samples alone is within the budget. An
+        assignment already verified (the tightened greedy and the last pass often come back to one) is not
+        measured again: its trial is copied."""
+        key = (tuple(sorted(assignment.items())), level, frozenset(self.rounding.keep_nearest))
+        seen = self.verified.get(key)
+        if seen is not None:
+            return seen[0], copy.copy(seen[1])
         d = self.measure([self.config_for(assignment, layers, rest=level)], every=True)[0]
         se, held = self.spread(self.last_outs[0])
         t = Trial("verify", dict(assignment), self.weight_bytes(assignment, layers, level), d,
@@ -1077,6 +1277,7 @@ class Search:
             self.unresolved = True
         ok = math.isfinite(d) and math.isfinite(se) and d + VERIFY_MARGIN * se <= self.budget and \
             (held is None or held <= self.budget)
+        self.verified[key] = (ok, copy.copy(t))
         return ok, t
 
     def spread(self, outs) -> Tuple[float, Optional[float]]:
@@ -1088,8 +1289,15 @@ class Search:
         return se, held
 
     def reference(self, res: Result, name: str) -> None:
-        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve."""
+        """Measure every layer at candidate `name` (e.g. all W8A8) as one more point of the curve (not again
+        when it was verified: the plain run usually was)."""
         a = {l.name: name for l in res.layers}
+        seen = self.verified.get((tuple(sorted(a.items())), res.rest, frozenset(self.rounding.keep_nearest)))
+        if seen is not None:
+            t = seen[1]
+            res.trials.append(Trial(f"all {name}", a, t.weight_bytes, t.drop, file_bytes=t.file_bytes,
+                                    float_macs=t.float_macs))
+            return
         d = self.measure([self.config_for(a, res.layers, rest=res.rest)], every=True)[0]
         res.trials.append(Trial(f"all {name}", a, self.weight_bytes(a, res.layers, res.rest), d,
                                 file_bytes=self.last_sizes[0], float_macs=self.last_float_macs[0]))
@@ -1156,6 +1364,7 @@ class Search:
         budget = self.budget ** p
         while True:
             best, best_eff = None, -1.0
+            cur_bytes = self.model_bytes(cur, layers) if self.knock else 0.0
             for l in layers:
                 now = cur[l.name]
                 d_now = scale * max(0.0, table[l.name].get(now, 0.0)) ** p
@@ -1169,7 +1378,7 @@ class Search:
                     if self.knock:
                         nxt = dict(cur)
                         nxt[l.name] = c
-                        saved = self.model_bytes(cur, layers) - self.model_bytes(nxt, layers)
+                        saved = cur_bytes - self.model_bytes(nxt, layers)
                     else:
                         saved = self.saved_bytes(l, now, c)
                     err = self.errors.get(l.name, {})
@@ -1200,18 +1409,30 @@ class Search:
         measured), readers included: a layer at an integer candidate whose writer's output loses its integer
         kernel (knock_on) stores float weights. Activation bits break ties (Candidate.cost)."""
         lost = set()
+        kinds = self._kinds
         for name, c in assignment.items():
-            k = output_kind(BY_NAME[c], self.ctx.options.act_bits)
+            k = kinds.get(c)
+            if k is None and c not in kinds:
+                k = kinds[c] = output_kind(BY_NAME[c], self.ctx.options.act_bits)
             if k is not None:
                 lost |= self.knock.get(name, {}).get(k, frozenset())
         total = 0.0
+        parts = self._parts
         for l in layers:
-            c = BY_NAME[assignment.get(l.name, "float")]
-            known = self.layer_bytes.get(l.name, {})
-            name = "float" if c.precision == "int" and l.name in lost else c.name
-            total += known[name] if name in known else l.weight_elements * BY_NAME[name].weight_bytes_per_element
-            total += c.cost - c.weight_bytes_per_element
+            c = assignment.get(l.name, "float")
+            key = (l.name, c, l.name in lost)
+            v = parts.get(key)
+            if v is None:
+                v = parts[key] = self._part(l, BY_NAME[c], key[2])
+            total += v
         return total
+
+    def _part(self, l: Layer, c: Candidate, reader_lost: bool) -> float:
+        """One layer's term of model_bytes (cached in self._parts, emptied when layer_bytes changes)."""
+        known = self.layer_bytes.get(l.name, {})
+        name = "float" if c.precision == "int" and reader_lost else c.name
+        b = known[name] if name in known else l.weight_elements * BY_NAME[name].weight_bytes_per_element
+        return b + c.cost - c.weight_bytes_per_element
 
     def knock_on(self, layers: List[Layer], names: List[str]) -> Dict[str, Dict[str, frozenset]]:
         """layer -> output kind (output_kind) -> the other layers that lose their integer kernel (integer_kernel,
@@ -1283,6 +1504,11 @@ def apply_result(ctx, search: Search, res: Result) -> None:
     cal = ctx.calibration
     ctx.plan = build_plan(ctx.model, ctx.profile, cal.dtypes, search.stats, ctx.options)
     ctx.float16 = float16_nodes(ctx.model, cfg, ctx.plan.dtypes)
+    # the weights as the search measured them: their encodings now, with GPTQ's integers (frozen, so
+    # assign-encodings keeps them and insert-qdq writes them)
+    assign_encodings(ctx.plan, ctx.model, cal, ctx.settings.scheme)
+    assign_block_encodings(ctx.plan, ctx.model, ctx.settings.scheme)
+    search.rounding.apply(ctx.model, ctx.plan)
 
 
 def format_table(mp: dict) -> str:
@@ -1290,7 +1516,7 @@ def format_table(mp: dict) -> str:
     rows = [("layer", "op", "chosen", "drop alone %", "weights")]
     for name, l in mp["layers"].items():
         s = l["sensitivity"].get(l["chosen"])
-        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else str(s)
+        s = f"{100 * s:.4g}" if isinstance(s, (int, float)) else "not measured" if s is None else str(s)
         rows.append((name[:60], l["op"], l["chosen"], s, str(l["weights"])))
     w = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = ["  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)) for r in rows]

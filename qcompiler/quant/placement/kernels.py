@@ -27,13 +27,20 @@ def _act_bits(plan: QuantPlan, table: Dict[str, int], v) -> Optional[int]:
 
 def integer_kernel(plan: QuantPlan, table: Dict[str, int], node) -> bool:
     """Will the runtime run `node` as an integer kernel (profile `integer_weight_kernels`, read from the plan
-    before encodings exist, as storage.unfused_reason reads it once they do)? Unsure cases answer True."""
+    before encodings exist, as storage.unfused_reason reads it once they do: its input, its weight and, where
+    the rule asks, its output at the rule's bits)? Unsure cases answer True."""
     rule = plan.profile.integer_weight_kernels.get(node.op_type)
     if rule is None:
         return False
     bits = rule.act_bits
     if not node.inputs or _act_bits(plan, table, node.inputs[0]) != bits:
         return False
+    # its weight too, where the plan has one (storage.unfused_reason's rule): a float, 4-bit or 16-bit weight is
+    # read by a float kernel (a MatMul of two activations has none: its second input is judged as an activation)
+    for slot in plan.profile.weights.get(node.op_type) or ():
+        w = plan.uses.get((node.name, slot))
+        if w is not None and w.kind == "weight" and (w.keep_float or w.bits != bits):
+            return False
     if rule.output_q:
         through = set(plan.profile.output_q_through)
         v = node.outputs[0]

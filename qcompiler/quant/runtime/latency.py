@@ -93,33 +93,40 @@ def _check(runs, warmup, threads, clock="wall") -> None:
         raise ArgumentError(f"threads must be None or an int >= 1, got {threads!r}"[:120])
 
 
-def time_interleaved(models: dict, feed: Optional[dict] = None, runs: int = DEFAULT_RUNS,
+def time_interleaved(models: dict, feed=None, runs: int = DEFAULT_RUNS,
                      warmup: int = DEFAULT_WARMUP, threads: Optional[int] = 1, clock: str = "wall") -> dict:
     """{label: median ms} for each model (IR, ModelProto or bytes), timed round-robin in one process.
 
-    The first model's inputs define the default feed; each model is given the inputs it declares.
+    The first model's inputs define the default feed; each model is given the inputs it declares. `feed` may be
+    a list of feeds: a round then runs each model on every one of them and its time is their sum (a model whose
+    cost depends on the input is timed on more than one).
     """
     _check(runs, warmup, threads, clock)
     now = time.perf_counter if clock == "wall" else time.thread_time
     sessions = {k: create_session(m, role=str(k), threads=threads) for k, m in models.items()}
     if feed is None:
         feed = default_feed(next(iter(sessions.values())))
+    given = list(feed) if isinstance(feed, (list, tuple)) else [feed]
+    if not given:
+        raise ArgumentError("time_interleaved needs at least one feed")
     feeds = {}
     for k, s in sessions.items():
         names = [i.name for i in s.get_inputs()]
-        missing = [n for n in names if n not in feed]
+        missing = [n for n in names if any(n not in f for f in given)]
         if missing:
             raise ArgumentError(f"the feed has no input '{missing[0][:80]}' of the {k} model")
-        feeds[k] = {n: feed[n] for n in names}
+        feeds[k] = [{n: f[n] for n in names} for f in given]
     for k, s in sessions.items():   # a run that fails does so here, as one line through Session.run
-        s.run(None, feeds[k], where=f"the {k} model's first run")
+        for f in feeds[k]:
+            s.run(None, f, where=f"the {k} model's first run")
     order = list(sessions)
     times = {k: [] for k in order}
     for r in range(warmup + runs):
         for k in (order if r % 2 == 0 else order[::-1]):
-            raw, f = sessions[k].raw, feeds[k]
+            raw, fs = sessions[k].raw, feeds[k]
             t0 = now()
-            raw.run(None, f)
+            for f in fs:
+                raw.run(None, f)
             dt = now() - t0
             if r >= warmup:
                 times[k].append(dt * 1e3)
