@@ -8,6 +8,7 @@ folder only) before anything uses it; tensors outside initializers get their ext
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from operator import attrgetter
 from typing import Optional
 
@@ -189,12 +190,22 @@ def _lookup(name: str, local: dict, scope: list):
     return None
 
 
-# a node's fields in the order _fill_graph unpacks them; fields a later onnx adds (numbers over 9) come last
-_NODE_FIELDS = attrgetter("input", "output", "name", "op_type", "domain", "attribute", "doc_string", "overload",
-                          "metadata_props", *(f.name for f in onnx.NodeProto.DESCRIPTOR.fields if f.number > 9))
+_NODE_BASE = ("input", "output", "name", "op_type", "domain", "attribute", "doc_string", "overload", "metadata_props")
+_NODE_EXTRA = tuple(f.name for f in onnx.NodeProto.DESCRIPTOR.fields if f.number > 9)   # fields a later onnx adds
+# a node's fields in the order _fill_graph unpacks them, the last one true when any field the IR does not model
+# is set (then export rebuilds the node, without it). NOTE: one C-level attrgetter while onnx adds at most one
+# such field (device_configurations); a star-unpacked list per node cost ~1 % of the import
+if len(_NODE_EXTRA) <= 1:
+    _NODE_FIELDS = attrgetter(*_NODE_BASE, *(_NODE_EXTRA or ("metadata_props",)))
+else:   # pragma: no cover - a later onnx
+    _node_base, _node_extra = attrgetter(*_NODE_BASE), attrgetter(*_NODE_EXTRA)
+
+    def _NODE_FIELDS(np_):
+        return (*_node_base(np_), any(_node_extra(np_)))
 
 
 _serialize = onnx.AttributeProto.SerializeToString
+_domain_of = attrgetter("domain")
 _MEMO_BYTES = 4096   # attribute lists larger than this (tensors, long lists) are checked each time, never kept
 
 
@@ -203,7 +214,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     check_text(gp.doc_string, lambda: f"doc string of graph '{short(g.name)}'")
     g.doc_string = gp.doc_string
     names = g.names
-    local: dict = {}
+    used_names = names._used
+    # NOTE: in the main graph no outer name exists to shadow, so every value keeps its file name: the graph's own
+    # name -> Value dict is the file-name lookup too (one dict insert per value, not two), and the model-wide
+    # name set is filled in bulk after sweep 1 (`local` answers "seen before?" until then)
+    body = bool(scope) or bool(used_names)
+    values = g._values
+    local: dict = {} if body else values
     # graph inputs (old-style models also list initializers here)
     for vi in gp.input:
         v = _define(g, local, vi.name)
@@ -217,8 +234,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             check_text(vi.doc_string, lambda: f"doc string of input '{short(vi.name)}'")
         v.doc_string = vi.doc_string
         g.inputs.append(v)
-    values, initializers = g._values, g.initializers
-    used_names = names._used
+    initializers = g.initializers
     base_dir, stubs, imported = ctx.base_dir, ctx.stubs, Tensor._imported
     for tp in gp.initializer:
         name = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
@@ -228,7 +244,9 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 v = _define(g, local, name)
             else:   # what _define does for a new name
                 used_names.add(name)
-                v = values[name] = local[name] = Value(name, g)
+                v = local[name] = Value(name, g)
+                if body:
+                    values[name] = v
         elif v.tensor is not None:
             raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(name)}' is listed twice")
         # NOTE: _tensor inlined (one Python call less per initializer: ~30k in bench_ir)
@@ -264,13 +282,16 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     used_node_names = g.node_names._used
     node_names = g.node_names
     reserve = used_names.add
+    seen = used_names if body else local
+    no_attrs = ()
     local_get = local.get
     empty_defined = "" in local   # a graph input named '': an empty input name then needs the slow path
     expected_by_op: dict = {}
     checked_attrs = ctx.checked_attrs
     base_dir = ctx.base_dir
     append_node = nodes.append
-    for np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, *extra) in zip(
+    nodes_by_op = defaultdict(dict)   # the by-op index, in node order
+    for np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, extra) in zip(
             nps, map(_NODE_FIELDS, nps)):
         # NOTE: every slot set here once (Node.__init__ would set seven of them twice): ~90k nodes
         n = new_node(Node)
@@ -283,7 +304,6 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 n.name = node_names.fresh(name)
             else:
                 used_node_names.add(name)
-        extra = any(extra)
         if doc or overload or meta:
             if doc:
                 check_text(doc, lambda: f"doc string of node '{short(name)}'")
@@ -320,7 +340,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             n._attr_protos = attributes
         else:
             n._attrs = None
-            n._attr_protos = []
+            n._attr_protos = no_attrs
         ins = ins[:]   # NOTE: a slice of a upb container is a C copy, about twice as fast as list()
         if cut is None:
             vs = list(map(local_get, ins))
@@ -350,9 +370,11 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         for oname in outs:
             # NOTE: every name this graph defines (or shadows) is in the model-wide `used_names`, so one set
             # lookup clears the common case; the duplicate and shadow checks run only for a name seen before
-            if oname and oname not in used_names:
-                reserve(oname)
-                values[oname] = local[oname] = v = Value(oname, g, None, n, i)
+            if oname and oname not in seen:
+                local[oname] = v = Value(oname, g, None, n, i)
+                if body:
+                    reserve(oname)
+                    values[oname] = v
                 n_outputs.append(v)
                 i += 1
                 continue
@@ -370,21 +392,24 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             n_outputs.append(v)
             i += 1
         append_node(n)
+        nodes_by_op[op_type][n] = None
         if has_graph:
             graph_nodes.append((n, np_))
         elif not (extra or meta):
             # what export compares against to reuse `np_` unchanged (see exporter._node_protos)
             n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
+    if not body:
+        used_names.update(local)
     all_nodes = nodes
-    g._nodes.update(dict.fromkeys(all_nodes))
+    if g._nodes:
+        g._nodes.update(dict.fromkeys(all_nodes))
+    else:
+        g._nodes = dict.fromkeys(all_nodes)
     by_op = g._by_op
-    for n in all_nodes:
-        ops = by_op.get(n.op_type)
-        if ops is None:
-            ops = by_op[n.op_type] = {}
-        ops[n] = None
+    for op, ops in nodes_by_op.items():   # a few distinct op types
+        by_op.setdefault(op, {}).update(ops)
     try:   # domains: one C-speed join over the few distinct ones (see _check_names)
-        "".join({n.domain for n in all_nodes})
+        "".join(set(map(_domain_of, all_nodes)))
     except TypeError:
         bad = next(n for n in all_nodes if n.domain.__class__ is not str)
         raise not_utf8(f"domain of node '{short(bad.name)}'", bad.domain) from None
