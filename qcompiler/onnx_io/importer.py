@@ -58,7 +58,8 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
         ctx = _Ctx(base_dir, data_stubs, opsets.get("", opsets.get("ai.onnx")))
         with gc_paused():
             _fill_graph(graph, proto.graph, ctx, [])
-        _check_names(names._used, "value")
+        for sub in ctx.graphs:   # NOTE: each graph's dict of values (its keys in order): a join over the
+            _check_names(sub._values, "value")   # model-wide name set walks a sparse table, ~3x slower at 120k
         _check_names(node_names._used, "node")
     check_loops_end(graph)
     model = Model(graph, opsets, proto.ir_version)
@@ -86,13 +87,13 @@ def _check_model_texts(proto: onnx.ModelProto) -> None:
         check_text(p.value, lambda p=p: f"metadata value of '{short(p.key)}'")
 
 
-def _check_names(used: set, kind: str) -> None:
+def _check_names(names, kind: str) -> None:
     """Every value (node) name is valid UTF-8: one join at C speed over the names the import reserved (a name
     upb could not decode is bytes, which str.join refuses); the culprit is looked for only on failure."""
     try:
-        "".join(used)
+        "".join(names)
     except TypeError:
-        bad = next(x for x in used if x.__class__ is not str)
+        bad = next(x for x in names if x.__class__ is not str)
         raise not_utf8(f"{kind} name", bad) from None
 
 
@@ -109,7 +110,7 @@ def _opset_version(domain: str, version: int) -> int:
 
 
 class _Ctx:
-    __slots__ = ("base_dir", "stubs", "pending", "opset", "checked_attrs")
+    __slots__ = ("base_dir", "stubs", "pending", "opset", "checked_attrs", "graphs")
 
     def __init__(self, base_dir, stubs=False, opset=None):
         self.base_dir, self.stubs = base_dir, stubs
@@ -120,6 +121,7 @@ class _Ctx:
         # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
         # half way leaves nothing behind)
         self.pending: dict = {}
+        self.graphs: list = []   # every graph imported, the main one first
 
 
 def _inlined_node(np_: onnx.NodeProto, where, ctx: _Ctx) -> onnx.NodeProto:
@@ -211,8 +213,9 @@ _MEMO_BYTES = 4096   # attribute lists larger than this (tensors, long lists) ar
 
 def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     check_text(g.name, lambda: "graph name")
-    check_text(gp.doc_string, lambda: f"doc string of graph '{short(g.name)}'")
+    check_text(gp.doc_string, lambda g=g: f"doc string of graph '{short(g.name)}'")
     g.doc_string = gp.doc_string
+    ctx.graphs.append(g)
     names = g.names
     used_names = names._used
     # NOTE: in the main graph no outer name exists to shadow, so every value keeps its file name: the graph's own
@@ -237,26 +240,26 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     initializers = g.initializers
     base_dir, stubs, imported = ctx.base_dir, ctx.stubs, Tensor._imported
     for tp in gp.initializer:
-        name = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
-        v = local.get(name)
+        tname = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
+        v = local.get(tname)
         if v is None:
-            if name in used_names:   # shadows an outer-scope name
-                v = _define(g, local, name)
+            if tname in used_names:   # shadows an outer-scope name
+                v = _define(g, local, tname)
             else:   # what _define does for a new name
-                used_names.add(name)
-                v = local[name] = Value(name, g)
+                used_names.add(tname)
+                v = local[tname] = Value(tname, g)
                 if body:
-                    values[name] = v
+                    values[tname] = v
         elif v.tensor is not None:
-            raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(name)}' is listed twice")
+            raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(tname)}' is listed twice")
         # NOTE: _tensor inlined (one Python call less per initializer: ~30k in bench_ir)
-        dt, dims, ref = check_tensor(tp, lambda: f"initializer '{short(name)}' of graph '{short(g.name)}'", base_dir,
-                                     stubs)
+        dt, dims, ref = check_tensor(tp, lambda tname=tname, g=g: f"initializer '{short(tname)}' of graph "
+                                                                  f"'{short(g.name)}'", base_dir, stubs)
         v.tensor = imported(tp, dt, dims, ref)
         initializers[v.name] = v
     sparse = list(gp.sparse_initializer)
     for i, sp in enumerate(sparse):
-        def where(sp=sp):
+        def where(sp=sp, g=g):
             return f"sparse initializer '{short(sp.values.name)}' of graph '{short(g.name)}'"
         if check_sparse(sp, where, ctx.base_dir):
             c = onnx.SparseTensorProto()
@@ -306,10 +309,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                 used_node_names.add(name)
         if doc or overload or meta:
             if doc:
-                check_text(doc, lambda: f"doc string of node '{short(name)}'")
+                check_text(doc, lambda name=name: f"doc string of node '{short(name)}'")
                 n.doc_string = doc
             if overload:
-                check_text(overload, lambda: f"overload of node '{short(name)}'")
+                check_text(overload, lambda name=name: f"overload of node '{short(name)}'")
                 n.overload = overload
             if meta:
                 meta = n.metadata_props = list(meta)
@@ -324,7 +327,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             key = (op_type, domain, *map(_serialize, attributes))
             if key not in checked_attrs:
                 # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
-                def where(name=name, op_type=op_type):
+                def where(name=name, op_type=op_type, g=g):
                     return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
                 expected = expected_by_op.get((op_type, domain), False)
                 if expected is False:
@@ -407,7 +410,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         g._nodes = dict.fromkeys(all_nodes)
     by_op = g._by_op
     for op, ops in nodes_by_op.items():   # a few distinct op types
-        by_op.setdefault(op, {}).update(ops)
+        if op in by_op:
+            by_op[op].update(ops)
+        else:
+            by_op[op] = ops
     try:   # domains: one C-speed join over the few distinct ones (see _check_names)
         "".join(set(map(_domain_of, all_nodes)))
     except TypeError:
@@ -421,17 +427,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
     # sweep 2: subgraphs, then inputs
     for n, np_ in graph_nodes:
-        attrs = {}
-        for a in np_.attribute:
-            if a.type == AT.GRAPH:
-                attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
-            elif a.type == AT.GRAPHS:
-                attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
-                                     a.ref_attr_name, a.doc_string)
-            else:
-                attrs[a.name] = _decode_attr(a)
-        n._attrs = attrs
-        n._attr_protos = None
+        _decode_body_attrs(n, np_, g, ctx)
     forward_ref = False
     if cut is not None:
         position = {n: i for i, n in enumerate(nodes)}
@@ -449,7 +445,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v is None:
                 v = _lookup(iname, local, scope)
                 if v is None:
-                    if any(sp.values.name == iname for sp in gp.sparse_initializer):
+                    if iname in {sp.values.name for sp in gp.sparse_initializer}:
                         raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
                                                 f"({short(np_.op_type)}) input {i} '{short(iname)}' is a sparse "
                                                 f"initializer; qcompiler reads only dense ones (store it dense)")
@@ -495,6 +491,21 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     g.quantization_annotation = list(gp.quantization_annotation)
     if hasattr(gp, "metadata_props"):
         g.metadata_props = list(gp.metadata_props)
+
+
+def _decode_body_attrs(n: Node, np_: onnx.NodeProto, g: Graph, ctx: _Ctx) -> None:
+    """Decode the attributes of a node that holds a body; each body becomes a Graph (filled after sweep 2)."""
+    attrs = {}
+    for a in np_.attribute:
+        if a.type == AT.GRAPH:
+            attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
+        elif a.type == AT.GRAPHS:
+            attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
+                                 a.ref_attr_name, a.doc_string)
+        else:
+            attrs[a.name] = _decode_attr(a)
+    n._attrs = attrs
+    n._attr_protos = None
 
 
 def _subgraph(gp: onnx.GraphProto, parent: Node, outer: Graph, ctx: _Ctx) -> Graph:
