@@ -9,6 +9,7 @@ folder only) before anything uses it; tensors outside initializers get their ext
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import repeat
 from operator import attrgetter
 from typing import Optional
 
@@ -272,7 +273,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # ListFields, no bytecode per field): per-node Python work is what made importing a 90k-node graph 5x
     # slower than protobuf's parse.
     nps = gp.node[:]   # NOTE: a slice of a upb container is a C copy, about twice as fast as list()
-    nodes = []   # the Nodes, in file order (index i is nps[i])
+    # the Nodes, in file order (index i is nps[i]), made by one C-level map and filled in below
+    nodes = list(map(Node.__new__, repeat(Node, len(nps))))
     graph_nodes = []   # (Node, its proto with attribute tensors inlined) for each node that holds a body
     # NOTE: while every input so far names a value already defined in this graph (the file is sorted), inputs
     # are linked here; from the first one that is not (a forward reference, an outer-scope name that a later
@@ -280,7 +282,6 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # appended in node order either way.
     cut = None   # (node position, input slot) where sweep 2 starts
     new_usage = tuple.__new__   # Usage(n, i) without NamedTuple's Python-level __new__
-    new_node = Node.__new__
     # NOTE: the scopes' sets directly: NameScope.__contains__/reserve as Python calls cost ~0.04 s per 90k nodes
     used_node_names = g.node_names._used
     node_names = g.node_names
@@ -292,12 +293,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     expected_by_op: dict = {}
     checked_attrs = ctx.checked_attrs
     base_dir = ctx.base_dir
-    append_node = nodes.append
     nodes_by_op = defaultdict(dict)   # the by-op index, in node order
-    for np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, extra) in zip(
-            nps, map(_NODE_FIELDS, nps)):
+    for n, np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, extra) in zip(
+            nodes, nps, map(_NODE_FIELDS, nps)):
         # NOTE: every slot set here once (Node.__init__ would set seven of them twice): ~90k nodes
-        n = new_node(Node)
         n.op_type, n.domain, n.name, n.graph = op_type, domain, name, g
         n.doc_string = n.overload = ""
         n.metadata_props = n.meta = n._source = None
@@ -356,7 +355,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                         continue
                     v = local_get(iname)
                     if v is None:
-                        cut = (len(nodes), i)
+                        cut = (nodes.index(n), i)
                         break
                     vs.append(v)
                     v._uses.append(new_usage(Usage, (n, i)))   # g._add_use, for a local v with no index built
@@ -394,7 +393,6 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             v.index = i
             n_outputs.append(v)
             i += 1
-        append_node(n)
         nodes_by_op[op_type][n] = None
         if has_graph:
             graph_nodes.append((n, np_))
