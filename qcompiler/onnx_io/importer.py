@@ -300,7 +300,6 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         n.op_type, n.domain, n.name, n.graph = op_type, domain, name, g
         n.doc_string = n.overload = ""
         n.metadata_props = n.meta = n._source = None
-        n.outputs = n_outputs = []
         if name:
             if name in used_node_names:
                 n.name = node_names.fresh(name)
@@ -368,31 +367,40 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         else:
             n.inputs = []
         outs = outs[:]
-        i = 0
-        for oname in outs:
-            # NOTE: every name this graph defines (or shadows) is in the model-wide `used_names`, so one set
-            # lookup clears the common case; the duplicate and shadow checks run only for a name seen before
-            if oname and oname not in seen:
-                local[oname] = v = Value(oname, g, None, n, i)
-                if body:
-                    reserve(oname)
-                    values[oname] = v
+        # NOTE: every name this graph defines (or shadows) is in `seen` (the model-wide `used_names`; in the main
+        # graph, `local`), so one lookup clears the common case; the duplicate and shadow checks run only for a
+        # name seen before. One output with a new name (most nodes) takes the first branch, without the loop.
+        if len(outs) == 1 and (oname := outs[0]) and oname not in seen:
+            local[oname] = v = Value(oname, g, None, n, 0)
+            if body:
+                reserve(oname)
+                values[oname] = v
+            n.outputs = [v]
+        else:
+            n.outputs = n_outputs = []
+            i = 0
+            for oname in outs:
+                if oname and oname not in seen:
+                    local[oname] = v = Value(oname, g, None, n, i)
+                    if body:
+                        reserve(oname)
+                        values[oname] = v
+                    n_outputs.append(v)
+                    i += 1
+                    continue
+                elif not oname:
+                    n_outputs.append(None)
+                    i += 1
+                    continue
+                elif oname in local:
+                    raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
+                                            f"'{short(oname)}' is already defined (duplicate name)")
+                else:   # shadows an outer-scope name: fresh unique name (see _define)
+                    v = _define(g, local, oname)
+                v.producer = n
+                v.index = i
                 n_outputs.append(v)
                 i += 1
-                continue
-            elif not oname:
-                n_outputs.append(None)
-                i += 1
-                continue
-            elif oname in local:
-                raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
-                                        f"'{short(oname)}' is already defined (duplicate name)")
-            else:   # shadows an outer-scope name: fresh unique name (see _define)
-                v = _define(g, local, oname)
-            v.producer = n
-            v.index = i
-            n_outputs.append(v)
-            i += 1
         nodes_by_op[op_type][n] = None
         if has_graph:
             graph_nodes.append((n, np_))
