@@ -244,13 +244,13 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         tname = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
         v = local.get(tname)
         if v is None:
-            if tname in used_names:   # shadows an outer-scope name
+            if not body:   # the main graph: its names go into `used_names` after sweep 1
+                v = local[tname] = Value(tname, g)
+            elif tname in used_names:   # shadows an outer-scope name
                 v = _define(g, local, tname)
             else:   # what _define does for a new name
                 used_names.add(tname)
-                v = local[tname] = Value(tname, g)
-                if body:
-                    values[tname] = v
+                v = values[tname] = local[tname] = Value(tname, g)
         elif v.tensor is not None:
             raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(tname)}' is listed twice")
         # NOTE: _tensor inlined (one Python call less per initializer: ~30k in bench_ir)
