@@ -296,10 +296,15 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     nodes_by_op = defaultdict(dict)   # the by-op index, in node order
     for n, np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, extra) in zip(
             nodes, nps, map(_NODE_FIELDS, nps)):
-        # NOTE: every slot set here once (Node.__init__ would set seven of them twice): ~90k nodes
-        n.op_type, n.domain, n.name, n.graph = op_type, domain, name, g
-        n.doc_string = n.overload = ""
-        n.metadata_props = n.meta = n._source = None
+        # NOTE: every slot set here once, each by its own statement (Node.__init__ would set seven of them twice;
+        # a 4-target tuple assignment builds and unpacks a tuple): ~90k nodes
+        n.op_type = op_type
+        n.domain = domain
+        n.name = name
+        n.graph = g
+        n.doc_string = doc   # checked below when not empty
+        n.overload = overload
+        n.metadata_props = n.meta = None
         if name:
             if name in used_node_names:
                 n.name = node_names.fresh(name)
@@ -308,10 +313,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         if doc or overload or meta:
             if doc:
                 check_text(doc, lambda name=name: f"doc string of node '{short(name)}'")
-                n.doc_string = doc
             if overload:
                 check_text(overload, lambda name=name: f"overload of node '{short(name)}'")
-                n.overload = overload
             if meta:
                 meta = n.metadata_props = list(meta)
         has_graph = False
@@ -404,7 +407,10 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         nodes_by_op[op_type][n] = None
         if has_graph:
             graph_nodes.append((n, np_))
-        elif not (extra or meta):
+            n._source = None
+        elif extra or meta:
+            n._source = None
+        else:
             # what export compares against to reuse `np_` unchanged (see exporter._node_protos)
             n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
     if not body:
