@@ -62,7 +62,8 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
         for sub in ctx.graphs:   # NOTE: each graph's dict of values (its keys in order): a join over the
             _check_names(sub._values, "value")   # model-wide name set walks a sparse table, ~3x slower at 120k
         _check_names(node_names._used, "node")
-    check_loops_end(graph)
+    if len(ctx.graphs) > 1:   # a Loop has a body: without bodies there is no Loop to check (a walk over every node)
+        check_loops_end(graph)
     model = Model(graph, opsets, proto.ir_version)
     model.producer_name = proto.producer_name
     model.producer_version = proto.producer_version
