@@ -8,6 +8,8 @@ folder only) before anything uses it; tensors outside initializers get their ext
 """
 from __future__ import annotations
 
+from collections import defaultdict
+from itertools import repeat
 from operator import attrgetter
 from typing import Optional
 
@@ -57,9 +59,11 @@ def model_from_proto(proto: onnx.ModelProto, base_dir: Optional[str] = None, *, 
         ctx = _Ctx(base_dir, data_stubs, opsets.get("", opsets.get("ai.onnx")))
         with gc_paused():
             _fill_graph(graph, proto.graph, ctx, [])
-        _check_names(names._used, "value")
+        for sub in ctx.graphs:   # NOTE: each graph's dict of values (its keys in order): a join over the
+            _check_names(sub._values, "value")   # model-wide name set walks a sparse table, ~3x slower at 120k
         _check_names(node_names._used, "node")
-    check_loops_end(graph)
+    if len(ctx.graphs) > 1:   # a Loop has a body: without bodies there is no Loop to check (a walk over every node)
+        check_loops_end(graph)
     model = Model(graph, opsets, proto.ir_version)
     model.producer_name = proto.producer_name
     model.producer_version = proto.producer_version
@@ -85,13 +89,13 @@ def _check_model_texts(proto: onnx.ModelProto) -> None:
         check_text(p.value, lambda p=p: f"metadata value of '{short(p.key)}'")
 
 
-def _check_names(used: set, kind: str) -> None:
+def _check_names(names, kind: str) -> None:
     """Every value (node) name is valid UTF-8: one join at C speed over the names the import reserved (a name
     upb could not decode is bytes, which str.join refuses); the culprit is looked for only on failure."""
     try:
-        "".join(used)
+        "".join(names)
     except TypeError:
-        bad = next(x for x in used if x.__class__ is not str)
+        bad = next(x for x in names if x.__class__ is not str)
         raise not_utf8(f"{kind} name", bad) from None
 
 
@@ -108,7 +112,7 @@ def _opset_version(domain: str, version: int) -> int:
 
 
 class _Ctx:
-    __slots__ = ("base_dir", "stubs", "pending", "opset", "checked_attrs")
+    __slots__ = ("base_dir", "stubs", "pending", "opset", "checked_attrs", "graphs")
 
     def __init__(self, base_dir, stubs=False, opset=None):
         self.base_dir, self.stubs = base_dir, stubs
@@ -119,6 +123,7 @@ class _Ctx:
         # body Graph id -> its GraphProto, until the outer graph is complete (per import: an import that fails
         # half way leaves nothing behind)
         self.pending: dict = {}
+        self.graphs: list = []   # every graph imported, the main one first
 
 
 def _inlined_node(np_: onnx.NodeProto, where, ctx: _Ctx) -> onnx.NodeProto:
@@ -189,21 +194,38 @@ def _lookup(name: str, local: dict, scope: list):
     return None
 
 
-# a node's fields in the order _fill_graph unpacks them; fields a later onnx adds (numbers over 9) come last
-_NODE_FIELDS = attrgetter("input", "output", "name", "op_type", "domain", "attribute", "doc_string", "overload",
-                          "metadata_props", *(f.name for f in onnx.NodeProto.DESCRIPTOR.fields if f.number > 9))
+_NODE_BASE = ("input", "output", "name", "op_type", "domain", "attribute", "doc_string", "overload", "metadata_props")
+_NODE_EXTRA = tuple(f.name for f in onnx.NodeProto.DESCRIPTOR.fields if f.number > 9)   # fields a later onnx adds
+# a node's fields in the order _fill_graph unpacks them, the last one true when any field the IR does not model
+# is set (then export rebuilds the node, without it). NOTE: one C-level attrgetter while onnx adds at most one
+# such field (device_configurations); a star-unpacked list per node cost ~1 % of the import
+if len(_NODE_EXTRA) <= 1:
+    _NODE_FIELDS = attrgetter(*_NODE_BASE, *(_NODE_EXTRA or ("metadata_props",)))
+else:   # pragma: no cover - a later onnx
+    _node_base, _node_extra = attrgetter(*_NODE_BASE), attrgetter(*_NODE_EXTRA)
+
+    def _NODE_FIELDS(np_):
+        return (*_node_base(np_), any(_node_extra(np_)))
 
 
 _serialize = onnx.AttributeProto.SerializeToString
+_domain_of = attrgetter("domain")
 _MEMO_BYTES = 4096   # attribute lists larger than this (tensors, long lists) are checked each time, never kept
 
 
 def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     check_text(g.name, lambda: "graph name")
-    check_text(gp.doc_string, lambda: f"doc string of graph '{short(g.name)}'")
+    check_text(gp.doc_string, lambda g=g: f"doc string of graph '{short(g.name)}'")
     g.doc_string = gp.doc_string
+    ctx.graphs.append(g)
     names = g.names
-    local: dict = {}
+    used_names = names._used
+    # NOTE: in the main graph no outer name exists to shadow, so every value keeps its file name: the graph's own
+    # name -> Value dict is the file-name lookup too (one dict insert per value, not two), and the model-wide
+    # name set is filled in bulk after sweep 1 (`local` answers "seen before?" until then)
+    body = bool(scope) or bool(used_names)
+    values = g._values
+    local: dict = {} if body else values
     # graph inputs (old-style models also list initializers here)
     for vi in gp.input:
         v = _define(g, local, vi.name)
@@ -217,28 +239,29 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             check_text(vi.doc_string, lambda: f"doc string of input '{short(vi.name)}'")
         v.doc_string = vi.doc_string
         g.inputs.append(v)
-    values, initializers = g._values, g.initializers
-    used_names = names._used
+    initializers = g.initializers
     base_dir, stubs, imported = ctx.base_dir, ctx.stubs, Tensor._imported
     for tp in gp.initializer:
-        name = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
-        v = local.get(name)
+        tname = tp.name   # NOTE: read once: each field read on a upb message costs about a microsecond
+        v = local.get(tname)
         if v is None:
-            if name in used_names:   # shadows an outer-scope name
-                v = _define(g, local, name)
+            if not body:   # the main graph: its names go into `used_names` after sweep 1
+                v = local[tname] = Value(tname, g)
+            elif tname in used_names:   # shadows an outer-scope name
+                v = _define(g, local, tname)
             else:   # what _define does for a new name
-                used_names.add(name)
-                v = values[name] = local[name] = Value(name, g)
+                used_names.add(tname)
+                v = values[tname] = local[tname] = Value(tname, g)
         elif v.tensor is not None:
-            raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(name)}' is listed twice")
+            raise InvalidModelError(f"graph '{short(g.name)}': initializer '{short(tname)}' is listed twice")
         # NOTE: _tensor inlined (one Python call less per initializer: ~30k in bench_ir)
-        dt, dims, ref = check_tensor(tp, lambda: f"initializer '{short(name)}' of graph '{short(g.name)}'", base_dir,
-                                     stubs)
+        dt, dims, ref = check_tensor(tp, lambda tname=tname, g=g: f"initializer '{short(tname)}' of graph "
+                                                                  f"'{short(g.name)}'", base_dir, stubs)
         v.tensor = imported(tp, dt, dims, ref)
         initializers[v.name] = v
     sparse = list(gp.sparse_initializer)
     for i, sp in enumerate(sparse):
-        def where(sp=sp):
+        def where(sp=sp, g=g):
             return f"sparse initializer '{short(sp.values.name)}' of graph '{short(g.name)}'"
         if check_sparse(sp, where, ctx.base_dir):
             c = onnx.SparseTensorProto()
@@ -251,7 +274,8 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # ListFields, no bytecode per field): per-node Python work is what made importing a 90k-node graph 5x
     # slower than protobuf's parse.
     nps = gp.node[:]   # NOTE: a slice of a upb container is a C copy, about twice as fast as list()
-    nodes = []   # the Nodes, in file order (index i is nps[i])
+    # the Nodes, in file order (index i is nps[i]), made by one C-level map and filled in below
+    nodes = list(map(Node.__new__, repeat(Node, len(nps))))
     graph_nodes = []   # (Node, its proto with attribute tensors inlined) for each node that holds a body
     # NOTE: while every input so far names a value already defined in this graph (the file is sorted), inputs
     # are linked here; from the first one that is not (a forward reference, an outer-scope name that a later
@@ -259,38 +283,39 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # appended in node order either way.
     cut = None   # (node position, input slot) where sweep 2 starts
     new_usage = tuple.__new__   # Usage(n, i) without NamedTuple's Python-level __new__
-    new_node = Node.__new__
     # NOTE: the scopes' sets directly: NameScope.__contains__/reserve as Python calls cost ~0.04 s per 90k nodes
     used_node_names = g.node_names._used
     node_names = g.node_names
     reserve = used_names.add
+    seen = used_names if body else local
+    no_attrs = ()
     local_get = local.get
     empty_defined = "" in local   # a graph input named '': an empty input name then needs the slow path
     expected_by_op: dict = {}
     checked_attrs = ctx.checked_attrs
     base_dir = ctx.base_dir
-    append_node = nodes.append
-    for np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, *extra) in zip(
-            nps, map(_NODE_FIELDS, nps)):
-        # NOTE: every slot set here once (Node.__init__ would set seven of them twice): ~90k nodes
-        n = new_node(Node)
-        n.op_type, n.domain, n.name, n.graph = op_type, domain, name, g
-        n.doc_string = n.overload = ""
-        n.metadata_props = n.meta = n._source = None
-        n.outputs = n_outputs = []
+    nodes_by_op = defaultdict(dict)   # the by-op index, in node order
+    for n, np_, (ins, outs, name, op_type, domain, attributes, doc, overload, meta, extra) in zip(
+            nodes, nps, map(_NODE_FIELDS, nps)):
+        # NOTE: every slot set here once, each by its own statement (Node.__init__ would set seven of them twice;
+        # a 4-target tuple assignment builds and unpacks a tuple): ~90k nodes
+        n.op_type = op_type
+        n.domain = domain
+        n.name = name
+        n.graph = g
+        n.doc_string = doc   # checked below when not empty
+        n.overload = overload
+        n.metadata_props = n.meta = None
         if name:
             if name in used_node_names:
                 n.name = node_names.fresh(name)
             else:
                 used_node_names.add(name)
-        extra = any(extra)
         if doc or overload or meta:
             if doc:
-                check_text(doc, lambda: f"doc string of node '{short(name)}'")
-                n.doc_string = doc
+                check_text(doc, lambda name=name: f"doc string of node '{short(name)}'")
             if overload:
-                check_text(overload, lambda: f"overload of node '{short(name)}'")
-                n.overload = overload
+                check_text(overload, lambda name=name: f"overload of node '{short(name)}'")
             if meta:
                 meta = n.metadata_props = list(meta)
         has_graph = False
@@ -304,7 +329,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             key = (op_type, domain, *map(_serialize, attributes))
             if key not in checked_attrs:
                 # every attribute's tensors checked (any op may carry one); bodies are checked as they are imported
-                def where(name=name, op_type=op_type):
+                def where(name=name, op_type=op_type, g=g):
                     return f"node '{short(name)}' ({short(op_type)}) in graph '{short(g.name)}'"
                 expected = expected_by_op.get((op_type, domain), False)
                 if expected is False:
@@ -320,7 +345,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             n._attr_protos = attributes
         else:
             n._attrs = None
-            n._attr_protos = []
+            n._attr_protos = no_attrs
         ins = ins[:]   # NOTE: a slice of a upb container is a C copy, about twice as fast as list()
         if cut is None:
             vs = list(map(local_get, ins))
@@ -333,7 +358,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
                         continue
                     v = local_get(iname)
                     if v is None:
-                        cut = (len(nodes), i)
+                        cut = (nodes.index(n), i)
                         break
                     vs.append(v)
                     v._uses.append(new_usage(Usage, (n, i)))   # g._add_use, for a local v with no index built
@@ -346,45 +371,64 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
         else:
             n.inputs = []
         outs = outs[:]
-        i = 0
-        for oname in outs:
-            # NOTE: every name this graph defines (or shadows) is in the model-wide `used_names`, so one set
-            # lookup clears the common case; the duplicate and shadow checks run only for a name seen before
-            if oname and oname not in used_names:
+        # NOTE: every name this graph defines (or shadows) is in `seen` (the model-wide `used_names`; in the main
+        # graph, `local`), so one lookup clears the common case; the duplicate and shadow checks run only for a
+        # name seen before. One output with a new name (most nodes) takes the first branch, without the loop.
+        if len(outs) == 1 and (oname := outs[0]) and oname not in seen:
+            local[oname] = v = Value(oname, g, None, n, 0)
+            if body:
                 reserve(oname)
-                values[oname] = local[oname] = v = Value(oname, g, None, n, i)
+                values[oname] = v
+            n.outputs = [v]
+        else:
+            n.outputs = n_outputs = []
+            i = 0
+            for oname in outs:
+                if oname and oname not in seen:
+                    local[oname] = v = Value(oname, g, None, n, i)
+                    if body:
+                        reserve(oname)
+                        values[oname] = v
+                    n_outputs.append(v)
+                    i += 1
+                    continue
+                elif not oname:
+                    n_outputs.append(None)
+                    i += 1
+                    continue
+                elif oname in local:
+                    raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
+                                            f"'{short(oname)}' is already defined (duplicate name)")
+                else:   # shadows an outer-scope name: fresh unique name (see _define)
+                    v = _define(g, local, oname)
+                v.producer = n
+                v.index = i
                 n_outputs.append(v)
                 i += 1
-                continue
-            elif not oname:
-                n_outputs.append(None)
-                i += 1
-                continue
-            elif oname in local:
-                raise InvalidModelError(f"graph '{short(g.name)}': node '{short(name)}' ({short(op_type)}) output "
-                                        f"'{short(oname)}' is already defined (duplicate name)")
-            else:   # shadows an outer-scope name: fresh unique name (see _define)
-                v = _define(g, local, oname)
-            v.producer = n
-            v.index = i
-            n_outputs.append(v)
-            i += 1
-        append_node(n)
+        nodes_by_op[op_type][n] = None
         if has_graph:
             graph_nodes.append((n, np_))
-        elif not (extra or meta):
+            n._source = None
+        elif extra or meta:
+            n._source = None
+        else:
             # what export compares against to reuse `np_` unchanged (see exporter._node_protos)
             n._source = (np_, op_type, domain, name, ins, outs, doc, overload)
+    if not body:
+        used_names.update(local)
     all_nodes = nodes
-    g._nodes.update(dict.fromkeys(all_nodes))
+    if g._nodes:
+        g._nodes.update(dict.fromkeys(all_nodes))
+    else:
+        g._nodes = dict.fromkeys(all_nodes)
     by_op = g._by_op
-    for n in all_nodes:
-        ops = by_op.get(n.op_type)
-        if ops is None:
-            ops = by_op[n.op_type] = {}
-        ops[n] = None
+    for op, ops in nodes_by_op.items():   # a few distinct op types
+        if op in by_op:
+            by_op[op].update(ops)
+        else:
+            by_op[op] = ops
     try:   # domains: one C-speed join over the few distinct ones (see _check_names)
-        "".join({n.domain for n in all_nodes})
+        "".join(set(map(_domain_of, all_nodes)))
     except TypeError:
         bad = next(n for n in all_nodes if n.domain.__class__ is not str)
         raise not_utf8(f"domain of node '{short(bad.name)}'", bad.domain) from None
@@ -396,17 +440,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     # unnamed nodes get fresh unique names later by canonicalize; keep '' as imported
     # sweep 2: subgraphs, then inputs
     for n, np_ in graph_nodes:
-        attrs = {}
-        for a in np_.attribute:
-            if a.type == AT.GRAPH:
-                attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
-            elif a.type == AT.GRAPHS:
-                attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
-                                     a.ref_attr_name, a.doc_string)
-            else:
-                attrs[a.name] = _decode_attr(a)
-        n._attrs = attrs
-        n._attr_protos = None
+        _decode_body_attrs(n, np_, g, ctx)
     forward_ref = False
     if cut is not None:
         position = {n: i for i, n in enumerate(nodes)}
@@ -424,7 +458,7 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
             if v is None:
                 v = _lookup(iname, local, scope)
                 if v is None:
-                    if any(sp.values.name == iname for sp in gp.sparse_initializer):
+                    if iname in {sp.values.name for sp in gp.sparse_initializer}:
                         raise InvalidModelError(f"graph '{short(g.name)}': node '{short(np_.name)}' "
                                                 f"({short(np_.op_type)}) input {i} '{short(iname)}' is a sparse "
                                                 f"initializer; qcompiler reads only dense ones (store it dense)")
@@ -470,6 +504,21 @@ def _fill_graph(g: Graph, gp: onnx.GraphProto, ctx: _Ctx, scope: list) -> None:
     g.quantization_annotation = list(gp.quantization_annotation)
     if hasattr(gp, "metadata_props"):
         g.metadata_props = list(gp.metadata_props)
+
+
+def _decode_body_attrs(n: Node, np_: onnx.NodeProto, g: Graph, ctx: _Ctx) -> None:
+    """Decode the attributes of a node that holds a body; each body becomes a Graph (filled after sweep 2)."""
+    attrs = {}
+    for a in np_.attribute:
+        if a.type == AT.GRAPH:
+            attrs[a.name] = Attr(a.name, a.type, _subgraph(a.g, n, g, ctx), a.ref_attr_name, a.doc_string)
+        elif a.type == AT.GRAPHS:
+            attrs[a.name] = Attr(a.name, a.type, [_subgraph(x, n, g, ctx) for x in a.graphs],
+                                 a.ref_attr_name, a.doc_string)
+        else:
+            attrs[a.name] = _decode_attr(a)
+    n._attrs = attrs
+    n._attr_protos = None
 
 
 def _subgraph(gp: onnx.GraphProto, parent: Node, outer: Graph, ctx: _Ctx) -> Graph:
