@@ -56,6 +56,7 @@ from typing import List, Optional
 import numpy as np
 
 from qcompiler.passes.quantize.safety_net.budget import Clock
+from qcompiler.passes.quantize.narrow_float_weights import narrow_float_weights
 from qcompiler.passes.quantize.safety_net import _left_float
 from qcompiler.passes.quantize.safety_net.trials import (
     _Trials,
@@ -91,6 +92,7 @@ class SearchOutcome:
     removed: List[str] = field(default_factory=list)
     narrowed: List[str] = field(default_factory=list)
     trials: int = 0
+    weight_only: int = 0     # float-kernel weights then stored int8 by narrow-float-weights
     note: str = ""
 
     def to_dict(self) -> dict:
@@ -100,7 +102,7 @@ class SearchOutcome:
         return {"ran": self.ran, "floor_db": r(self.floor_db), "sqnr_before_db": r(self.before_db),
                 "sqnr_after_db": r(self.after_db), "candidates": self.candidates, "removed": len(self.removed),
                 "narrowed_to_8_bits": len(self.narrowed),
-                "trials": self.trials, **({"note": self.note} if self.note else {})}
+                "trials": self.trials, "weights_stored_int8": self.weight_only, **({"note": self.note} if self.note else {})}
 
 
 def _sizes(quants, observers) -> dict:
@@ -159,7 +161,9 @@ def run_latency_search(ctx) -> SearchOutcome:
         def on_set(moved):
             return [i for i in range(k) if (i in slow_on) != (i in moved)]
 
-        base = db(trials.harm(on_set(set())))
+        harm0 = trials.harm(on_set(set()))
+        chosen = [harm0]     # the harm of the state the search has reached
+        base = db(harm0)
         out.before_db = base
         floor = base - budget
         if math.isfinite(s.min_sqnr):
@@ -173,7 +177,11 @@ def run_latency_search(ctx) -> SearchOutcome:
         def ok(group) -> Optional[bool]:
             if trials.left() <= 0 or time.perf_counter() > deadline:
                 return None
-            return db(trials.harm(on_set(fast | {i for u in group for i in u}))) >= floor
+            harm = trials.harm(on_set(fast | {i for u in group for i in u}))
+            if db(harm) < floor:
+                return False
+            chosen[0] = harm
+            return True
 
         def take(group) -> None:
             verdict = ok(group)
@@ -199,10 +207,27 @@ def run_latency_search(ctx) -> SearchOutcome:
         return out
     out.removed = _apply(ctx, quants, fast, narrow, floor)
     out.narrowed = [quants[i].key for i in fast if quants[i].key in narrow]
+    if any(z in narrow for z in out.removed):   # their readers run float kernels again: the weight form such a
+        out.weight_only = narrow_float_weights(ctx)  # kernel's weights take (int8 MatMulNBits on ort_cpu), as under balanced
     if out.removed and ctx.errors is not None:     # measured again only where the pipeline measures
         ctx.errors = output_errors(model, kept)
     out.after_db = worst_sqnr(ctx.errors) if ctx.errors else (out.before_db if not out.removed else float("nan"))
+    if out.weight_only and math.isfinite(out.after_db):
+        _with_weight_form(out, s, harm0, chosen[0])
     return out
+
+
+def _with_weight_form(out: SearchOutcome, s, harm0: float, harm_chosen: float) -> None:
+    """The trials ran the float-kernel readers with exact float weights; the model stores them as the float
+    kernel's weight form (narrow-float-weights: int8 MatMulNBits on ort_cpu), so the start and the floor are
+    restated with that form's noise, measured: the real output noise minus the trial's for the chosen state. Its
+    noise only shrinks as groups move to 8 bits (their readers then read Q/DQ weights), so the start with it is
+    at least this noisy, and the chosen state stays within the budget of the restated start."""
+    form = max(0.0, 10 ** (-out.after_db / 10) - harm_chosen)
+    out.before_db = db(harm0 + form)
+    out.floor_db = out.before_db - s.latency_budget_db
+    if math.isfinite(s.min_sqnr):
+        out.floor_db = max(out.floor_db, min(out.before_db, s.min_sqnr))
 
 
 def _weight_sites(model, plan, unit_of: dict) -> List[Site]:
@@ -231,8 +256,8 @@ def _apply(ctx, quants, fast: set, narrow: set, floor: float) -> List[str]:
         if narrowed == (i in fast):
             continue
         if narrowed:
-            why = (f"8 bits cannot carry it within --latency-budget-db{at}, and no integer kernel reads 16 bits: "
-                   f"float")
+            why = ("the latency search kept it float: 8 bits cannot carry it within --latency-budget-db, and no "
+                   "integer kernel reads 16 bits")
             readers = [u.user for u in z.dq.outputs[0].uses() if not u.is_graph_output]
         else:
             why = (f"no integer kernel on {ctx.profile.name} reads or writes it: its Q/DQ pair only cost time and "

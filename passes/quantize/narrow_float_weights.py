@@ -105,30 +105,43 @@ class NarrowFloatWeights(QuantPass):
         return out
 
     def run(self, ctx) -> PassResult:
-        form = ctx.profile.weight_only
         if not self._applies(ctx):
             return PassResult(False, {"weights": 0})
-        plan = float_weight_jobs(ctx)
-        g = ctx.model.graph
-        search = "fast" if sum(j.n * j.k for j in plan.jobs.values()) > FAST_ABOVE else "mse"
-        for name, job in list(plan.jobs.items()):
-            w = stored_nk(job, g.initializers[job.weight])
-            if not np.isfinite(w).all():     # an inf/NaN weight stays as the model has it (calibrate says why)
-                del plan.jobs[name]
-                continue
-            job.grid = grid_job(job, w, search)
-        if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None \
-                and ctx.samples.can_read_again:    # int8 activations where the calibration data shows they
-            lower_levels(ctx, list(plan.jobs.values()))   # cost little (fast at one token), float elsewhere
-        for job in plan.jobs.values():
-            if job.accuracy_level is None:   # not measured: these MatMuls were left float for their
-                job.accuracy_level = 0       # activations' sake, so float activations
-            write_nbits(ctx, job)
-            job.grid = None
-        if plan.jobs:
-            ctx.model.opset_imports.setdefault("com.microsoft", 1)
+        done = narrow_float_weights(ctx)
+        return PassResult(bool(done), {"weights": done})
+
+
+def narrow_float_weights(ctx) -> int:
+    """Store the float weights of float-kernel MatMuls and embeddings int8 for the weight-only kernels (the
+    pass, and the latency search for the readers it turned float again); returns how many. Jobs join
+    ctx.narrow_weights."""
+    form = ctx.profile.weight_only
+    if not NarrowFloatWeights._applies(ctx):
+        return 0
+    plan = float_weight_jobs(ctx)
+    g = ctx.model.graph
+    search = "fast" if sum(j.n * j.k for j in plan.jobs.values()) > FAST_ABOVE else "mse"
+    for name, job in list(plan.jobs.items()):
+        w = stored_nk(job, g.initializers[job.weight])
+        if not np.isfinite(w).all():     # an inf/NaN weight stays as the model has it (calibrate says why)
+            del plan.jobs[name]
+            continue
+        job.grid = grid_job(job, w, search)
+    if default_accuracy_level(ctx.settings, form) == 4 and ctx.samples is not None \
+            and ctx.samples.can_read_again:    # int8 activations where the calibration data shows they
+        lower_levels(ctx, list(plan.jobs.values()))   # cost little (fast at one token), float elsewhere
+    for job in plan.jobs.values():
+        if job.accuracy_level is None:   # not measured: these MatMuls were left float for their
+            job.accuracy_level = 0       # activations' sake, so float activations
+        write_nbits(ctx, job)
+        job.grid = None
+    if plan.jobs:
+        ctx.model.opset_imports.setdefault("com.microsoft", 1)
+        if ctx.narrow_weights is not None:
+            ctx.narrow_weights.jobs.update(plan.jobs)
+        else:
             ctx.narrow_weights = plan
-            ctx.notes.append(f"{len(plan.jobs)} float weights (float-kernel MatMuls, embeddings) stored int8 for "
-                             f"{form.matmul}/{form.gather}: {', '.join(j.weight[:40] for j in list(plan.jobs.values())[:4])}"
-                             + (" ..." if len(plan.jobs) > 4 else ""))
-        return PassResult(bool(plan.jobs), {"weights": len(plan.jobs)})
+        ctx.notes.append(f"{len(plan.jobs)} float weights (float-kernel MatMuls, embeddings) stored int8 for "
+                         f"{form.matmul}/{form.gather}: {', '.join(j.weight[:40] for j in list(plan.jobs.values())[:4])}"
+                         + (" ..." if len(plan.jobs) > 4 else ""))
+    return len(plan.jobs)
