@@ -86,7 +86,7 @@ def test_a_bad_budget_is_an_argument_error(bad):
 
 def test_cli_flag(tmp_path):
     m = tmp_path / "m.onnx"
-    proto, cal = _outlier_model()
+    proto, cal = _outlier_model(tail=False)
     m.write_bytes(proto.SerializeToString())
     data = tmp_path / "c.npz"
     np.savez(data, x=np.stack([s["x"][0] for s in cal]))
@@ -103,15 +103,24 @@ def test_cli_flag(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "latency_budget_db" in r.stderr
 
 
-def _outlier_model():
-    """x (rare outliers: placement widens it to 16 bits) -> Relu -> MatMul -> Relu -> MatMul."""
+def _outlier_model(tail=True):
+    """x (rare outliers: placement widens it to 16 bits) -> Relu -> MatMul -> Relu -> MatMul, with `tail` a larger
+    MatMul -> Relu -> MatMul after it: mm1 then holds under a quarter of the multiply-accumulates, so placement
+    leaves the narrowing to the search (a heavier reader keeps 8 bits under balanced and latency alike,
+    placement/widening.py)."""
     rng = np.random.default_rng(0)
     inits = [numpy_helper.from_array((rng.standard_normal((32, 32)) * 0.2).astype(np.float32), "w1"),
              numpy_helper.from_array((rng.standard_normal((32, 16)) * 0.2).astype(np.float32), "w2")]
     nodes = [helper.make_node("Relu", ["x"], ["r0"], name="relu0"),
              helper.make_node("MatMul", ["r0", "w1"], ["m1"], name="mm1"),
              helper.make_node("Relu", ["m1"], ["r1"], name="relu1"),
-             helper.make_node("MatMul", ["r1", "w2"], ["y"], name="mm2")]
+             helper.make_node("MatMul", ["r1", "w2"], ["m2" if tail else "y"], name="mm2")]
+    if tail:
+        inits += [numpy_helper.from_array((rng.standard_normal((16, 512)) * 0.2).astype(np.float32), "w3"),
+                  numpy_helper.from_array((rng.standard_normal((512, 16)) * 0.05).astype(np.float32), "w4")]
+        nodes += [helper.make_node("MatMul", ["m2", "w3"], ["m3"], name="mm3"),
+                  helper.make_node("Relu", ["m3"], ["r3"], name="relu3"),
+                  helper.make_node("MatMul", ["r3", "w4"], ["y"], name="mm4")]
     m = make_model(nodes, [tinfo("x", [1, 64, 32])], [tinfo("y", [1, 64, 16])], inits, opset=17)
     cal = []
     for i in range(12):

@@ -39,8 +39,10 @@ PERIODIC_MAX_STEP = float(np.sqrt(6.0 * 10 ** (-MIN_SQNR8_DB / 10)))
 # value (the gain is a few dB: a t(4)-tailed input at 28 dB on 8 bits cost the output 33 -> 27 dB), the value
 # keeps 8 bits and its readers their integer kernels
 # (a pitch tracker's unfused BatchNorm output widened made the next Conv, half the compute, run float: 1.13x
-# float against onnxruntime's 0.71x for 0.35 points). Under `balanced` and `size` only: `accuracy` widens as
-# before, `latency`'s search measures the narrowing; the safety net still widens a value that breaks an output.
+# float against onnxruntime's 0.71x for 0.35 points). Under `balanced`, `size` and `latency` (whose search then
+# measures only the narrowings `balanced` does not make: `latency` is never slower than `balanced`); `accuracy`
+# widens as before; the safety net still widens a value that breaks an output.
+WEIGHS_WIDENING = ACTIVATIONS_AS_BALANCED + ("latency",)
 HEAVY_SHARE = 0.25
 MIN_SQNR8_HEAVY_DB = 24.0
 MIN_MEDIAN_STEPS = 2.0
@@ -170,7 +172,7 @@ def bulk_names(model, profile: Profile, optimize: str) -> frozenset:
     Conv/MatMul/Gemm that run integer kernels only at 8 bits read at input 0, the producer behind data movement.
     Empty where the rule does not apply (see _widening_costs)."""
     kernels, wide = profile.integer_weight_kernels, profile.wide_activation_bits
-    if optimize not in ACTIVATIONS_AS_BALANCED or not wide or not kernels or \
+    if optimize not in WEIGHS_WIDENING or not wide or not kernels or \
             all(r.act_bits == wide for r in kernels.values()):
         return frozenset()
     moves = set(profile.shares_input_encoding)
@@ -190,12 +192,11 @@ def _widening_costs(plan: QuantPlan, g, profile: Profile) -> Dict[str, str]:
     """value name -> what widening it would cost ("Conv 'x' (40% of the multiply-accumulates)"), for the
     main-graph values whose readers, directly or through data movement, run an integer kernel only at 8 bits
     and hold at least HEAVY_SHARE of the model's multiply-accumulates (plan.macs). Empty for `--optimize
-    accuracy` (every quantizer as asked), `latency` (its search measures the narrowing: latency_search.py) and
-    for targets whose integer kernels take the wide grid (or that list none)."""
+    accuracy` (every quantizer as asked) and for targets whose integer kernels take the wide grid (or that list none)."""
     kernels = profile.integer_weight_kernels
     wide = profile.wide_activation_bits
     total = sum(plan.macs.values())
-    if plan.optimize not in ACTIVATIONS_AS_BALANCED or not kernels or not total or \
+    if plan.optimize not in WEIGHS_WIDENING or not kernels or not total or \
             all(r.act_bits == wide for r in kernels.values()):
         return {}
     moves = set(profile.shares_input_encoding)
