@@ -14,7 +14,12 @@ Two kinds of candidates, both from placement (placement/float_regions.py, with t
 - narrow: a tie group placement widened to 16 bits (8 bits cannot carry it) whose reader would run an integer
   kernel at 8 bits (onnxruntime CPU has no 16-bit one) (plan.narrow_candidates). Its fast state is 8 bits; its
   accurate state is float (as under `balanced`), with the reader's float weights (plan.narrow_weights: the
-  integer kernel's reduced 7-bit weight grid cost minilm_l6's FFN down projection 17 dB).
+  integer kernel's reduced 7-bit weight grid cost minilm_l6's FFN down projection 17 dB). Placement lists only
+  the values `balanced` would widen too (a value whose 8-bit readers hold a quarter of the compute keeps 8 bits
+  under both: placement/widening.py), and a reader left float gets the float kernel's weight form from
+  narrow-float-weights (int8 MatMulNBits on ort_cpu, as under balanced; exact float weights made minilm_l6
+  1.01x float at 0.53x its file, against balanced's 0.92x at 0.26x). The trials run such a reader with exact
+  float weights; the start and the floor are restated with that form's measured noise (_with_weight_form).
 
 The search starts from the accurate state and moves candidates to their fast state, the trim pairs first, then
 the narrowed groups, each in order of estimated gain (the value's element count: a Q and a DQ are each one pass
