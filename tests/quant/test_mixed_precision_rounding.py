@@ -141,3 +141,21 @@ def test_a_plain_run_within_the_budget_is_returned_after_one_measurement_under_b
     # the plain run over the budget: the search runs
     mp, _ = _search(m, cal, 0.002, "balanced")
     assert mp["evaluations"] > 1 and not any("plain run is returned" in n for n in mp["notes"]), mp
+
+
+def test_skipping_a_nearest_remeasure_of_the_same_model_gives_the_full_paths_plan(monkeypatch):
+    """A layer whose round-to-nearest model is the one just measured (GPTQ kept its integers, or an earlier round
+    of the same weight width chose round-to-nearest) is not measured again: the plan is the full path's."""
+    m, cal, fresh = _cnn("conv")
+    budget = 0.005
+    mp, q = _search(m, cal, budget, "size")
+    with monkeypatch.context() as p:   # the full path: every GPTQ-rounded layer measured both ways, every round
+        p.setattr(rounding.WeightRounding, "worth_measuring", lambda self, name, bits: True)
+        full, qf = _search(m, cal, budget, "size")
+    assert mp["evaluations"] < full["evaluations"], (mp["evaluations"], full["evaluations"])
+    assert {n: l["chosen"] for n, l in mp["layers"].items()} == {n: l["chosen"] for n, l in full["layers"].items()}
+    assert {n: l["sensitivity"] for n, l in mp["layers"].items()} == \
+        {n: l["sensitivity"] for n, l in full["layers"].items()}
+    assert mp["rounding"]["gptq"] == full["rounding"]["gptq"], (mp["rounding"], full["rounding"])
+    assert mp["file_bytes"] == full["file_bytes"] and mp["drop"] + mp["margin"] <= budget, (mp, full)
+    assert _relative_error(m, q, fresh) <= FRESH_SLACK * budget, _relative_error(m, q, fresh)

@@ -831,11 +831,12 @@ class Search:
             measured = self.measure_round(c, todo, layers)
             bits = BY_NAME[c].weight_bits if BY_NAME[c].precision == "int" else None
             rounded = [i for i, l in enumerate(todo) if (l.name, bits) in self.rounding.uses and
-                       measured[0][i] > NEGLIGIBLE * self.budget]
+                       measured[0][i] > NEGLIGIBLE * self.budget and self.rounding.worth_measuring(l.name, bits)]
             if rounded:
                 # the same round with round-to-nearest weights for the layers GPTQ rounded (and left a drop
                 # above NEGLIGIBLE: below it the other rounding cannot buy anything): each keeps the rounding
                 # that measured the smaller drop (GPTQ's layer loss is smaller, not always the model's)
+                # (not where that is the model just measured: worth_measuring)
                 with self.rounding.nearest():
                     nearest = self.measure_round(c, [todo[i] for i in rounded], layers)
                 for i, d, e in zip(rounded, *nearest):
