@@ -53,6 +53,15 @@ def _special(real: str) -> bool:
     return any(real == r or real.startswith(r + "/") for r in _SPECIAL_ROOTS)
 
 
+def _as_given(path: str) -> str:
+    """`path` (absolute) as a user in the working folder would have named it: relative when it is inside it."""
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:   # another drive
+        return path
+    return path if rel.startswith("..") else rel
+
+
 # --- what an input reads ---------------------------------------------------------------------------------------
 def model_input_files(model) -> list:
     """The file `model` was loaded from and every external-data file its tensors still read."""
@@ -125,8 +134,9 @@ class Protected:
             return
         files = model_input_files(model)
         src = getattr(model, "source_path", None)
+        note = f" (external data of '{show(_as_given(src))}')" if src else " (external data the model reads)"
         for p in files:
-            self.add(p, "" if p == src else " (external data the model reads)", members=False)
+            self.add(p, "" if p == src else note, members=False)
 
     def find(self, path: str) -> Optional[tuple]:
         """The label of the input file `path` names (by identity, else by resolved spelling), or None."""
