@@ -15,7 +15,7 @@ from qcompiler.onnx_io import model_to_proto
 from qcompiler.passes.quantize.mixed_precision import rounding
 from qcompiler.quant.api import quantize
 from qcompiler.quant.runtime.executor import SerialExecutor
-from tests.helpers import make_model, run, tinfo
+from tests.helpers import make_model, relative_error, run, tinfo
 
 F = np.float32
 FRESH_SLACK = 1.25
@@ -64,16 +64,6 @@ def _cnn(kind: str, seed: int = 0, hw: int = 16):
     return m, [{"x": xs[i:i + 1]} for i in range(32)], [{"x": xs[i:i + 1]} for i in range(32, 48)]
 
 
-def _relative_error(m, q, feeds) -> float:
-    """The search's default drop, measured here in onnxruntime: sqrt(sum (q - f)^2 / sum f^2)."""
-    num = den = 0.0
-    for f in feeds:
-        a, b = run(m, f)[0].astype(np.float64), run(q, f)[0].astype(np.float64)
-        num += float(np.sum((b - a) ** 2))
-        den += float(np.sum(a * a))
-    return float(np.sqrt(num / den))
-
-
 def _search(m, cal, budget, optimize):
     res = quantize(m, cal, max_drop=budget, optimize=optimize, executor=SerialExecutor(), min_sqnr=float("-inf"))
     return res.report["mixed_precision"], model_to_proto(res.model)
@@ -88,8 +78,8 @@ def test_a_conv_heavy_cnn_gets_a_4bit_mix_smaller_than_w8a8_within_the_budget():
     assert abs(q.ByteSize() - mp["file_bytes"]) < 0.05 * q.ByteSize(), (q.ByteSize(), mp["file_bytes"])
     assert mp["drop"] + mp["margin"] <= budget and mp["held_out_drop"] <= budget, mp
     # the model returned holds the integers the search measured: its error on the kept samples is the same
-    assert abs(_relative_error(m, q, cal) - mp["drop"]) <= 0.02 * mp["drop"], (_relative_error(m, q, cal), mp)
-    assert _relative_error(m, q, fresh) <= FRESH_SLACK * budget, _relative_error(m, q, fresh)
+    assert abs(relative_error(m, q, cal) - mp["drop"]) <= 0.02 * mp["drop"], (relative_error(m, q, cal), mp)
+    assert relative_error(m, q, fresh) <= FRESH_SLACK * budget, relative_error(m, q, fresh)
 
 
 def test_gptq_rounding_is_what_buys_the_bytes(monkeypatch):
@@ -102,7 +92,7 @@ def test_gptq_rounding_is_what_buys_the_bytes(monkeypatch):
     assert mp["file_bytes"] < 0.6 * nearest["file_bytes"], (mp["trials"], nearest["trials"])
     for table in (mp, nearest):
         assert table["drop"] + table["margin"] <= budget, table
-    assert _relative_error(m, q, fresh) <= FRESH_SLACK * budget, _relative_error(m, q, fresh)
+    assert relative_error(m, q, fresh) <= FRESH_SLACK * budget, relative_error(m, q, fresh)
     # each layer alone at W4A8 (the table; "inf": not measured, its W8A8 alone broke the budget)
     w4 = {n: float(l["sensitivity"]["W4A8"]) for n, l in mp["layers"].items()}
     w4_nearest = {n: float(l["sensitivity"]["W4A8"]) for n, l in nearest["layers"].items()}
@@ -120,7 +110,7 @@ def test_an_fc_heavy_cnn_stays_within_the_budget_and_never_above_a_passing_plain
         assert not any(r.startswith("fc1 ") for r in mp["rounding"]["gptq"]), mp["rounding"]
         assert any(r.startswith("conv1 ") for r in mp["rounding"]["gptq"]), mp["rounding"]
         assert mp["drop"] + mp["margin"] <= budget and mp["held_out_drop"] <= budget, mp
-        assert _relative_error(m, q, fresh) <= FRESH_SLACK * budget, (budget, _relative_error(m, q, fresh))
+        assert relative_error(m, q, fresh) <= FRESH_SLACK * budget, (budget, relative_error(m, q, fresh))
         if optimize == "balanced":   # the plain run meets 5 %: nothing larger and nothing on more float kernels
             plain = [t for t in mp["trials"] if t["what"].startswith("verify all W8A8")]
             assert not plain or plain[0]["drop"] + plain[0]["margin"] <= budget, plain
@@ -137,7 +127,7 @@ def test_a_plain_run_within_the_budget_is_returned_after_one_measurement_under_b
     assert mp["evaluations"] == 1 and [t["what"] for t in mp["trials"]][0].startswith("verify all W8A8"), mp
     assert mp["file_bytes"] == mp["plain_file_bytes"] and mp["float_macs"]["plan"] == 0, mp
     assert mp["latency"]["plan_ms"] > 0 and any("plain run is returned" in n for n in mp["notes"]), mp
-    assert mp["drop"] + mp["margin"] <= budget and _relative_error(m, q, fresh) <= FRESH_SLACK * budget
+    assert mp["drop"] + mp["margin"] <= budget and relative_error(m, q, fresh) <= FRESH_SLACK * budget
     # the plain run over the budget: the search runs
     mp, _ = _search(m, cal, 0.002, "balanced")
     assert mp["evaluations"] > 1 and not any("plain run is returned" in n for n in mp["notes"]), mp
@@ -158,4 +148,4 @@ def test_skipping_a_nearest_remeasure_of_the_same_model_gives_the_full_paths_pla
         {n: l["sensitivity"] for n, l in full["layers"].items()}
     assert mp["rounding"]["gptq"] == full["rounding"]["gptq"], (mp["rounding"], full["rounding"])
     assert mp["file_bytes"] == full["file_bytes"] and mp["drop"] + mp["margin"] <= budget, (mp, full)
-    assert _relative_error(m, q, fresh) <= FRESH_SLACK * budget, _relative_error(m, q, fresh)
+    assert relative_error(m, q, fresh) <= FRESH_SLACK * budget, relative_error(m, q, fresh)

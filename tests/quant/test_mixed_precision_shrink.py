@@ -9,19 +9,10 @@ from qcompiler.onnx_io import model_to_proto
 from qcompiler.passes.quantize.mixed_precision import rounding, search
 from qcompiler.quant.api import quantize
 from qcompiler.quant.runtime.executor import SerialExecutor
-from tests.helpers import run
+from tests.helpers import relative_error, run
 from tests.quant.test_mixed_precision_bytes import _deep_cnn
 
 BUDGET = 0.02
-
-
-def _relative_error(m, q, cal):
-    num = den = 0.0
-    for f in cal:
-        a, b = run(m, f)[0].astype(np.float64), run(q, f)[0].astype(np.float64)
-        num += float(np.sum((b - a) ** 2))
-        den += float(np.sum(a * a))
-    return float(np.sqrt(num / den))
 
 
 def test_the_shrink_pass_gives_a_smaller_plan_within_the_budget(monkeypatch):
@@ -45,4 +36,4 @@ def test_the_shrink_pass_gives_a_smaller_plan_within_the_budget(monkeypatch):
     assert mp["drop"] + mp["margin"] <= BUDGET and mp["held_out_drop"] <= BUDGET, mp
     q = model_to_proto(res.model)
     assert abs(q.ByteSize() - mp["file_bytes"]) < 0.05 * q.ByteSize(), (q.ByteSize(), mp["file_bytes"])
-    assert _relative_error(m, q, cal) <= BUDGET, _relative_error(m, q, cal)
+    assert relative_error(m, q, cal) <= BUDGET, relative_error(m, q, cal)

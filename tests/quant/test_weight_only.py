@@ -161,19 +161,28 @@ def test_report_stays_small_and_has_no_block_scales():
     assert res.report["weight_only"]["stored_bytes"] < 0.3 * res.report["weight_only"]["float_bytes_of_quantized"]
 
 
-def test_accuracy_level_is_checked_per_matmul_on_outlier_activations():
-    model, feeds = decoder(seed=9)
-    # a "massive activation": one input channel 3000x the rest after the first norm, which the next layers'
-    # weights ignore (rows near 0). int8 activations per block then round that block's other channels to 0.
+def with_massive_activation(model, norm: str, rows=(), columns=()) -> None:
+    """Make channel 3 of the norm weight `norm` 3000x the rest (a "massive activation") and zero what its readers
+    take from it: row 3 of each weight in `rows`, column 3 of each in `columns` (a tied table read transposed)."""
     for init in model.graph.initializer:
         a = onnx.numpy_helper.to_array(init).copy()
-        if init.name == "layers.0.input_layernorm.weight":
+        if init.name == norm:
             a[3] = 3000.0
-        elif init.name in ("layers.0.q_proj.weight", "layers.0.k_proj.weight", "layers.0.v_proj.weight"):
+        elif init.name in rows:
             a[3] = 0.0
+        elif init.name in columns:
+            a[:, 3] = 0.0
         else:
             continue
         init.CopyFrom(onnx.numpy_helper.from_array(a, init.name))
+
+
+def test_accuracy_level_is_checked_per_matmul_on_outlier_activations():
+    model, feeds = decoder(seed=9)
+    # a "massive activation" after the first norm, which the next layers' weights ignore (rows near 0). int8
+    # activations per block then round that block's other channels to 0.
+    with_massive_activation(model, "layers.0.input_layernorm.weight",
+                            rows=("layers.0.q_proj.weight", "layers.0.k_proj.weight", "layers.0.v_proj.weight"))
     res = quantize(model, feeds, weight_only=True, weight_bits=4, progress=False)
     levels = {n.name: n.attr("accuracy_level", 0) for n in res.model.graph.nodes if n.op_type == "MatMulNBits"}
     assert any(v == 0 for v in levels.values()) and any(v == 4 for v in levels.values()), levels
