@@ -33,6 +33,7 @@ import numpy as np
 from qcompiler.passmanager import PassResult, register_pass
 from qcompiler.quant.core.context import QuantPass
 from qcompiler.quant.placement.options import PlacementOptions, node_settings
+from qcompiler.quant.core.encoding import compute_encoding, quantize_dequantize
 from qcompiler.quant.runtime.memory import drop_cached
 
 MAX_ROWS = 8              # rows split off one weight at most ("a few")
@@ -56,16 +57,8 @@ def grid_sqnr_db(w: np.ndarray, rows, bits: int = 8, symmetric: bool = True) -> 
 
 
 def _on_grid(w: np.ndarray, bits: int, symmetric: bool) -> np.ndarray:
-    if symmetric:
-        q = 2 ** (bits - 1) - 1
-        s = float(np.abs(w).max()) / q
-        return w if s == 0 else np.clip(np.round(w / s), -q, q) * s
-    lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
-    s = (hi - lo) / (2 ** bits - 1)
-    if s == 0:
-        return w
-    z = np.round(-lo / s)
-    return (np.clip(np.round(w / s) + z, 0, 2 ** bits - 1) - z) * s
+    """`w` fake-quantized on its own per-tensor grid (the project's one fake-quant)."""
+    return quantize_dequantize(w, compute_encoding(w.min(), w.max(), bits, symmetric))
 
 
 def outlier_rows(w: np.ndarray, bits: int = 8, symmetric: bool = True) -> List[int]:
