@@ -35,12 +35,10 @@ class Clock:
     """The net's budget: `budget_runs(nodes)` sample runs (`spend`), and MAX_SECONDS of wall time at most."""
 
     def __init__(self, nodes: int, start: float = None):
-        self.nodes = nodes
         self.start = time.perf_counter() if start is None else start
         self.runs_budget = budget_runs(nodes)
         self.runs = 0
         self.seconds = MAX_SECONDS
-        self.timed = False          # one trial has run (parallel trials start after it)
 
     @classmethod
     def fixed(cls, seconds: float) -> "Clock":
@@ -49,9 +47,13 @@ class Clock:
         c.runs_budget, c.seconds = float("inf"), float(seconds)
         return c
 
+    @property
+    def started(self) -> bool:
+        """One trial has run (parallel trials start after it)."""
+        return self.runs > 0
+
     def spend(self, runs: int) -> None:
         self.runs += int(runs)
-        self.timed = True
 
     def out_of_runs(self) -> bool:
         return self.runs >= self.runs_budget

@@ -216,7 +216,7 @@ class _Trials:
         RUNS_IN_FLIGHT samples a trial runs here at once (then its samples are split over the workers)."""
         settings = list(settings)
         n = self.parallel()
-        if n > 1 and (len(settings) > 1 or n > RUNS_IN_FLIGHT) and (self.clock is None or self.clock.timed):
+        if n > 1 and (len(settings) > 1 or n > RUNS_IN_FLIGHT) and (self.clock is None or self.clock.started):
             runs = self.pool.run(self.kept, [self._flags(on, wide) for on, wide in settings])
             if runs is not None:
                 return [self._harm(self._errors(self.kept, on, wide, runs=r)) for (on, wide), r in
